@@ -1,0 +1,185 @@
+"""The auxiliary buffer of PPG: the last ``n_policy_iters`` rollouts, kept as whole per-env rollouts."""
+
+from collections.abc import Generator
+from typing import NamedTuple
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.utils import get_device, obs_as_tensor
+
+from sb3_ppg.policies import distribution_param_dim, get_distribution_params
+
+ObsArray = np.ndarray | dict[str, np.ndarray]
+
+
+class AuxiliaryBufferSamples(NamedTuple):
+    """
+    One auxiliary-phase minibatch: ``n`` whole rollouts of ``n_steps`` consecutive steps, flattened rollout-major.
+
+    :param observations: observations, shape (n * n_steps, *obs_shape) (a dict of those for Dict spaces)
+    :param returns: value targets (the GAE returns computed when the rollout was collected), shape (n * n_steps,)
+    :param old_distribution_params: old-policy distribution parameters, shape (n * n_steps, n_params)
+    :param rollout_indices: the buffer rows the rollouts came from, shape (n,)
+    """
+
+    observations: th.Tensor | dict[str, th.Tensor]
+    returns: th.Tensor
+    old_distribution_params: th.Tensor
+    rollout_indices: np.ndarray
+
+
+class AuxiliaryBuffer:
+    """
+    Storage for PPG's auxiliary phase. Each row is one env's rollout of one policy iteration: ``n_steps``
+    consecutive observations with their value targets (the GAE returns of that iteration, which are not
+    recomputed, as in the paper). Rows of ``n_policy_iters`` iterations are kept, ``n_envs`` per iteration.
+
+    Observations are stored on the CPU in the observation space's dtype (uint8 for images), so the buffer
+    costs the raw observation bytes plus ``4 * (1 + n_params)`` bytes per step. The old-policy distribution
+    parameters are filled by ``compute_old_distributions`` right before the auxiliary phase.
+
+    :param n_policy_iters: policy iterations per auxiliary phase (N_pi)
+    :param n_steps: steps per rollout
+    :param n_envs: number of parallel environments
+    :param observation_space: observation space
+    :param action_space: action space (sets the number of distribution parameters per step)
+    :param device: where minibatches are sent
+    """
+
+    observations: ObsArray
+
+    def __init__(
+        self,
+        n_policy_iters: int,
+        n_steps: int,
+        n_envs: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+    ) -> None:
+        self.n_policy_iters = n_policy_iters
+        self.n_steps = n_steps
+        self.n_envs = n_envs
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.device = get_device(device)
+        self.buffer_size = n_policy_iters * n_envs  # number of rollouts (rows)
+        self.n_distribution_params = distribution_param_dim(action_space)
+        if isinstance(observation_space, spaces.Dict):
+            self.observations = {
+                key: np.zeros((self.buffer_size, n_steps, *space.shape), dtype=space.dtype)  # type: ignore[misc]
+                for key, space in observation_space.spaces.items()
+            }
+        else:
+            self.observations = np.zeros(
+                (self.buffer_size, n_steps, *observation_space.shape),  # type: ignore[misc]
+                dtype=observation_space.dtype,
+            )
+        self.returns = np.zeros((self.buffer_size, n_steps), dtype=np.float32)
+        self.old_distribution_params = np.zeros((self.buffer_size, n_steps, self.n_distribution_params), dtype=np.float32)
+        self.pos = 0
+
+    @property
+    def n_rollouts(self) -> int:
+        """Number of rollouts (rows) stored."""
+        return self.pos
+
+    @property
+    def n_iterations(self) -> int:
+        """Number of policy iterations stored."""
+        return self.pos // self.n_envs
+
+    def full(self) -> bool:
+        """Whether the buffer holds ``n_policy_iters`` iterations (time for the auxiliary phase)."""
+        return self.pos == self.buffer_size
+
+    def reset(self) -> None:
+        """Forget the stored rollouts (the arrays are reused)."""
+        self.pos = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the buffer's arrays, in bytes."""
+        obs_arrays = self.observations.values() if isinstance(self.observations, dict) else [self.observations]
+        return sum(array.nbytes for array in obs_arrays) + self.returns.nbytes + self.old_distribution_params.nbytes
+
+    def _env_major(self, array: np.ndarray, flattened: bool) -> np.ndarray:
+        """
+        View a rollout-buffer array as (n_envs, n_steps, ...).
+
+        :param array: an array of SB3's rollout buffer, (n_steps, n_envs, ...) or, once its ``get()`` has run,
+            flattened env-major to (n_envs * n_steps, ...)
+        :param flattened: whether the rollout buffer has flattened its arrays
+        """
+        if flattened:
+            return array.reshape(self.n_envs, self.n_steps, *array.shape[1:])
+        return array.swapaxes(0, 1)
+
+    def add(self, rollout_buffer: RolloutBuffer) -> None:
+        """
+        Copy the observations and value targets of a full rollout buffer into the next ``n_envs`` rows.
+
+        :param rollout_buffer: SB3's rollout buffer after ``compute_returns_and_advantage``
+        """
+        if self.full():
+            raise RuntimeError("The auxiliary buffer is full: run the auxiliary phase and reset() it before adding more.")
+        if rollout_buffer.buffer_size != self.n_steps or rollout_buffer.n_envs != self.n_envs:
+            raise ValueError(
+                f"Rollout buffer of {rollout_buffer.buffer_size} steps x {rollout_buffer.n_envs} envs does not fit an "
+                f"auxiliary buffer of {self.n_steps} steps x {self.n_envs} envs."
+            )
+        flattened = rollout_buffer.generator_ready
+        rows = slice(self.pos, self.pos + self.n_envs)
+        if isinstance(self.observations, dict):
+            for key, array in self.observations.items():
+                array[rows] = self._env_major(rollout_buffer.observations[key], flattened)  # type: ignore[index]
+        else:
+            self.observations[rows] = self._env_major(rollout_buffer.observations, flattened)  # type: ignore[arg-type]
+        self.returns[rows] = self._env_major(rollout_buffer.returns, flattened).reshape(self.n_envs, self.n_steps)
+        self.pos += self.n_envs
+
+    def _observations_to_tensor(self, rows: np.ndarray | slice) -> th.Tensor | dict[str, th.Tensor]:
+        """Observations of some rows, flattened to (n_rows * n_steps, ...), as tensor(s) on ``self.device``."""
+        if isinstance(self.observations, dict):
+            obs: ObsArray = {key: array[rows].reshape(-1, *array.shape[2:]) for key, array in self.observations.items()}
+        else:
+            obs = self.observations[rows].reshape(-1, *self.observations.shape[2:])
+        return obs_as_tensor(obs, self.device)
+
+    def compute_old_distributions(self, policy: ActorCriticPolicy, batch_rollouts: int) -> None:
+        """
+        Store the current policy's action distribution on every buffered state (the ``pi_old`` that the
+        auxiliary phase's behaviour-cloning loss keeps the policy close to). Runs without gradients, in chunks.
+
+        :param policy: the policy, in the mode the auxiliary phase trains it in
+        :param batch_rollouts: rollouts per forward pass
+        """
+        with th.no_grad():
+            for start in range(0, self.pos, batch_rollouts):
+                rows = slice(start, min(start + batch_rollouts, self.pos))
+                distribution = policy.get_distribution(self._observations_to_tensor(rows))
+                params = get_distribution_params(distribution).float().cpu().numpy()
+                self.old_distribution_params[rows] = params.reshape(-1, self.n_steps, self.n_distribution_params)
+
+    def get(
+        self, batch_rollouts: int, generator: np.random.Generator | None = None
+    ) -> Generator[AuxiliaryBufferSamples, None, None]:
+        """
+        One epoch of minibatches of whole rollouts, shuffled across envs and iterations.
+
+        :param batch_rollouts: rollouts per minibatch (the last minibatch may hold fewer)
+        :param generator: random generator for the shuffle (NumPy's global one if None, which SB3 seeds)
+        :return: a generator of ``AuxiliaryBufferSamples``
+        """
+        permutation = generator.permutation(self.pos) if generator is not None else np.random.permutation(self.pos)
+        for start in range(0, self.pos, batch_rollouts):
+            rows = permutation[start : start + batch_rollouts]
+            yield AuxiliaryBufferSamples(
+                observations=self._observations_to_tensor(rows),
+                returns=th.as_tensor(self.returns[rows].reshape(-1), device=self.device),
+                old_distribution_params=th.as_tensor(self.old_distribution_params[rows].reshape(-1, self.n_distribution_params), device=self.device),
+                rollout_indices=rows,
+            )

@@ -1,0 +1,409 @@
+"""PPG policies: an actor-critic with an auxiliary value head, in the paper's three architectures."""
+
+import math
+from functools import partial
+from typing import Any
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.torch_layers import (
+    BaseFeaturesExtractor,
+    CombinedExtractor,
+    FlattenExtractor,
+    NatureCNN,
+)
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from torch import nn
+from torch.distributions import Bernoulli, Categorical, Normal, kl_divergence
+
+from sb3_ppg.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
+
+ARCHS = ("dual", "detach", "shared")
+
+
+class PPGPolicy(ActorCriticPolicy):
+    """
+    Actor-critic policy for PPG: SB3's ``ActorCriticPolicy`` plus an auxiliary value head on the policy network,
+    in one of the paper's three architectures (``arch``):
+
+    - ``"dual"`` (default, the paper's PPG): separate policy and value networks (features extractor and MLP each);
+      the auxiliary value head reads the policy network's latent.
+    - ``"detach"`` (the paper's single-network PPG, and CleanRL's choice): one network; the value head reads the
+      policy latent with the gradient stopped, so the value loss trains the value head only. In the auxiliary phase
+      the value head stays detached unless ``detach_value_in_aux=False`` (the paper's literal reading, where the
+      auxiliary phase trains the value function through the trunk).
+    - ``"shared"`` (the paper's PPO baseline): one network trained by both the policy and the value losses.
+
+    With ``"detach"`` and ``"shared"`` there is no separate value MLP: ``net_arch`` describes the policy network
+    (a list, or a dict whose ``vf`` entry is empty) and the value head sits on its latent.
+
+    :param observation_space: Observation space
+    :param action_space: Action space
+    :param lr_schedule: Learning rate schedule (could be constant)
+    :param net_arch: The specification of the policy and value networks (see above for ``detach`` / ``shared``)
+    :param activation_fn: Activation function
+    :param ortho_init: Whether to use SB3's orthogonal initialization (mutually exclusive with ``normed_init``)
+    :param use_sde: Whether to use State Dependent Exploration or not
+    :param log_std_init: Initial value for the log standard deviation
+    :param full_std: Whether to use (n_features x n_actions) parameters for the std instead of only (n_features,)
+        when using gSDE
+    :param use_expln: Use ``expln()`` function instead of ``exp()`` to ensure a positive standard deviation (cf paper)
+    :param squash_output: Whether to squash the output using a tanh function (only with gSDE)
+    :param features_extractor_class: Features extractor to use.
+    :param features_extractor_kwargs: Keyword arguments to pass to the features extractor.
+    :param share_features_extractor: Leave it ``None``: it follows from ``arch`` (False for ``"dual"``, True
+        otherwise). A value that contradicts ``arch`` raises a ``ValueError``.
+    :param normalize_images: Whether to normalize images or not, dividing by 255.0 (True by default)
+    :param optimizer_class: The optimizer to use, ``th.optim.Adam`` by default
+    :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer.
+        Defaults to ``{"eps": 1e-8}`` for Adam (the paper's value; SB3's own policies use 1e-5).
+    :param arch: ``"dual"``, ``"detach"`` or ``"shared"`` (see above)
+    :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached from the trunk in the
+        auxiliary phase too (True, the reference code's behaviour) or let the true value loss reach the trunk there
+        (False, the paper's text). Ignored by the other architectures.
+    :param normed_init: Use the paper's normalized initialization for the heads (row norm 0.1, zero bias) and
+        hidden MLP layers (row norm 1.4) instead of PyTorch's default. The features extractor keeps its own init.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        net_arch: list[int] | dict[str, list[int]] | None = None,
+        activation_fn: type[nn.Module] = nn.Tanh,
+        ortho_init: bool = True,
+        use_sde: bool = False,
+        log_std_init: float = 0.0,
+        full_std: bool = True,
+        use_expln: bool = False,
+        squash_output: bool = False,
+        features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor,
+        features_extractor_kwargs: dict[str, Any] | None = None,
+        share_features_extractor: bool | None = None,
+        normalize_images: bool = True,
+        optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        arch: str = "dual",
+        detach_value_in_aux: bool = True,
+        normed_init: bool = False,
+    ):
+        if arch not in ARCHS:
+            raise ValueError(f"Unknown PPG arch {arch!r}: choose one of {', '.join(repr(a) for a in ARCHS)}.")
+        expected_share = arch != "dual"
+        if share_features_extractor is not None and share_features_extractor != expected_share:
+            raise ValueError(
+                f"share_features_extractor={share_features_extractor} contradicts arch={arch!r}. PPG chooses it from "
+                "the arch: leave share_features_extractor unset and pick arch='dual' (separate networks) or "
+                "arch='detach' / arch='shared' (one network)."
+            )
+        if ortho_init and normed_init:
+            raise ValueError("ortho_init and normed_init are mutually exclusive: set ortho_init=False to use normed_init.")
+        if optimizer_kwargs is None and optimizer_class == th.optim.Adam:
+            optimizer_kwargs = {"eps": 1e-8}
+        # Set before the parent constructor, which calls _build()
+        self.arch = arch
+        self.detach_value_in_aux = detach_value_in_aux
+        self.normed_init = normed_init
+        net_arch = self._resolve_net_arch(net_arch, arch, features_extractor_class)
+        super().__init__(
+            observation_space,
+            action_space,
+            lr_schedule,
+            net_arch=net_arch,
+            activation_fn=activation_fn,
+            ortho_init=ortho_init,
+            use_sde=use_sde,
+            log_std_init=log_std_init,
+            full_std=full_std,
+            use_expln=use_expln,
+            squash_output=squash_output,
+            features_extractor_class=features_extractor_class,
+            features_extractor_kwargs=features_extractor_kwargs,
+            share_features_extractor=expected_share,
+            normalize_images=normalize_images,
+            optimizer_class=optimizer_class,
+            optimizer_kwargs=optimizer_kwargs,
+        )
+
+    @staticmethod
+    def _resolve_net_arch(
+        net_arch: list[int] | dict[str, list[int]] | None,
+        arch: str,
+        features_extractor_class: type[BaseFeaturesExtractor],
+    ) -> list[int] | dict[str, list[int]]:
+        """
+        Default ``net_arch`` (no hidden layers after a CNN, two layers of 64 otherwise) and, for the one-network
+        architectures, the policy network alone (the value head sits on its latent).
+
+        :param net_arch: the user's ``net_arch``
+        :param arch: the PPG architecture
+        :param features_extractor_class: the features extractor class
+        :return: the ``net_arch`` to give to SB3's ``MlpExtractor``
+        """
+        if net_arch is None:
+            cnn_extractors = (NatureCNN, ImpalaCNN)
+            net_arch = [] if issubclass(features_extractor_class, cnn_extractors) else [64, 64]
+        if isinstance(net_arch, list) and len(net_arch) > 0 and isinstance(net_arch[0], dict):
+            net_arch = net_arch[0]
+        if arch == "dual":
+            return net_arch
+        if isinstance(net_arch, dict):
+            if net_arch.get("vf"):
+                raise ValueError(
+                    f"arch={arch!r} has a single network: the value head sits on the policy latent, so "
+                    f"net_arch['vf']={net_arch['vf']} would be unused. Pass net_arch as a list (the policy network) "
+                    "or use arch='dual' for a separate value network."
+                )
+            policy_layers = list(net_arch.get("pi", []))
+        else:
+            policy_layers = list(net_arch)
+        return dict(pi=policy_layers, vf=[])
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        """
+        Create the networks (SB3's, with the value head moved onto the policy latent for the one-network
+        architectures, plus the auxiliary value head), initialize them and create the optimizer.
+
+        :param lr_schedule: Learning rate schedule; ``lr_schedule(1)`` is the initial learning rate
+        """
+        super()._build(lr_schedule)
+        latent_dim_pi = self.mlp_extractor.latent_dim_pi
+        if self.arch != "dual":
+            self.value_net = nn.Linear(latent_dim_pi, 1)
+        self.aux_value_net = nn.Linear(latent_dim_pi, 1)
+        if self.ortho_init:
+            self.value_net.apply(partial(self.init_weights, gain=1))
+            self.aux_value_net.apply(partial(self.init_weights, gain=1))
+        if self.normed_init:
+            for module in self.mlp_extractor.modules():
+                if isinstance(module, nn.Linear):
+                    normed_init_(module, IMPALA_DENSE_SCALE)
+            for head in (self.action_net, self.value_net, self.aux_value_net):
+                normed_init_(head, HEAD_SCALE)
+        # The parent built its optimizer before the heads above existed
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            dict(
+                # SB3 omits it; without it a dual policy loaded with Policy.load() would be rebuilt shared
+                share_features_extractor=self.share_features_extractor,
+                arch=self.arch,
+                detach_value_in_aux=self.detach_value_in_aux,
+                normed_init=self.normed_init,
+            )
+        )
+        return data
+
+    def _get_latents(self, obs: PyTorchObs, detach_value: bool) -> tuple[th.Tensor, th.Tensor]:
+        """
+        One pass through the networks.
+
+        :param obs: preprocessed-ready observation tensor(s)
+        :param detach_value: for the one-network architectures, stop the value head's gradient at the trunk
+        :return: the policy latent and the latent the value head reads
+        """
+        if self.arch == "dual":
+            pi_features, vf_features = self.extract_features(obs)
+            return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
+        latent_pi = self.mlp_extractor.forward_actor(self.extract_features(obs))
+        return latent_pi, latent_pi.detach() if detach_value else latent_pi
+
+    @property
+    def _detach_value_in_policy_phase(self) -> bool:
+        return self.arch == "detach"
+
+    def forward(self, obs: th.Tensor, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """
+        Forward pass in all the networks (actor and critic).
+
+        :param obs: Observation
+        :param deterministic: Whether to sample or use deterministic actions
+        :return: action, value and log probability of the action
+        """
+        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        values = self.value_net(latent_vf)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        actions = distribution.get_actions(deterministic=deterministic)
+        log_prob = distribution.log_prob(actions)
+        actions = actions.reshape((-1, *self.action_space.shape))  # type: ignore[misc]
+        return actions, values, log_prob
+
+    def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """
+        Evaluate actions according to the current policy, given the observations (one pass through the networks).
+
+        :param obs: Observation
+        :param actions: Actions
+        :return: estimated value, log likelihood of taking those actions and entropy of the action distribution.
+        """
+        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        return values, log_prob, distribution.entropy()
+
+    def predict_values(self, obs: PyTorchObs) -> th.Tensor:
+        """
+        Get the estimated values according to the current policy given the observations.
+
+        :param obs: Observation
+        :return: the estimated values.
+        """
+        if self.arch == "dual":
+            return super().predict_values(obs)
+        _, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        return self.value_net(latent_vf)
+
+    def forward_aux(self, obs: PyTorchObs) -> tuple[Distribution, th.Tensor, th.Tensor]:
+        """
+        Forward pass of the auxiliary phase (one pass through the networks).
+
+        :param obs: Observation
+        :return: the action distribution, the true value and the auxiliary value (both of shape (batch, 1))
+        """
+        detach_value = self.arch == "detach" and self.detach_value_in_aux
+        latent_pi, latent_vf = self._get_latents(obs, detach_value)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        return distribution, self.value_net(latent_vf), self.aux_value_net(latent_pi)
+
+
+class PPGCnnPolicy(PPGPolicy):
+    """
+    PPG policy with SB3's ``NatureCNN`` features extractor (``"CnnPolicy"``). See ``PPGPolicy`` for the parameters.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        features_extractor_class: type[BaseFeaturesExtractor] = NatureCNN,
+        **kwargs: Any,
+    ):
+        super().__init__(observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class PPGMultiInputPolicy(PPGPolicy):
+    """
+    PPG policy for Dict observations with SB3's ``CombinedExtractor`` (``"MultiInputPolicy"``).
+    See ``PPGPolicy`` for the parameters.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Dict,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        features_extractor_class: type[BaseFeaturesExtractor] = CombinedExtractor,
+        **kwargs: Any,
+    ):
+        super().__init__(observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs)
+
+
+class ProcgenCnnPolicy(PPGPolicy):
+    """
+    The PPG paper's Procgen network (``"ProcgenCnn"``): the IMPALA CNN (16, 32, 32 channels, 256-unit dense layer)
+    with ReLU, the heads directly on the 256-d features (``net_arch=[]``) and the paper's normalized initialization
+    (no orthogonal init). See ``PPGPolicy`` for the parameters.
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        net_arch: list[int] | dict[str, list[int]] | None = None,
+        activation_fn: type[nn.Module] = nn.ReLU,
+        ortho_init: bool = False,
+        features_extractor_class: type[BaseFeaturesExtractor] = ImpalaCNN,
+        normed_init: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(
+            observation_space,
+            action_space,
+            lr_schedule,
+            net_arch=net_arch,
+            activation_fn=activation_fn,
+            ortho_init=ortho_init,
+            features_extractor_class=features_extractor_class,
+            normed_init=normed_init,
+            **kwargs,
+        )
+
+
+MlpPolicy = PPGPolicy
+CnnPolicy = PPGCnnPolicy
+MultiInputPolicy = PPGMultiInputPolicy
+ProcgenCnn = ProcgenCnnPolicy
+
+
+def distribution_param_dim(action_space: spaces.Space) -> int:
+    """
+    Number of floats that describe one state's action distribution (see ``get_distribution_params``).
+
+    :param action_space: the action space
+    :return: logits count for Discrete / MultiDiscrete / MultiBinary, twice the action size for Box
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return int(action_space.nvec.sum())
+    if isinstance(action_space, spaces.MultiBinary):
+        return math.prod(action_space.shape)
+    if isinstance(action_space, spaces.Box):
+        return 2 * math.prod(action_space.shape)
+    raise ValueError(
+        f"PPG does not support the action space {action_space}: use Discrete, MultiDiscrete, MultiBinary or Box."
+    )
+
+
+def get_distribution_params(distribution: Distribution) -> th.Tensor:
+    """
+    The parameters of an SB3 action distribution as one tensor per state, detached from SB3's reused
+    ``Distribution`` object (which every call of the policy overwrites).
+
+    :param distribution: an SB3 distribution returned by the policy
+    :return: tensor of shape (batch, ``distribution_param_dim``): logits (Categorical, MultiCategorical,
+        Bernoulli) or the mean and log standard deviation (Gaussian, gSDE)
+    """
+    torch_dist = distribution.distribution
+    if isinstance(torch_dist, list):
+        return th.cat([dist.logits for dist in torch_dist], dim=1)
+    if isinstance(torch_dist, (Categorical, Bernoulli)):
+        return torch_dist.logits
+    if isinstance(torch_dist, Normal):
+        return th.cat([torch_dist.loc, torch_dist.scale.log()], dim=1)
+    raise NotImplementedError(f"PPG cannot store the parameters of {type(distribution).__name__}")
+
+
+def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution) -> th.Tensor:
+    """
+    ``KL(pi_old || pi)`` per state, summed over action dimensions, where ``pi_old`` is rebuilt from parameters
+    stored by ``get_distribution_params`` and ``pi`` is the current distribution (gradients flow through it).
+
+    :param old_params: tensor of shape (batch, ``distribution_param_dim``)
+    :param distribution: the current SB3 distribution for the same states
+    :return: tensor of shape (batch,)
+    """
+    torch_dist = distribution.distribution
+    if isinstance(torch_dist, list):
+        old_logits = th.split(old_params, list(distribution.action_dims), dim=1)  # type: ignore[attr-defined]
+        per_dim = [
+            kl_divergence(Categorical(logits=logits, validate_args=False), dist)
+            for logits, dist in zip(old_logits, torch_dist, strict=True)
+        ]
+        return th.stack(per_dim, dim=1).sum(dim=1)
+    if isinstance(torch_dist, Categorical):
+        return kl_divergence(Categorical(logits=old_params, validate_args=False), torch_dist)
+    if isinstance(torch_dist, Bernoulli):
+        return kl_divergence(Bernoulli(logits=old_params, validate_args=False), torch_dist).sum(dim=1)
+    if isinstance(torch_dist, Normal):
+        mean, log_std = old_params.chunk(2, dim=1)
+        return kl_divergence(Normal(mean, log_std.exp(), validate_args=False), torch_dist).sum(dim=1)
+    raise NotImplementedError(f"PPG cannot compute the KL divergence of {type(distribution).__name__}")

@@ -1,0 +1,73 @@
+import os
+
+from setuptools import find_packages, setup
+
+with open(os.path.join("sb3_ppg", "version.txt")) as file_handler:
+    __version__ = file_handler.read().strip()
+
+with open("README.md", encoding="utf-8") as file_handler:
+    long_description = file_handler.read()
+
+setup(
+    name="sb3-ppg",
+    packages=[package for package in find_packages() if package.startswith("sb3_ppg")],
+    package_data={"sb3_ppg": ["py.typed", "version.txt", "hyperparams/*.yml", "data/*.csv", "data/*/*.csv"]},
+    install_requires=[
+        "stable-baselines3>=2.7.1,<3.0",
+        "torch>=2.3",
+        "gymnasium>=0.29.1,<1.5",
+        # procgen (and its mirror) is built against numpy 1.x
+        "numpy>=1.20,<2.0",
+        # pandas 3 needs numpy 2: without this pin pip backtracks into failing source builds
+        "pandas<3",
+        "procgen-mirror==0.10.7; python_version>='3.11'",
+        "procgen==0.10.7; python_version<'3.11'",
+        "shimmy>=1.3",
+    ],
+    extras_require={
+        "zoo": [
+            "rl_zoo3>=2.7.0,<3.0",
+            # rl_zoo3's enjoy imports requests without declaring it
+            "requests",
+            "optuna>=3.0",
+            "matplotlib",
+            "tqdm",
+            "rich",
+            "tensorboard",
+        ],
+        "tests": [
+            "pytest",
+            "pytest-xdist",
+            "ruff",
+            "tqdm",
+            "rich",
+            "tensorboard",
+            "rl_zoo3>=2.7.0,<3.0",
+            "requests",
+            "optuna>=3.0",
+            "matplotlib",
+            "moviepy>=1.0.0",
+        ],
+        "docs": ["sphinx>=7", "myst-parser", "sphinx-rtd-theme"],
+    },
+    entry_points={
+        "console_scripts": [
+            "sb3_ppg_train=sb3_ppg.train:main",
+            "sb3_ppg_enjoy=sb3_ppg.enjoy:main",
+            "sb3_ppg_plot=sb3_ppg.plot:main",
+        ]
+    },
+    description="Phasic Policy Gradient (PPG) for Stable-Baselines3",
+    author="sb3-ppg developers",
+    license="MIT",
+    long_description=long_description,
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.13",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+    ],
+    version=__version__,
+)
