@@ -180,6 +180,8 @@ class AuxiliaryBuffer:
             yield AuxiliaryBufferSamples(
                 observations=self._observations_to_tensor(rows),
                 returns=th.as_tensor(self.returns[rows].reshape(-1), device=self.device),
-                old_distribution_params=th.as_tensor(self.old_distribution_params[rows].reshape(-1, self.n_distribution_params), device=self.device),
+                old_distribution_params=th.as_tensor(
+                    self.old_distribution_params[rows].reshape(-1, self.n_distribution_params), device=self.device
+                ),
                 rollout_indices=rows,
             )

@@ -172,10 +172,12 @@ class PPGPolicy(ActorCriticPolicy):
         super()._build(lr_schedule)
         latent_dim_pi = self.mlp_extractor.latent_dim_pi
         if self.arch != "dual":
+            # One network: the value head reads the policy latent
             self.value_net = nn.Linear(latent_dim_pi, 1)
+            if self.ortho_init:
+                self.value_net.apply(partial(self.init_weights, gain=1))
         self.aux_value_net = nn.Linear(latent_dim_pi, 1)
         if self.ortho_init:
-            self.value_net.apply(partial(self.init_weights, gain=1))
             self.aux_value_net.apply(partial(self.init_weights, gain=1))
         if self.normed_init:
             for module in self.mlp_extractor.modules():
@@ -285,7 +287,9 @@ class PPGCnnPolicy(PPGPolicy):
         features_extractor_class: type[BaseFeaturesExtractor] = NatureCNN,
         **kwargs: Any,
     ):
-        super().__init__(observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs)
+        super().__init__(
+            observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs
+        )
 
 
 class PPGMultiInputPolicy(PPGPolicy):
@@ -302,7 +306,9 @@ class PPGMultiInputPolicy(PPGPolicy):
         features_extractor_class: type[BaseFeaturesExtractor] = CombinedExtractor,
         **kwargs: Any,
     ):
-        super().__init__(observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs)
+        super().__init__(
+            observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs
+        )
 
 
 class ProcgenCnnPolicy(PPGPolicy):
@@ -358,9 +364,7 @@ def distribution_param_dim(action_space: spaces.Space) -> int:
         return math.prod(action_space.shape)
     if isinstance(action_space, spaces.Box):
         return 2 * math.prod(action_space.shape)
-    raise ValueError(
-        f"PPG does not support the action space {action_space}: use Discrete, MultiDiscrete, MultiBinary or Box."
-    )
+    raise ValueError(f"PPG does not support the action space {action_space}: use Discrete, MultiDiscrete, MultiBinary or Box.")
 
 
 def get_distribution_params(distribution: Distribution) -> th.Tensor:

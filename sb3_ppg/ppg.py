@@ -297,9 +297,7 @@ class PPG(OnPolicyAlgorithm):
 
     def _make_optimizer(self) -> th.optim.Optimizer:
         """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
-        return self.policy.optimizer_class(
-            self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs
-        )  # type: ignore[call-arg]
+        return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
         super()._maybe_recommend_cpu(mlp_class_name)
@@ -389,7 +387,9 @@ class PPG(OnPolicyAlgorithm):
             )
         else:
             update_learning_rate(self.value_optimizer, self.lr_schedule(self._current_progress_remaining))
-            self._run_policy_epochs(self.n_value_epochs, self.value_optimizer, train_policy=False, train_value=True, stats=stats)
+            self._run_policy_epochs(
+                self.n_value_epochs, self.value_optimizer, train_policy=False, train_value=True, stats=stats
+            )
             continue_training, loss = self._run_policy_epochs(
                 self.n_epochs, self.policy.optimizer, train_policy=True, train_value=False, stats=stats
             )
@@ -484,7 +484,9 @@ class PPG(OnPolicyAlgorithm):
                 if train_value:
                     values_pred = values
                     if clip_range_vf is not None:
-                        values_pred = rollout_data.old_values + th.clamp(values - rollout_data.old_values, -clip_range_vf, clip_range_vf)
+                        values_pred = rollout_data.old_values + th.clamp(
+                            values - rollout_data.old_values, -clip_range_vf, clip_range_vf
+                        )
                     value_loss = F.mse_loss(rollout_data.returns, values_pred)
                     loss = loss + self.vf_coef * value_loss
                     stats.setdefault("value_loss", []).append(value_loss.item())
@@ -614,14 +616,18 @@ class PPG(OnPolicyAlgorithm):
         except FileNotFoundError:
             raise
         except Exception as error:
-            raise ValueError(f"Could not read an auxiliary buffer from {path!r} (corrupt or not a pickle file): {error}") from error
+            raise ValueError(
+                f"Could not read an auxiliary buffer from {path!r} (corrupt or not a pickle file): {error}"
+            ) from error
         if not isinstance(buffer, AuxiliaryBuffer):
             raise ValueError(f"{path!r} does not hold a PPG AuxiliaryBuffer but a {type(buffer).__name__}.")
         expected = (self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space)
         found = (buffer.n_policy_iters, buffer.n_steps, buffer.n_envs, buffer.observation_space, buffer.action_space)
         if found != expected:
             names = ("n_policy_iters", "n_steps", "n_envs", "observation_space", "action_space")
-            mismatches = [f"{name}: buffer {f} != model {e}" for name, f, e in zip(names, found, expected, strict=True) if f != e]
+            mismatches = [
+                f"{name}: buffer {f} != model {e}" for name, f, e in zip(names, found, expected, strict=True) if f != e
+            ]
             raise ValueError(f"The auxiliary buffer in {path!r} does not fit this model ({'; '.join(mismatches)}).")
         buffer.device = self.device
         self.aux_buffer = buffer

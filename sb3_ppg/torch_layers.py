@@ -28,7 +28,7 @@ def normed_init_(layer: nn.Module, scale: float = 1.0) -> None:
     with th.no_grad():
         weight = layer.weight
         dims = tuple(range(1, weight.dim()))
-        weight.mul_(scale / weight.norm(dim=dims, keepdim=True))
+        weight.mul_(scale / th.linalg.vector_norm(weight, dim=dims, keepdim=True))
         if layer.bias is not None:
             layer.bias.zero_()
 
@@ -93,6 +93,8 @@ class ImpalaCNN(BaseFeaturesExtractor):
     :param n_blocks: residual blocks per stack (2 in the paper)
     :param normalized_image: whether the image is already normalized (float in [0, 1]); set by SB3 when
         ``normalize_images=False``
+    :param channels_last: run the convolutions in the channels-last memory layout (same results; several times
+        faster on CPUs with oneDNN and on GPUs with tensor cores)
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class ImpalaCNN(BaseFeaturesExtractor):
         channels: tuple[int, ...] = (16, 32, 32),
         n_blocks: int = 2,
         normalized_image: bool = False,
+        channels_last: bool = True,
     ) -> None:
         if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 3:
             raise ValueError(
@@ -114,7 +117,9 @@ class ImpalaCNN(BaseFeaturesExtractor):
                 "normalized floats, pass policy_kwargs=dict(normalize_images=False)."
             )
         if len(channels) == 0 or n_blocks < 0:
-            raise ValueError(f"ImpalaCNN needs at least one stack and n_blocks >= 0, got channels={channels}, n_blocks={n_blocks}")
+            raise ValueError(
+                f"ImpalaCNN needs at least one stack and n_blocks >= 0, got channels={channels}, n_blocks={n_blocks}"
+            )
         super().__init__(observation_space, features_dim)
         in_channels = observation_space.shape[0]
         # Stack scale 1/sqrt(n_stacks), divided by sqrt(n_blocks), then the square root because each block has
@@ -130,7 +135,10 @@ class ImpalaCNN(BaseFeaturesExtractor):
             n_flatten = self.stacks(sample).flatten(1).shape[1]
         self.dense = nn.Linear(n_flatten, features_dim)
         normed_init_(self.dense, IMPALA_DENSE_SCALE)
+        self.memory_format = th.channels_last if channels_last else th.contiguous_format
+        self.stacks.to(memory_format=self.memory_format)
 
     def forward(self, observations: th.Tensor) -> th.Tensor:
-        hidden = self.stacks(observations).flatten(1)
-        return th.relu(self.dense(th.relu(hidden)))
+        hidden = self.stacks(observations.contiguous(memory_format=self.memory_format))
+        # flatten() in (C, H, W) order whatever the memory layout
+        return th.relu(self.dense(th.relu(hidden.flatten(1))))

@@ -1,0 +1,136 @@
+"""AuxiliaryBuffer: layout (whole per-env rollouts), dtype and memory, shuffling, old-policy storage."""
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
+from stable_baselines3.common.utils import ConstantSchedule
+
+from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.policies import PPGPolicy, get_distribution_params
+
+N_STEPS, N_ENVS = 8, 3
+# Observation pixel (0, 0, 0) encodes the step, pixel (1, 0, 0) the env, pixel (2, 0, 0) the iteration
+IMAGE_SPACE = spaces.Box(0, 255, (3, 4, 4), np.uint8)
+ACTION_SPACE = spaces.Discrete(3)
+
+
+def filled_rollout_buffer(iteration: int, observation_space: spaces.Space = IMAGE_SPACE) -> RolloutBuffer:
+    buffer_class = DictRolloutBuffer if isinstance(observation_space, spaces.Dict) else RolloutBuffer
+    buffer = buffer_class(N_STEPS, observation_space, ACTION_SPACE, device="cpu", n_envs=N_ENVS)
+    for step in range(N_STEPS):
+        image = np.zeros((N_ENVS, *IMAGE_SPACE.shape), dtype=np.uint8)
+        image[:, 0, 0, 0] = step
+        image[:, 1, 0, 0] = np.arange(N_ENVS)
+        image[:, 2, 0, 0] = iteration
+        obs = {"image": image, "vector": image[:, :, 0, 0].astype(np.float32)} if buffer_class is DictRolloutBuffer else image
+        buffer.add(
+            obs,
+            np.zeros((N_ENVS, 1)),
+            np.zeros(N_ENVS, dtype=np.float32),
+            np.zeros(N_ENVS, dtype=np.float32),
+            th.zeros(N_ENVS),
+            th.zeros(N_ENVS),
+        )
+    buffer.compute_returns_and_advantage(th.zeros(N_ENVS), np.zeros(N_ENVS))
+    # Encode (iteration, env, step) in the returns too
+    buffer.returns[:] = iteration * 1000 + np.arange(N_ENVS)[None, :] * 100 + np.arange(N_STEPS)[:, None]
+    return buffer
+
+
+def make_aux_buffer(n_policy_iters: int = 2, observation_space: spaces.Space = IMAGE_SPACE) -> AuxiliaryBuffer:
+    return AuxiliaryBuffer(n_policy_iters, N_STEPS, N_ENVS, observation_space, ACTION_SPACE, device="cpu")
+
+
+@pytest.mark.parametrize("flattened", [False, True])
+def test_rows_are_whole_per_env_rollouts(flattened):
+    aux_buffer = make_aux_buffer()
+    for iteration in range(2):
+        rollout_buffer = filled_rollout_buffer(iteration)
+        if flattened:
+            # SB3's get() flattens the arrays in place, env-major
+            next(rollout_buffer.get(4))
+            assert rollout_buffer.generator_ready
+        aux_buffer.add(rollout_buffer)
+    assert aux_buffer.full() and aux_buffer.n_iterations == 2 and aux_buffer.n_rollouts == 2 * N_ENVS
+    for row in range(2 * N_ENVS):
+        iteration, env = divmod(row, N_ENVS)
+        obs = aux_buffer.observations[row]
+        np.testing.assert_array_equal(obs[:, 0, 0, 0], np.arange(N_STEPS))
+        assert np.all(obs[:, 1, 0, 0] == env) and np.all(obs[:, 2, 0, 0] == iteration)
+        np.testing.assert_array_equal(aux_buffer.returns[row], iteration * 1000 + env * 100 + np.arange(N_STEPS))
+
+
+def test_observations_keep_uint8_and_memory_is_raw_bytes():
+    aux_buffer = make_aux_buffer(n_policy_iters=4)
+    assert aux_buffer.observations.dtype == np.uint8
+    n_frames = 4 * N_ENVS * N_STEPS
+    obs_bytes = n_frames * int(np.prod(IMAGE_SPACE.shape))
+    per_step_bytes = n_frames * 4 * (1 + ACTION_SPACE.n)  # float32 return + old logits
+    assert aux_buffer.nbytes == obs_bytes + per_step_bytes
+
+
+def test_minibatches_are_shuffled_whole_rollouts():
+    aux_buffer = make_aux_buffer(n_policy_iters=4)
+    for iteration in range(4):
+        aux_buffer.add(filled_rollout_buffer(iteration))
+    seen = []
+    generator = np.random.default_rng(0)
+    batches = list(aux_buffer.get(batch_rollouts=5, generator=generator))
+    assert [len(b.rollout_indices) for b in batches] == [5, 5, 2]
+    for batch in batches:
+        obs = batch.observations.reshape(len(batch.rollout_indices), N_STEPS, *IMAGE_SPACE.shape)
+        for k, row in enumerate(batch.rollout_indices):
+            iteration, env = divmod(int(row), N_ENVS)
+            # Each rollout: one env, one iteration, N_STEPS consecutive steps
+            assert th.equal(obs[k, :, 0, 0, 0], th.arange(N_STEPS, dtype=th.uint8))
+            assert th.all(obs[k, :, 1, 0, 0] == env) and th.all(obs[k, :, 2, 0, 0] == iteration)
+        expected_returns = np.concatenate([aux_buffer.returns[row] for row in batch.rollout_indices])
+        np.testing.assert_array_equal(batch.returns.numpy(), expected_returns)
+        assert batch.old_distribution_params.shape == (len(batch.rollout_indices) * N_STEPS, ACTION_SPACE.n)
+        seen.extend(batch.rollout_indices.tolist())
+    # Every rollout exactly once per epoch, in shuffled order mixing iterations
+    assert sorted(seen) == list(range(4 * N_ENVS))
+    assert seen != sorted(seen)
+    assert len({row // N_ENVS for row in seen[:5]}) > 1
+
+
+def test_add_when_full_and_mismatched_buffers_raise():
+    aux_buffer = make_aux_buffer(n_policy_iters=1)
+    aux_buffer.add(filled_rollout_buffer(0))
+    with pytest.raises(RuntimeError, match="full"):
+        aux_buffer.add(filled_rollout_buffer(1))
+    aux_buffer.reset()
+    assert aux_buffer.n_rollouts == 0 and not aux_buffer.full()
+    other = AuxiliaryBuffer(1, N_STEPS + 1, N_ENVS, IMAGE_SPACE, ACTION_SPACE, device="cpu")
+    with pytest.raises(ValueError, match="does not fit"):
+        other.add(filled_rollout_buffer(0))
+
+
+def test_compute_old_distributions_stores_current_policy():
+    aux_buffer = make_aux_buffer()
+    aux_buffer.add(filled_rollout_buffer(0))
+    policy = PPGPolicy(IMAGE_SPACE, ACTION_SPACE, ConstantSchedule(1e-3), net_arch=[8])
+    aux_buffer.compute_old_distributions(policy, batch_rollouts=2)
+    obs = th.as_tensor(aux_buffer.observations[:N_ENVS].reshape(-1, *IMAGE_SPACE.shape))
+    with th.no_grad():
+        expected = get_distribution_params(policy.get_distribution(obs)).numpy().reshape(N_ENVS, N_STEPS, -1)
+    np.testing.assert_allclose(aux_buffer.old_distribution_params[:N_ENVS], expected, rtol=1e-5, atol=1e-6)
+    # Rows not filled yet are left alone
+    assert np.all(aux_buffer.old_distribution_params[N_ENVS:] == 0)
+
+
+def test_dict_observations():
+    dict_space = spaces.Dict({"image": IMAGE_SPACE, "vector": spaces.Box(-10, 300, (3,), np.float32)})
+    aux_buffer = make_aux_buffer(observation_space=dict_space)
+    aux_buffer.add(filled_rollout_buffer(0, dict_space))
+    aux_buffer.add(filled_rollout_buffer(1, dict_space))
+    assert aux_buffer.observations["image"].dtype == np.uint8
+    assert aux_buffer.observations["vector"].dtype == np.float32
+    batch = next(aux_buffer.get(batch_rollouts=2))
+    assert set(batch.observations) == {"image", "vector"}
+    assert batch.observations["image"].shape == (2 * N_STEPS, *IMAGE_SPACE.shape)
+    rows = batch.rollout_indices
+    expected_vector = aux_buffer.observations["vector"][rows].reshape(-1, 3)
+    np.testing.assert_array_equal(batch.observations["vector"].numpy(), expected_vector)

@@ -1,0 +1,342 @@
+"""The PPG algorithm: phase schedule, losses, optimizers, advantage normalization, validation and failure modes."""
+
+import copy
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv
+from stable_baselines3.common.logger import configure
+
+from sb3_ppg import PPG
+from sb3_ppg.policies import kl_divergence_from_params
+
+SMALL = dict(
+    n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, policy_kwargs=dict(net_arch=[16])
+)
+
+
+def make_model(env_id: str = "CartPole-v1", **kwargs) -> PPG:
+    params = {**SMALL, "seed": 0, **kwargs}
+    return PPG("MlpPolicy", env_id, **params)
+
+
+def adam_steps(optimizer: th.optim.Optimizer) -> int:
+    """Largest Adam step count over the optimizer's parameters (0 if it never stepped)."""
+    steps = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    return max(steps, default=0)
+
+
+def params_of(module: th.nn.Module) -> list[th.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def same_params(a: list[th.Tensor], b: list[th.Tensor]) -> bool:
+    return all(th.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_smoke_procgen_cnn_like_cleanrl():
+    """CleanRL's smoke test shape: 1 env, 64 steps, N_pi = 1, 2 minibatches (here on 64x64 images, 2 iterations)."""
+    env = FakeImageEnv(screen_height=64, screen_width=64, n_channels=3, discrete=True)
+    model = PPG("ProcgenCnn", env, n_steps=64, batch_size=32, n_policy_iters=1, n_aux_epochs=1, aux_batch_rollouts=1, seed=0)
+    model.learn(128)
+    assert model.num_timesteps == 128
+    assert model._n_aux_phases == 2
+    assert model.aux_buffer.observations.dtype == np.uint8
+    assert model.aux_buffer.observations.shape == (1, 64, 3, 64, 64)
+
+
+@pytest.mark.parametrize(
+    "n_envs, n_policy_iters, aux_batch_rollouts, accum", [(1, 3, 1, 1), (2, 2, 3, 1), (2, 3, 2, 2), (3, 1, 1, 2)]
+)
+def test_aux_phase_cadence_and_update_counts(n_envs, n_policy_iters, aux_batch_rollouts, accum):
+    model = PPG(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=n_envs),
+        n_steps=8,
+        batch_size=8,
+        n_policy_iters=n_policy_iters,
+        n_aux_epochs=2,
+        aux_batch_rollouts=aux_batch_rollouts,
+        n_aux_grad_accum=accum,
+        policy_kwargs=dict(net_arch=[8]),
+        seed=0,
+    )
+    iterations = 2 * n_policy_iters + 1
+    model.learn(iterations * 8 * n_envs)
+    assert model._n_aux_phases == iterations // n_policy_iters
+    # What is left waits in the buffer for the next phase
+    assert model.aux_buffer.n_iterations == iterations % n_policy_iters
+    n_batches = -(-(n_policy_iters * n_envs) // aux_batch_rollouts)
+    steps_per_epoch = -(-n_batches // accum)
+    assert model._n_aux_updates == model._n_aux_phases * 2 * steps_per_epoch
+    # The paper's default: E_aux * N_pi * n_envs / rollouts per minibatch optimizer steps per phase
+    assert adam_steps(model.aux_optimizer) == model._n_aux_updates
+    # No gradient left behind after a phase (nothing spills into the next epoch or phase)
+    assert all(p.grad is None for p in model.policy.parameters())
+
+
+def test_paper_default_aux_update_count():
+    model = PPG("MlpPolicy", "CartPole-v1", seed=0, policy_kwargs=dict(net_arch=[8]))
+    # E_aux * N_pi * n_envs / aux_batch_rollouts with the paper's 6, 32, 64 and 4 -> 3,072 steps per phase
+    assert (model.n_aux_epochs, model.n_policy_iters, model.aux_batch_rollouts) == (6, 32, 4)
+    assert model.n_aux_epochs * model.n_policy_iters * 64 // model.aux_batch_rollouts == 3072
+    assert model.batch_size == 256 * 1 // 8
+
+
+def test_first_aux_minibatch_has_zero_kl_and_kl_grows():
+    model = make_model(n_aux_epochs=2)
+    model.learn(2 * 16)
+    assert model._n_aux_phases == 1
+    # Refill the buffer without an aux phase, then check the first minibatch by hand
+    model.aux_buffer.reset()
+    model.learn(16, reset_num_timesteps=False)
+    model.aux_buffer.add(model.rollout_buffer)
+    model.aux_buffer.compute_old_distributions(model.policy, 1)
+    batch = next(model.aux_buffer.get(1))
+    with th.no_grad():
+        distribution, _, _ = model.policy.forward_aux(batch.observations)
+        kl = kl_divergence_from_params(batch.old_distribution_params, distribution)
+    assert th.allclose(kl, th.zeros_like(kl), atol=1e-6)
+
+    # Over a real phase the policy moves away from pi_old: the logged KL is positive (guards against comparing
+    # SB3's reused Distribution object with itself, which always gives 0)
+    model = make_model(n_aux_epochs=4)
+    model.set_logger(configure(None, [""]))
+    recorded = {}
+    original_record = model.logger.record
+
+    def record(key, value, exclude=None):
+        recorded[key] = value
+        original_record(key, value, exclude)
+
+    model.logger.record = record
+    model.learn(2 * 16)
+    assert recorded["aux/kl_loss"] > 0
+    assert recorded["aux/aux_value_loss"] > 0 and recorded["aux/real_value_loss"] > 0
+    assert recorded["time/aux_phase_s"] > 0
+    assert recorded["train/n_aux_phases"] == 1
+
+
+def test_batch_advantage_normalization():
+    captured = {}
+
+    def capture(model):
+        def train_policy_phase():
+            captured[model.normalize_advantage] = model.rollout_buffer.advantages.copy()
+
+        return train_policy_phase
+
+    for mode in ("batch", "minibatch", "none"):
+        model = make_model(normalize_advantage=mode, n_aux_epochs=0)
+        model._train_policy_phase = capture(model)
+        model.learn(16)
+    batch = captured["batch"]
+    assert abs(batch.mean()) < 1e-6
+    assert abs(batch.std() - 1) < 1e-4
+    # The other modes leave the rollout's advantages raw (same seed -> same rollout)
+    np.testing.assert_allclose(captured["minibatch"], captured["none"])
+    assert abs(captured["none"].std() - 1) > 1e-2
+    assert make_model(normalize_advantage=True).normalize_advantage == "batch"
+    assert make_model(normalize_advantage=False).normalize_advantage == "none"
+
+
+def test_separate_value_epochs():
+    model = make_model(n_epochs=1, n_value_epochs=3, n_aux_epochs=0, n_steps=32, batch_size=16)
+    assert model.value_optimizer is not None
+    model.learn(32)
+    # 2 minibatches per epoch: 3 value epochs with the value optimizer, then 1 policy epoch with the policy optimizer
+    assert adam_steps(model.value_optimizer) == 6
+    assert adam_steps(model.policy.optimizer) == 2
+    assert model._n_updates == 4
+    # Joint loss with one optimizer when E_pi == E_V
+    assert make_model(n_epochs=2, n_value_epochs=2).value_optimizer is None
+
+
+def test_value_only_epochs_do_not_touch_the_policy_network():
+    model = make_model(n_epochs=1, n_value_epochs=2, n_aux_epochs=0)
+    model.learn(16)  # build the logger and a rollout
+    policy_params = params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net)
+    value_params = params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net)
+    stats = {}
+    model._run_policy_epochs(2, model.value_optimizer, train_policy=False, train_value=True, stats=stats)
+    assert same_params(policy_params, params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net))
+    assert not same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
+    assert set(stats) == {"value_loss"}
+
+
+def test_kl_penalty_objective_without_clipping():
+    model = make_model(clip_range=None, kl_coef=1.0)
+    model.set_logger(configure(None, [""]))
+    recorded = {}
+    original = model.logger.record
+    model.logger.record = lambda key, value, exclude=None: (recorded.__setitem__(key, value), original(key, value, exclude))
+    model.learn(2 * 16)
+    assert "train/kl_penalty" in recorded and recorded["train/kl_penalty"] >= 0
+    assert "train/clip_fraction" not in recorded and "train/clip_range" not in recorded
+    assert model.clip_range is None
+
+
+def test_gradient_clipping_only_when_asked(monkeypatch):
+    calls = []
+    original = th.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(
+        th.nn.utils, "clip_grad_norm_", lambda *args, **kwargs: calls.append(args[1]) or original(*args, **kwargs)
+    )
+    make_model(max_grad_norm=None).learn(2 * 16)
+    assert calls == []
+    make_model(max_grad_norm=0.5).learn(2 * 16)
+    # Both phases clip: 1 policy minibatch per iteration x 2, then 2 aux minibatches
+    assert calls == [0.5] * 4
+
+
+def test_clipped_value_loss_is_used():
+    model = make_model(clip_range_vf=0.2, n_aux_epochs=0)
+    model.learn(16)
+    assert model.clip_range_vf(1.0) == 0.2
+    with pytest.raises(ValueError, match="clip_range_vf must be > 0"):
+        make_model(clip_range_vf=0.0)
+
+
+def test_aux_phase_true_value_weight_and_separate_optimizer():
+    # vf_true_coef = 0 in the dual arch: the aux phase leaves the value network alone and trains the policy network
+    model = make_model(vf_true_coef=0.0, n_aux_epochs=2)
+    model.learn(16)
+    value_params = params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net)
+    policy_params = params_of(model.policy.mlp_extractor.policy_net)
+    model.aux_buffer.add(model.rollout_buffer)
+    model._train_aux_phase()
+    assert same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
+    assert not same_params(policy_params, params_of(model.policy.mlp_extractor.policy_net))
+    # The aux optimizer is separate from, and persists alongside, the policy optimizer
+    assert model.aux_optimizer is not model.policy.optimizer
+    assert adam_steps(model.aux_optimizer) == 2 * 2  # 2 epochs x 2 one-rollout minibatches
+    model.aux_buffer.reset()
+    model.learn(2 * 16, reset_num_timesteps=False)
+    # One more phase of 2 epochs x 2 minibatches on the same optimizer
+    assert adam_steps(model.aux_optimizer) == 4 + 4
+
+
+def test_shared_optimizer_option():
+    model = make_model(separate_aux_optimizer=False, n_aux_epochs=2)
+    assert model.aux_optimizer is None
+    model.learn(2 * 16)
+    # 2 policy minibatches + 2 epochs x 2 aux minibatches on the one optimizer
+    assert adam_steps(model.policy.optimizer) == 2 + 4
+
+
+def test_aux_learning_rate():
+    model = make_model(learning_rate=1e-3, aux_learning_rate=2e-4)
+    model.learn(2 * 16)
+    assert model.aux_optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    # Default: the policy-phase schedule, read at the same progress point
+    model = make_model(learning_rate=lambda progress: 1e-3 * progress)
+    model.learn(2 * 16)
+    assert model.aux_optimizer.param_groups[0]["lr"] == pytest.approx(model.policy.optimizer.param_groups[0]["lr"])
+
+
+def test_no_stale_gradient_enters_the_aux_phase(monkeypatch):
+    model = make_model(n_aux_epochs=1, max_grad_norm=0.5)
+    seen = []
+    original = model.aux_buffer.compute_old_distributions
+
+    def check_then_compute(policy, batch_rollouts):
+        seen.append([p.grad is None for p in policy.parameters()])
+        original(policy, batch_rollouts)
+
+    monkeypatch.setattr(model.aux_buffer, "compute_old_distributions", check_then_compute)
+    model.learn(2 * 16)
+    assert len(seen) == 1 and all(seen[0])
+
+
+def test_no_aux_epochs_is_plain_ppo():
+    """n_aux_epochs=0 with SB3's PPO settings reproduces one SB3 PPO update exactly."""
+    env_kwargs = dict(n_steps=32, batch_size=16, n_epochs=2, learning_rate=3e-4, gamma=0.99, gae_lambda=0.95, ent_coef=0.01)
+    ppo = PPO("MlpPolicy", "CartPole-v1", seed=0, **env_kwargs)
+    ppg = PPG(
+        "MlpPolicy",
+        "CartPole-v1",
+        seed=0,
+        n_aux_epochs=0,
+        normalize_advantage="minibatch",
+        max_grad_norm=0.5,
+        policy_kwargs=dict(optimizer_kwargs=dict(eps=1e-5)),
+        **env_kwargs,
+    )
+    assert ppg.aux_buffer is None and ppg.aux_optimizer is None
+    missing, unexpected = ppg.policy.load_state_dict(ppo.policy.state_dict(), strict=False)
+    assert unexpected == [] and all(key.startswith("aux_value_net") for key in missing)
+    # Same weights, fresh Adam states on both sides (PPG's optimizer also holds the aux head, which gets no gradient)
+    for model in (ppo, ppg):
+        model.policy.optimizer = th.optim.Adam(model.policy.parameters(), lr=3e-4, eps=1e-5)
+    _, callback = ppo._setup_learn(32)
+    ppo.collect_rollouts(ppo.env, callback, ppo.rollout_buffer, n_rollout_steps=32)
+    ppg._setup_learn(32)
+    ppg.rollout_buffer = copy.deepcopy(ppo.rollout_buffer)
+    initial_action_weight = ppo.policy.action_net.weight.detach().clone()
+    for model in (ppo, ppg):
+        np.random.seed(1)
+        model.train()
+    ppg_params = ppg.policy.state_dict()
+    for name, param in ppo.policy.named_parameters():
+        assert th.allclose(param, ppg_params[name], atol=1e-6), name
+    # ... and the update did move the weights
+    assert not th.allclose(ppo.policy.action_net.weight, initial_action_weight)
+    assert ppg._n_aux_phases == 0
+
+
+def test_invalid_hyperparameters_raise_clear_errors():
+    cases = [
+        (dict(n_policy_iters=0), "n_policy_iters must be >= 1 when n_aux_epochs > 0"),
+        (dict(batch_size=1000), "batch_size=1000 is larger than the rollout"),
+        (
+            dict(aux_batch_rollouts=3),
+            r"aux_batch_rollouts=3 is larger than the auxiliary buffer \(n_policy_iters \* n_envs = 2 \* 1 = 2",
+        ),
+        (dict(n_epochs=0), "n_epochs must be >= 1"),
+        (dict(gamma=1.5), "gamma must be in"),
+        (dict(normalize_advantage="sometimes"), "normalize_advantage must be one of"),
+        (dict(clip_range=0.0), "pass None to disable clipping"),
+        (dict(max_grad_norm=0.0), "pass None to disable gradient clipping"),
+        (dict(ent_coef=-0.1), "ent_coef must be a number >= 0"),
+        (dict(n_aux_grad_accum=0), "n_aux_grad_accum must be >= 1"),
+        (dict(n_aux_epochs=-1), "n_aux_epochs must be >= 0"),
+        (dict(policy_kwargs=dict(arch="quad")), "Unknown PPG arch 'quad'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            make_model(**kwargs)
+    # n_policy_iters does not matter without an aux phase
+    assert make_model(n_policy_iters=0, n_aux_epochs=0).aux_buffer is None
+    # Several problems are reported together
+    with pytest.raises(ValueError, match=r"(?s)n_epochs.*gamma"):
+        make_model(n_epochs=0, gamma=2.0)
+    with pytest.warns(UserWarning, match="not a multiple of batch_size"):
+        make_model(batch_size=5)
+
+
+class NaNRewardEnv(gym.Wrapper):
+    def step(self, action):
+        obs, _, terminated, truncated, info = self.env.step(action)
+        return obs, float("nan"), terminated, truncated, info
+
+
+def test_non_finite_loss_stops_training_with_clear_error():
+    model = PPG("MlpPolicy", NaNRewardEnv(gym.make("CartPole-v1")), **SMALL, seed=0)
+    before = params_of(model.policy)
+    with pytest.raises(FloatingPointError, match=r"(?s)policy-phase loss is nan.*VecNormalize"):
+        model.learn(2 * 16)
+    # The bad loss never reached the weights
+    assert same_params(before, params_of(model.policy))
+
+
+def test_continuous_actions_and_single_network_archs_run():
+    for arch in ("detach", "shared"):
+        model = make_model("Pendulum-v1", policy_kwargs=dict(arch=arch, net_arch=[16]))
+        model.learn(2 * 16)
+        assert model._n_aux_phases == 1
+        assert model.aux_buffer.old_distribution_params.shape[-1] == 2  # mean and log std of 1 action
