@@ -47,6 +47,8 @@ setup(
             "optuna>=3.0",
             "matplotlib",
             "moviepy>=1.0.0",
+            # imageio-ffmpeg 0.3 (pinned by gym3) imports pkg_resources, which setuptools 81 removed
+            "setuptools<81",
         ],
         "docs": ["sphinx>=7", "myst-parser", "sphinx-rtd-theme"],
     },

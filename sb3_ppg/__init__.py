@@ -1,10 +1,30 @@
 import os
 
+from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
 from sb3_ppg.ppg import PPG
+from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs
 
 # Read version from file
 version_file = os.path.join(os.path.dirname(__file__), "version.txt")
 with open(version_file) as file_handler:
     __version__ = file_handler.read().strip()
 
-__all__ = ["PPG", "__version__"]
+# Gymnasium ids procgen/<game>-v0 for the 16 Procgen games
+register_procgen_envs()
+
+__all__ = [
+    "PPG",
+    "PROCGEN_GAMES",
+    "AuxiliaryBuffer",
+    "CnnPolicy",
+    "MlpPolicy",
+    "MultiInputPolicy",
+    "PPGPolicy",
+    "ProcgenCnn",
+    "ProcgenGymnasiumEnv",
+    "ProcgenVecEnv",
+    "__version__",
+    "make_procgen_env",
+    "register_procgen_envs",
+]
