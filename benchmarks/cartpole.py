@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         results = [future.result() for future in futures]
 
     lines = [
-        f"| algo | seed | first step with eval return >= {THRESHOLD:.0f} | best eval return | final eval return | wall time (s) |",
+        f"| algo | seed | first step with eval return >= {THRESHOLD:.0f} | best eval return | final eval return "
+        "| wall time (s) |",
         "|---|---|---|---|---|---|",
     ]
     for result in results:
@@ -133,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         [
             "# CartPole-v1 benchmark: PPG vs PPO",
             "",
-            f"Measured on {datetime.date.today().isoformat()} with `{command.strip()}` on {platform.processor() or platform.machine()}, "
-            f"{os.cpu_count()} CPU cores, torch {th.__version__} (one torch thread per run, {args.workers} runs in parallel).",
+            f"Measured on {datetime.date.today().isoformat()} with `{command.strip()}` on "
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {th.__version__} "
+            f"(one torch thread per run, {args.workers} runs in parallel).",
             "",
             f"Each run trains for {args.timesteps:,} steps and is evaluated every {args.eval_every:,} steps on "
             f"{args.n_eval_episodes} episodes of a separate env (deterministic actions). PPO uses rl-baselines3-zoo's tuned "
