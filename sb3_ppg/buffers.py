@@ -8,6 +8,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.utils import get_device, obs_as_tensor
 
 from sb3_ppg.policies import distribution_param_dim, get_distribution_params
@@ -68,16 +69,17 @@ class AuxiliaryBuffer:
         self.device = get_device(device)
         self.buffer_size = n_policy_iters * n_envs  # number of rollouts (rows)
         self.n_distribution_params = distribution_param_dim(action_space)
+        # Same per-step shapes as SB3's rollout buffer (a Discrete observation is stored with shape (1,))
+        obs_shape = get_obs_shape(observation_space)
         if isinstance(observation_space, spaces.Dict):
+            assert isinstance(obs_shape, dict)
             self.observations = {
-                key: np.zeros((self.buffer_size, n_steps, *space.shape), dtype=space.dtype)  # type: ignore[misc]
+                key: np.zeros((self.buffer_size, n_steps, *obs_shape[key]), dtype=space.dtype)
                 for key, space in observation_space.spaces.items()
             }
         else:
-            self.observations = np.zeros(
-                (self.buffer_size, n_steps, *observation_space.shape),  # type: ignore[misc]
-                dtype=observation_space.dtype,
-            )
+            assert isinstance(obs_shape, tuple)
+            self.observations = np.zeros((self.buffer_size, n_steps, *obs_shape), dtype=observation_space.dtype)
         self.returns = np.zeros((self.buffer_size, n_steps), dtype=np.float32)
         self.old_distribution_params = np.zeros((self.buffer_size, n_steps, self.n_distribution_params), dtype=np.float32)
         self.pos = 0

@@ -14,7 +14,12 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import FloatSchedule, explained_variance, update_learning_rate
+from stable_baselines3.common.utils import (
+    FloatSchedule,
+    check_for_correct_spaces,
+    explained_variance,
+    update_learning_rate,
+)
 from torch.nn import functional as F
 
 from sb3_ppg.buffers import AuxiliaryBuffer
@@ -197,9 +202,9 @@ class PPG(OnPolicyAlgorithm):
         # Cumulative counters: saved with the model
         self._n_aux_phases = 0
         self._n_aux_updates = 0
+        # batch_size=None follows n_envs (8 minibatches), also after load() or set_env() with another n_envs
+        self._auto_batch_size = batch_size is None
         self._validate_hyperparameters()
-        if self.env is not None and self.batch_size is None:
-            self.batch_size = max(1, self.n_steps * self.n_envs // 8)
 
         if _init_setup_model:
             self._setup_model()
@@ -216,7 +221,7 @@ class PPG(OnPolicyAlgorithm):
         check(self.batch_size is None or self.batch_size >= 1, f"batch_size must be >= 1 (or None), got {self.batch_size}")
         check(self.n_epochs >= 1, f"n_epochs must be >= 1, got {self.n_epochs}")
         check(self.n_value_epochs >= 0, f"n_value_epochs must be >= 0 (or None), got {self.n_value_epochs}")
-        check(0.0 < self.gamma <= 1.0, f"gamma must be in (0, 1], got {self.gamma}")
+        check(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
         check(0.0 <= self.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {self.gae_lambda}")
         check(
             self.normalize_advantage in ADVANTAGE_NORMALIZATIONS,
@@ -246,32 +251,40 @@ class PPG(OnPolicyAlgorithm):
         if errors:
             raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(errors))
 
-    def _validate_batch_sizes(self) -> None:
-        """Raise a ``ValueError`` if a minibatch is larger than what it is drawn from (needs ``n_envs``)."""
-        rollout_size = self.n_steps * self.n_envs
+    def _validate_batch_sizes(self, n_envs: int | None = None) -> None:
+        """
+        Resolve ``batch_size=None`` for ``n_envs`` and raise a ``ValueError`` if a minibatch is larger than what
+        it is drawn from.
+
+        :param n_envs: the number of environments to check for (default: the model's)
+        """
+        n_envs = self.n_envs if n_envs is None else n_envs
+        rollout_size = self.n_steps * n_envs
+        batch_size = max(1, rollout_size // 8) if self._auto_batch_size else self.batch_size
         if rollout_size < 2:
             raise ValueError(f"n_steps * n_envs must be > 1 (one rollout needs at least 2 samples), got {rollout_size}")
-        assert self.batch_size is not None
-        if self.batch_size > rollout_size:
+        assert batch_size is not None
+        if batch_size > rollout_size:
             raise ValueError(
-                f"batch_size={self.batch_size} is larger than the rollout (n_steps * n_envs = {self.n_steps} * "
-                f"{self.n_envs} = {rollout_size}): use a batch_size <= {rollout_size}."
+                f"batch_size={batch_size} is larger than the rollout (n_steps * n_envs = {self.n_steps} * "
+                f"{n_envs} = {rollout_size}): use a batch_size <= {rollout_size}."
             )
-        if self.normalize_advantage == "minibatch" and self.batch_size < 2:
+        if self.normalize_advantage == "minibatch" and batch_size < 2:
             raise ValueError("normalize_advantage='minibatch' needs batch_size > 1 (the std of one sample is undefined).")
-        if rollout_size % self.batch_size != 0:
-            warnings.warn(
-                f"The rollout size (n_steps * n_envs = {rollout_size}) is not a multiple of batch_size={self.batch_size}: "
-                f"the last minibatch of each epoch holds {rollout_size % self.batch_size} samples."
-            )
         if self.n_aux_epochs > 0:
-            n_rollouts = self.n_policy_iters * self.n_envs
+            n_rollouts = self.n_policy_iters * n_envs
             if self.aux_batch_rollouts > n_rollouts:
                 raise ValueError(
                     f"aux_batch_rollouts={self.aux_batch_rollouts} is larger than the auxiliary buffer "
-                    f"(n_policy_iters * n_envs = {self.n_policy_iters} * {self.n_envs} = {n_rollouts} rollouts): "
+                    f"(n_policy_iters * n_envs = {self.n_policy_iters} * {n_envs} = {n_rollouts} rollouts): "
                     f"use aux_batch_rollouts <= {n_rollouts}."
                 )
+        if rollout_size % batch_size != 0:
+            warnings.warn(
+                f"The rollout size (n_steps * n_envs = {rollout_size}) is not a multiple of batch_size={batch_size}: "
+                f"the last minibatch of each epoch holds {rollout_size % batch_size} samples."
+            )
+        self.batch_size = batch_size
 
     def _setup_model(self) -> None:
         super()._setup_model()
@@ -279,8 +292,6 @@ class PPG(OnPolicyAlgorithm):
         self.clip_range_vf = FloatSchedule(self.clip_range_vf) if self.clip_range_vf is not None else None  # type: ignore[assignment]
         if self.aux_learning_rate is not None:
             self.aux_learning_rate = FloatSchedule(self.aux_learning_rate)
-        if self.batch_size is None:
-            self.batch_size = max(1, self.n_steps * self.n_envs // 8)
         self._validate_batch_sizes()
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
@@ -326,6 +337,9 @@ class PPG(OnPolicyAlgorithm):
         if env.num_envs == self.n_envs:
             super().set_env(env, force_reset=force_reset)
             return
+        # Check everything before changing anything
+        check_for_correct_spaces(env, self.observation_space, self.action_space)
+        self._validate_batch_sizes(env.num_envs)
         if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
             warnings.warn(
                 f"set_env() changes the number of environments from {self.n_envs} to {env.num_envs}: the "
@@ -344,7 +358,6 @@ class PPG(OnPolicyAlgorithm):
             n_envs=self.n_envs,
             **self.rollout_buffer_kwargs,
         )
-        self._validate_batch_sizes()
         self.aux_buffer = self._make_aux_buffer()
 
     # ------------------------------------------------------------------------------------------------------------
@@ -586,6 +599,37 @@ class PPG(OnPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfPPG],
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfPPG:
+        """
+        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). A truncated or corrupt file raises a
+        ``ValueError`` that says so.
+        """
+        try:
+            return super().load(
+                path,
+                env=env,
+                device=device,
+                custom_objects=custom_objects,
+                print_system_info=print_system_info,
+                force_reset=force_reset,
+                **kwargs,
+            )
+        except AssertionError as error:
+            # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
+            if "No data found" in str(error):
+                raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
+            raise
 
     # ------------------------------------------------------------------------------------------------------------
     # The auxiliary buffer on disk (like SB3's save_replay_buffer / load_replay_buffer)

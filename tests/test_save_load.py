@@ -1,0 +1,486 @@
+"""Saving and loading PPG models, policies, optimizers and the auxiliary buffer."""
+
+import json
+import pickle
+import warnings
+import zipfile
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import FakeImageEnv, SimpleMultiObsEnv
+
+from sb3_ppg import PPG
+from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.policies import PPGPolicy, get_distribution_params
+
+ARCHS = ("dual", "detach", "shared")
+
+# (policy alias, env name, policy kwargs): small networks to keep the tests fast
+POLICY_CASES = {
+    "mlp-cartpole": ("MlpPolicy", "CartPole-v1", dict(net_arch=[16])),
+    "mlp-pendulum": ("MlpPolicy", "Pendulum-v1", dict(net_arch=[16])),
+    "cnn": ("CnnPolicy", "image", dict(net_arch=[16], features_extractor_kwargs=dict(features_dim=16))),
+    "procgen-cnn": ("ProcgenCnn", "image", dict(features_extractor_kwargs=dict(features_dim=16, channels=(4, 8)))),
+    "multi-input": ("MultiInputPolicy", "multi", dict(net_arch=[16], features_extractor_kwargs=dict(cnn_output_dim=16))),
+}
+
+# One aux phase every 2 iterations of 2 envs x 16 steps
+SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=1, n_aux_epochs=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_torch_thread():
+    # Tiny networks on a shared 2-core machine: intra-op threads only add contention
+    n_threads = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n_threads)
+
+
+def make_env(name: str, n_envs: int = 2, seed: int = 0):
+    if name == "image":
+        env_id = lambda: FakeImageEnv(screen_height=36, screen_width=36, n_channels=3, discrete=True)  # noqa: E731
+    elif name == "multi":
+        env_id = SimpleMultiObsEnv
+    else:
+        env_id = name
+    return make_vec_env(env_id, n_envs=n_envs, seed=seed)
+
+
+def make_model(env, policy: str = "MlpPolicy", policy_kwargs: dict | None = None, seed: int = 0, **kwargs) -> PPG:
+    hyperparams = {**SMALL, **kwargs}
+    return PPG(policy, env, policy_kwargs=policy_kwargs or dict(net_arch=[16]), seed=seed, **hyperparams)
+
+
+def sample_observations(vec_env, n_steps: int = 4):
+    """Observations of a few random steps of a VecEnv, stacked into one batch (a dict of batches for Dict spaces)."""
+    vec_env.seed(123)
+    observations = [vec_env.reset()]
+    for _ in range(n_steps - 1):
+        actions = np.array([vec_env.action_space.sample() for _ in range(vec_env.num_envs)])
+        observations.append(vec_env.step(actions)[0])
+    if isinstance(observations[0], dict):
+        return {key: np.concatenate([obs[key] for obs in observations]) for key in observations[0]}
+    return np.concatenate(observations)
+
+
+def policy_outputs(policy: PPGPolicy, observations) -> tuple[th.Tensor, ...]:
+    """Distribution parameters, value and auxiliary value of the policy, in eval mode."""
+    policy.set_training_mode(False)
+    obs_tensor, _ = policy.obs_to_tensor(observations)
+    with th.no_grad():
+        distribution, values, aux_values = policy.forward_aux(obs_tensor)
+        return get_distribution_params(distribution), values, aux_values, policy.predict_values(obs_tensor)
+
+
+def assert_same_outputs(policy_a: PPGPolicy, policy_b: PPGPolicy, observations) -> None:
+    for output_a, output_b in zip(policy_outputs(policy_a, observations), policy_outputs(policy_b, observations), strict=True):
+        assert th.equal(output_a, output_b)
+
+
+def assert_same_state(state_a, state_b) -> None:
+    """Recursively compare two state dicts (tensors exactly)."""
+    if isinstance(state_a, th.Tensor):
+        assert isinstance(state_b, th.Tensor)
+        assert th.equal(state_a.cpu(), state_b.cpu())
+    elif isinstance(state_a, dict):
+        assert isinstance(state_b, dict)
+        assert state_a.keys() == state_b.keys()
+        for key in state_a:
+            assert_same_state(state_a[key], state_b[key])
+    elif isinstance(state_a, (list, tuple)):
+        assert len(state_a) == len(state_b)
+        for item_a, item_b in zip(state_a, state_b, strict=True):
+            assert_same_state(item_a, item_b)
+    else:
+        assert state_a == state_b
+
+
+def optimizer_has_state(optimizer: th.optim.Optimizer) -> bool:
+    return len(optimizer.state_dict()["state"]) > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+def test_save_load_predictions(tmp_path, case, arch):
+    policy, env_name, policy_kwargs = POLICY_CASES[case]
+    env = make_env(env_name)
+    model = make_model(env, policy, {**policy_kwargs, "arch": arch})
+    model.learn(64)
+    assert model._n_aux_phases == 1
+    observations = sample_observations(make_env(env_name))
+    actions, _ = model.predict(observations, deterministic=True)
+    params = model.get_parameters()
+
+    model.save(tmp_path / "model.zip")
+    loaded = PPG.load(tmp_path / "model.zip", env=env)
+
+    assert type(loaded.policy) is type(model.policy)
+    assert loaded.policy.arch == arch
+    assert loaded.policy.share_features_extractor == (arch != "dual")
+    assert loaded._n_aux_phases == 1
+    assert_same_state(params, loaded.get_parameters())
+    assert_same_outputs(model.policy, loaded.policy, observations)
+    loaded_actions, _ = loaded.predict(observations, deterministic=True)
+    np.testing.assert_array_equal(actions, loaded_actions)
+    # The aux buffer is not saved: the loaded model starts a new aux phase
+    assert loaded.aux_buffer.n_rollouts == 0
+    # A loaded model keeps learning
+    loaded.learn(64, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 128
+    assert loaded._n_aux_phases == 2
+
+
+def test_save_load_gsde(tmp_path):
+    env = make_env("Pendulum-v1")
+    model = make_model(env, use_sde=True, sde_sample_freq=4)
+    model.learn(64)
+    observations = sample_observations(env)
+    model.save(tmp_path / "model.zip")
+    loaded = PPG.load(tmp_path / "model.zip", env=env)
+    assert loaded.use_sde and loaded.policy.use_sde
+    assert_same_outputs(model.policy, loaded.policy, observations)
+    assert th.equal(model.policy.log_std, loaded.policy.log_std)
+
+
+@pytest.mark.parametrize(
+    "kwargs, saved_optimizers",
+    [
+        (dict(), {"aux_optimizer"}),
+        (dict(separate_aux_optimizer=False), set()),
+        (dict(n_epochs=1, n_value_epochs=2), {"aux_optimizer", "value_optimizer"}),
+        (dict(separate_aux_optimizer=False, n_value_epochs=3), {"value_optimizer"}),
+        (dict(n_aux_epochs=0), set()),
+    ],
+)
+def test_optimizers_round_trip(tmp_path, kwargs, saved_optimizers):
+    env = make_env("CartPole-v1")
+    model = make_model(env, **kwargs)
+    model.learn(64)
+    extra_optimizers = {"aux_optimizer", "value_optimizer"}
+    for name in extra_optimizers:
+        assert (getattr(model, name) is not None) == (name in saved_optimizers)
+    for name in saved_optimizers:
+        assert optimizer_has_state(getattr(model, name)), f"{name} has not stepped"
+
+    model.save(tmp_path / "model.zip")
+    with zipfile.ZipFile(tmp_path / "model.zip") as archive:
+        members = set(archive.namelist())
+    assert {f"{name}.pth" for name in extra_optimizers} & members == {f"{name}.pth" for name in saved_optimizers}
+
+    loaded = PPG.load(tmp_path / "model.zip", env=env)
+    assert_same_state(model.policy.optimizer.state_dict(), loaded.policy.optimizer.state_dict())
+    for name in extra_optimizers:
+        if name in saved_optimizers:
+            assert_same_state(getattr(model, name).state_dict(), getattr(loaded, name).state_dict())
+            # The restored optimizer steps the loaded policy's parameters
+            optimizer_params = {id(param) for group in getattr(loaded, name).param_groups for param in group["params"]}
+            assert optimizer_params == {id(param) for param in loaded.policy.parameters()}
+        else:
+            assert getattr(loaded, name) is None
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(separate_aux_optimizer=False, n_value_epochs=2)])
+def test_continue_training_after_load_matches_in_memory_model(tmp_path, kwargs):
+    """Training a loaded model gives bit-identical weights to training the original: nothing is lost in the zip."""
+    model = make_model(make_env("CartPole-v1"), **kwargs)
+    model.learn(64)  # ends right after an aux phase: the aux buffer is empty
+    assert model.aux_buffer.n_rollouts == 0
+    model.save(tmp_path / "model.zip")
+    loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
+    model.set_env(make_env("CartPole-v1"))  # start from a reset env, as the loaded model does
+
+    for agent in (model, loaded):
+        agent.set_random_seed(1)
+        agent.learn(64, reset_num_timesteps=False)
+        assert agent._n_aux_phases == 2
+    assert_same_state(model.get_parameters(), loaded.get_parameters())
+
+
+def test_aux_buffer_not_saved(tmp_path):
+    env = make_env("image")
+    policy_kwargs = dict(net_arch=[16], features_extractor_kwargs=dict(features_dim=16))
+    model = make_model(env, "CnnPolicy", policy_kwargs, n_policy_iters=8)
+    model.learn(32)
+    model.save(tmp_path / "one.zip")
+    model.learn(5 * 32, reset_num_timesteps=False)
+    assert model.aux_buffer.n_iterations == 6
+    model.save(tmp_path / "six.zip")
+
+    with zipfile.ZipFile(tmp_path / "six.zip") as archive:
+        members = set(archive.namelist())
+        data = json.loads(archive.read("data"))
+    assert members == {
+        "data",
+        "pytorch_variables.pth",
+        "policy.pth",
+        "policy.optimizer.pth",
+        "aux_optimizer.pth",
+        "_stable_baselines3_version",
+        "system_info.txt",
+    }
+    assert not {"aux_buffer", "aux_optimizer", "value_optimizer", "rollout_buffer"} & data.keys()
+    # 5 more iterations of incompressible random images in the buffer (5 * 32 * 3888 bytes) do not reach the zip
+    one_iteration_bytes = 32 * 36 * 36 * 3
+    size_one, size_six = ((tmp_path / name).stat().st_size for name in ("one.zip", "six.zip"))
+    assert abs(size_six - size_one) < one_iteration_bytes
+
+    loaded = PPG.load(tmp_path / "six.zip", env=env)
+    assert isinstance(loaded.aux_buffer, AuxiliaryBuffer)
+    assert loaded.aux_buffer.n_rollouts == 0
+    assert loaded.aux_buffer.n_envs == 2
+
+
+@pytest.mark.parametrize("new_n_envs", [1, 4])
+def test_load_with_different_n_envs(tmp_path, new_n_envs):
+    model = make_model(make_env("CartPole-v1", n_envs=2))
+    model.learn(64)
+    model.save(tmp_path / "model.zip")
+
+    loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1", n_envs=new_n_envs))
+    assert loaded.n_envs == new_n_envs
+    assert loaded.rollout_buffer.n_envs == new_n_envs
+    assert loaded.aux_buffer.n_envs == new_n_envs
+    assert loaded.aux_buffer.buffer_size == 2 * new_n_envs
+    params_before = [param.detach().clone() for param in loaded.policy.parameters()]
+    loaded.learn(2 * 16 * new_n_envs, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 64 + 2 * 16 * new_n_envs
+    assert loaded._n_aux_phases == 2
+    assert not all(th.equal(a, b) for a, b in zip(params_before, loaded.policy.parameters(), strict=True))
+
+
+def test_set_env_with_different_n_envs():
+    model = make_model(make_env("CartPole-v1", n_envs=2), n_policy_iters=3)
+    model.learn(32)
+    assert model.aux_buffer.n_rollouts == 2
+
+    # Same number of envs: the buffered rollouts are kept, silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.set_env(make_env("CartPole-v1", n_envs=2, seed=1))
+    assert model.aux_buffer.n_rollouts == 2
+
+    # Different number: the buffers are rebuilt and the dropped rollouts are announced
+    with pytest.warns(UserWarning, match="dropped"):
+        model.set_env(make_env("CartPole-v1", n_envs=3))
+    assert model.n_envs == model.get_env().num_envs == 3
+    assert model.rollout_buffer.n_envs == 3
+    assert model.aux_buffer.n_envs == 3
+    assert model.aux_buffer.n_rollouts == 0
+
+    # The next aux phase comes after n_policy_iters new iterations
+    model.learn(2 * 16 * 3, reset_num_timesteps=False)
+    assert model._n_aux_phases == 0
+    assert model.aux_buffer.n_rollouts == 6
+    model.learn(16 * 3, reset_num_timesteps=False)
+    assert model._n_aux_phases == 1
+    assert model.num_timesteps == 32 + 3 * 16 * 3
+
+    # An empty aux buffer loses nothing: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.set_env(make_env("CartPole-v1", n_envs=1))
+    model.learn(3 * 16, reset_num_timesteps=False)
+    assert model._n_aux_phases == 2
+
+
+def test_failed_set_env_leaves_model_unchanged():
+    model = make_model(make_env("CartPole-v1", n_envs=2), batch_size=32)
+    # batch_size=32 does not fit a rollout of 16 steps x 1 env
+    with pytest.raises(ValueError, match="batch_size"):
+        model.set_env(make_env("CartPole-v1", n_envs=1))
+    assert model.n_envs == model.get_env().num_envs == model.rollout_buffer.n_envs == model.aux_buffer.n_envs == 2
+    model.learn(64)
+    assert model._n_aux_phases == 1
+
+
+def test_load_with_fewer_envs_default_batch_size(tmp_path):
+    env = make_env("CartPole-v1", n_envs=16)
+    model = PPG("MlpPolicy", env, n_steps=16, n_policy_iters=2, aux_batch_rollouts=1, policy_kwargs=dict(net_arch=[16]))
+    assert model.batch_size == 32
+    model.save(tmp_path / "model.zip")
+    loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1", n_envs=1))
+    loaded.learn(32)
+    assert loaded._n_aux_phases == 1
+
+
+@pytest.mark.parametrize("use_str_path", [True, False])
+def test_aux_buffer_round_trip(tmp_path, use_str_path):
+    """save_aux_buffer / load_aux_buffer resume a run mid-phase: the next aux phase comes at the same iteration."""
+    model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
+    model.learn(2 * 32)
+    assert model.aux_buffer.n_iterations == 2
+    model.save(tmp_path / "model.zip")
+    # A str path without suffix gets ".pkl", as SB3's save_replay_buffer
+    buffer_path = str(tmp_path / "aux_buffer") if use_str_path else tmp_path / "aux_buffer.pkl"
+    model.save_aux_buffer(buffer_path)
+    assert (tmp_path / "aux_buffer.pkl").is_file()
+
+    resumed = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
+    assert resumed.aux_buffer.n_rollouts == 0
+    resumed.load_aux_buffer(buffer_path)
+    assert resumed.aux_buffer.n_rollouts == model.aux_buffer.n_rollouts == 4
+    assert resumed.aux_buffer.device == resumed.device
+    np.testing.assert_array_equal(resumed.aux_buffer.observations, model.aux_buffer.observations)
+    np.testing.assert_array_equal(resumed.aux_buffer.returns, model.aux_buffer.returns)
+    assert resumed.aux_buffer.returns[:4].any()
+
+    # Without the buffer, a loaded model waits n_policy_iters iterations for its next aux phase
+    not_resumed = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
+    for agent in (model, resumed, not_resumed):
+        agent.learn(32, reset_num_timesteps=False)
+    assert model._n_aux_phases == resumed._n_aux_phases == 1
+    assert resumed.aux_buffer.n_rollouts == 0
+    assert not_resumed._n_aux_phases == 0
+    assert not_resumed.aux_buffer.n_iterations == 1
+
+
+def test_load_aux_buffer_errors(tmp_path):
+    model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
+    model.learn(32)
+    model.save_aux_buffer(tmp_path / "buffer.pkl")
+
+    def check_rejected(other: PPG, path, match: str) -> None:
+        n_rollouts = other.aux_buffer.n_rollouts
+        buffer = other.aux_buffer
+        with pytest.raises(ValueError, match=match):
+            other.load_aux_buffer(path)
+        # The model's own buffer is untouched
+        assert other.aux_buffer is buffer
+        assert other.aux_buffer.n_rollouts == n_rollouts
+
+    # Wrong shape: different n_envs, n_steps or n_policy_iters
+    check_rejected(make_model(make_env("CartPole-v1", n_envs=3), n_policy_iters=3), tmp_path / "buffer.pkl", "n_envs")
+    check_rejected(make_model(make_env("CartPole-v1"), n_policy_iters=3, n_steps=32), tmp_path / "buffer.pkl", "n_steps")
+    check_rejected(make_model(make_env("CartPole-v1"), n_policy_iters=4), tmp_path / "buffer.pkl", "n_policy_iters")
+    # Same shapes, other env
+    check_rejected(make_model(make_env("Acrobot-v1"), n_policy_iters=3), tmp_path / "buffer.pkl", "space")
+    # A pickle that is not a buffer
+    with open(tmp_path / "not_a_buffer.pkl", "wb") as file:
+        pickle.dump({"observations": np.zeros(3)}, file)
+    check_rejected(model, tmp_path / "not_a_buffer.pkl", "does not hold a PPG AuxiliaryBuffer")
+    # Corrupt and truncated files
+    (tmp_path / "garbage.pkl").write_bytes(b"\x00\xff not a pickle" * 10)
+    check_rejected(model, tmp_path / "garbage.pkl", "corrupt")
+    raw = (tmp_path / "buffer.pkl").read_bytes()
+    (tmp_path / "truncated.pkl").write_bytes(raw[: len(raw) // 2])
+    check_rejected(model, tmp_path / "truncated.pkl", "corrupt")
+    # A missing file stays a FileNotFoundError
+    with pytest.raises(FileNotFoundError):
+        model.load_aux_buffer(tmp_path / "missing.pkl")
+
+
+def test_no_aux_buffer_to_save_or_load(tmp_path):
+    model = make_model(make_env("CartPole-v1"), n_aux_epochs=0)
+    assert model.aux_buffer is None
+    with pytest.raises(ValueError, match="n_aux_epochs=0"):
+        model.save_aux_buffer(tmp_path / "buffer.pkl")
+    with pytest.raises(ValueError, match="n_aux_epochs=0"):
+        model.load_aux_buffer(tmp_path / "buffer.pkl")
+
+
+def test_load_corrupt_model_zip(tmp_path):
+    make_model(make_env("CartPole-v1")).save(tmp_path / "model.zip")
+    raw = (tmp_path / "model.zip").read_bytes()
+
+    # Not a zip at all: SB3 raises ValueError
+    (tmp_path / "garbage.zip").write_bytes(b"garbage" * 100)
+    with pytest.raises(ValueError, match="wasn't a zip-file"):
+        PPG.load(tmp_path / "garbage.zip")
+
+    # Bytes flipped inside a member: the CRC check fails, SB3 raises ValueError
+    with zipfile.ZipFile(tmp_path / "model.zip") as archive:
+        info = archive.getinfo("policy.pth")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.compress_size // 2
+    corrupt = bytearray(raw)
+    corrupt[start : start + 32] = bytes(byte ^ 0xFF for byte in corrupt[start : start + 32])
+    (tmp_path / "corrupt.zip").write_bytes(bytes(corrupt))
+    with pytest.raises(ValueError, match="wasn't a zip-file"):
+        PPG.load(tmp_path / "corrupt.zip")
+
+    # Truncated (an interrupted copy): SB3 raises ValueError when no zip directory is left, but usually an
+    # AssertionError "No data found in the saved file": the tail of the truncated file still holds the zip
+    # directory of the nested policy.pth (itself a zip), which zipfile opens instead.
+    for fraction in (0.1, 0.5, 0.9):
+        (tmp_path / "truncated.zip").write_bytes(raw[: int(len(raw) * fraction)])
+        with pytest.raises(ValueError, match=r"wasn't a zip-file|not a complete PPG model zip"):
+            PPG.load(tmp_path / "truncated.zip")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", ["mlp-pendulum", "cnn", "procgen-cnn"])
+def test_policy_save_load(tmp_path, case, arch):
+    """Policy-only save/load keeps the arch: SB3's own policies silently rebuild a non-shared policy shared."""
+    policy, env_name, policy_kwargs = POLICY_CASES[case]
+    env = make_env(env_name)
+    model = make_model(env, policy, {**policy_kwargs, "arch": arch})
+    model.learn(64)
+    observations = sample_observations(env)
+
+    model.policy.save(tmp_path / "policy.pth")
+    # With the policy's own class, or with the base class (the saved constructor arguments give the extractor)
+    for loaded in (type(model.policy).load(tmp_path / "policy.pth"), PPGPolicy.load(tmp_path / "policy.pth")):
+        assert loaded.arch == arch
+        assert loaded.share_features_extractor == (arch != "dual")
+        assert (loaded.pi_features_extractor is loaded.vf_features_extractor) == (arch != "dual")
+        assert type(loaded.features_extractor) is type(model.policy.features_extractor)
+        assert_same_state(model.policy.state_dict(), loaded.state_dict())
+        assert_same_outputs(model.policy, loaded, observations)
+        np.testing.assert_array_equal(
+            model.predict(observations, deterministic=True)[0], loaded.predict(observations, deterministic=True)[0]
+        )
+
+
+def test_get_set_parameters(tmp_path):
+    env = make_env("CartPole-v1")
+    model = make_model(env, n_value_epochs=2)
+    model.learn(64)
+    params = model.get_parameters()
+    assert set(params) == {"policy", "policy.optimizer", "aux_optimizer", "value_optimizer"}
+    observations = sample_observations(env)
+
+    other = make_model(make_env("CartPole-v1"), n_value_epochs=2, seed=1)
+    assert not th.equal(policy_outputs(model.policy, observations)[0], policy_outputs(other.policy, observations)[0])
+    other.set_parameters(params)
+    assert_same_state(params, other.get_parameters())
+    assert_same_outputs(model.policy, other.policy, observations)
+
+    # From a zip, too
+    model.save(tmp_path / "model.zip")
+    third = make_model(make_env("CartPole-v1"), n_value_epochs=2, seed=2)
+    third.set_parameters(tmp_path / "model.zip")
+    assert_same_outputs(model.policy, third.policy, observations)
+    assert_same_state(model.aux_optimizer.state_dict(), third.aux_optimizer.state_dict())
+
+    # exact_match: a missing optimizer is an error
+    del params["aux_optimizer"]
+    with pytest.raises(ValueError, match="aux_optimizer"):
+        other.set_parameters(params, exact_match=True)
+    other.set_parameters(params, exact_match=False)
+
+
+def test_load_with_custom_objects(tmp_path):
+    """What rl-zoo's enjoy.py does."""
+    env = make_env("Pendulum-v1")
+    model = make_model(env, learning_rate=1e-3, aux_learning_rate=2e-3, clip_range_vf=0.5)
+    model.learn(64)
+    model.save(tmp_path / "model.zip")
+    observations = sample_observations(env)
+
+    custom_objects = {"learning_rate": 0.0, "lr_schedule": lambda _: 0.0, "clip_range": lambda _: 0.0}
+    loaded = PPG.load(tmp_path / "model.zip", env=env, custom_objects=custom_objects)
+    assert loaded.learning_rate == 0.0
+    assert loaded.lr_schedule(1.0) == 0.0
+    assert loaded.clip_range(1.0) == 0.0
+    # Values that were not replaced are loaded as saved
+    assert loaded.aux_learning_rate(1.0) == pytest.approx(2e-3)
+    assert loaded.clip_range_vf(1.0) == pytest.approx(0.5)
+    assert_same_outputs(model.policy, loaded.policy, observations)
+    # Loading without an env (prediction only), as enjoy.py may
+    no_env = PPG.load(tmp_path / "model.zip", custom_objects=custom_objects)
+    assert no_env.get_env() is None
+    np.testing.assert_array_equal(
+        model.predict(observations, deterministic=True)[0], no_env.predict(observations, deterministic=True)[0]
+    )

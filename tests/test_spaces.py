@@ -1,0 +1,240 @@
+"""PPG on every supported action space and on vector, image and Dict observations."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.envs import (
+    FakeImageEnv,
+    IdentityEnv,
+    IdentityEnvBox,
+    IdentityEnvMultiBinary,
+    IdentityEnvMultiDiscrete,
+    SimpleMultiObsEnv,
+)
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import VecTransposeImage
+
+from sb3_ppg import PPG
+from sb3_ppg.policies import get_distribution_params, kl_divergence_from_params
+
+# One aux phase every 2 iterations; a step's reward does not depend on the past actions, so a short horizon helps
+IDENTITY_HYPERPARAMS = dict(
+    n_steps=100,
+    batch_size=50,
+    n_epochs=4,
+    learning_rate=3e-3,
+    gamma=0.5,
+    ent_coef=0.0,
+    n_policy_iters=2,
+    n_aux_epochs=1,
+    aux_batch_rollouts=1,
+    policy_kwargs=dict(net_arch=[16]),
+)
+SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=1, n_aux_epochs=2)
+IMAGE_POLICY_KWARGS = {
+    "CnnPolicy": dict(net_arch=[16], features_extractor_kwargs=dict(features_dim=16)),
+    "ProcgenCnn": dict(features_extractor_kwargs=dict(features_dim=16, channels=(4, 8))),
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_torch_thread():
+    # Tiny networks on a shared 2-core machine: intra-op threads only add contention
+    n_threads = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n_threads)
+
+
+class DictIdentityEnv(IdentityEnv):
+    """IdentityEnv(dim) whose observation is a Dict: the state one-hot encoded, and a distracting noise vector."""
+
+    def __init__(self, dim: int = 4):
+        super().__init__(dim=dim)
+        self.observation_space = spaces.Dict(
+            {"state": spaces.Box(0.0, 1.0, (dim,), dtype=np.float32), "noise": spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)}
+        )
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        one_hot = np.zeros(self.action_space.n, dtype=np.float32)
+        one_hot[self.state] = 1.0
+        return {"state": one_hot, "noise": self.np_random.uniform(-1.0, 1.0, 2).astype(np.float32)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return self._observation(), {}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return self._observation(), reward, terminated, truncated, info
+
+
+class TupleActionEnv(gym.Env):
+    """Box observations, an action space that PPG does not support."""
+
+    def __init__(self, action_space: spaces.Space):
+        self.observation_space = spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+        self.action_space = action_space
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+# (env factory, training steps, expected mean reward of a uniformly random policy over 100 steps, threshold)
+IDENTITY_CASES = {
+    "discrete": (lambda: IdentityEnv(dim=2), 600, 50.0, 90.0),
+    # |a - s| <= 0.5 with a, s ~ U[-1, 1]: probability 1 - 1.5 ** 2 / 4
+    "box": (lambda: IdentityEnvBox(eps=0.5), 600, 43.75, 90.0),
+    "multidiscrete": (lambda: IdentityEnvMultiDiscrete(dim=2), 600, 25.0, 90.0),
+    "multibinary": (lambda: IdentityEnvMultiBinary(dim=3), 2000, 12.5, 80.0),
+    "dict-observation": (lambda: DictIdentityEnv(dim=4), 800, 25.0, 90.0),
+}
+
+
+@pytest.mark.parametrize("case", ["discrete", "box", "multidiscrete", "multibinary", "dict-observation"])
+def test_identity_learns(case):
+    """Each action space learns the identity well above chance (thresholds checked with seeds 0-4: all reach >= 91)."""
+    make_env, n_steps, random_reward, threshold = IDENTITY_CASES[case]
+    policy = "MultiInputPolicy" if case == "dict-observation" else "MlpPolicy"
+    model = PPG(policy, make_env(), seed=0, **IDENTITY_HYPERPARAMS)
+    model.learn(n_steps)
+    assert model._n_aux_phases >= 2
+    eval_env = Monitor(make_env())
+    eval_env.reset(seed=1)
+    eval_env.action_space.seed(1)
+    mean_reward, _ = evaluate_policy(model, eval_env, n_eval_episodes=5, deterministic=True)
+    assert threshold > random_reward + 25
+    assert mean_reward >= threshold, f"{case}: mean reward {mean_reward} (random policy: {random_reward})"
+
+
+@pytest.mark.parametrize("squash_output", [False, True])
+def test_gsde_box(squash_output):
+    env = IdentityEnvBox(eps=0.5)
+    model = PPG(
+        "MlpPolicy",
+        env,
+        use_sde=True,
+        sde_sample_freq=4,
+        seed=0,
+        policy_kwargs=dict(net_arch=[16], squash_output=squash_output),
+        **SMALL,
+    )
+    assert model.policy.use_sde
+    old_params = get_distribution_params(model.policy.get_distribution(th.zeros((1, 1)))).detach().clone()
+    # The aux phase runs in the last iteration: its logs are still in the logger
+    model.learn(64)
+    assert model._n_aux_phases == 2
+    logged = model.logger.name_to_value
+    for key in ("aux/kl_loss", "aux/aux_value_loss", "aux/real_value_loss", "train/approx_kl", "train/std"):
+        assert np.isfinite(logged[key]), key
+    # Two aux epochs: the policy moved away from pi_old a little (the first minibatch has KL exactly 0)
+    assert 0.0 < logged["aux/kl_loss"] < 1.0
+    buffered = model.aux_buffer.old_distribution_params
+    assert buffered.shape == (2, 16, 2) and np.isfinite(buffered).all()
+    # The stored log std is the gSDE one, which depends on the state
+    assert np.unique(buffered[..., 1]).size > 1
+    kl = kl_divergence_from_params(old_params, model.policy.get_distribution(th.zeros((1, 1))))
+    assert th.isfinite(kl).all() and (kl > 0).all()
+    actions, _ = model.predict(np.array([[0.3]]), deterministic=False)
+    assert actions.shape == (1, 1) and -1.0 <= actions[0, 0] <= 1.0
+
+
+@pytest.mark.parametrize("arch", ["dual", "detach", "shared"])
+def test_multi_input_env(arch):
+    """SimpleMultiObsEnv (image + vector): the channel-last image key is transposed and buffered as uint8."""
+    env = make_vec_env(SimpleMultiObsEnv, n_envs=2, seed=0)
+    policy_kwargs = dict(arch=arch, net_arch=[16], features_extractor_kwargs=dict(cnn_output_dim=16))
+    model = PPG("MultiInputPolicy", env, policy_kwargs=policy_kwargs, seed=0, **SMALL)
+    assert isinstance(model.get_env(), VecTransposeImage)
+    assert model.observation_space["img"].shape == (1, 64, 64)
+    parameters = [param.detach().clone() for param in model.policy.parameters()]
+    model.learn(64)
+    assert model._n_aux_phases == 1
+    images = model.aux_buffer.observations["img"]
+    assert images.dtype == np.uint8 and images.shape == (4, 16, 1, 64, 64)
+    # The buffered images are the channel-first ones of the rollout buffer (SimpleMultiObsEnv rows: random images)
+    assert images.any()
+    np.testing.assert_array_equal(
+        images[2:].reshape(-1, 1, 64, 64), model.rollout_buffer.observations["img"].reshape(-1, 1, 64, 64)
+    )
+    assert np.isfinite(model.logger.name_to_value["aux/kl_loss"])
+    assert not all(th.equal(a, b) for a, b in zip(parameters, model.policy.parameters(), strict=True))
+    # predict accepts the env's raw, channel-last observations
+    raw_obs = SimpleMultiObsEnv().reset(seed=0)[0]
+    action, _ = model.predict(raw_obs, deterministic=True)
+    assert model.action_space.contains(action.item())
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+@pytest.mark.parametrize("policy", ["CnnPolicy", "ProcgenCnn"])
+def test_image_env(policy, discrete):
+    env = make_vec_env(
+        FakeImageEnv, n_envs=2, seed=0, env_kwargs=dict(screen_height=36, screen_width=36, n_channels=3, discrete=discrete)
+    )
+    model = PPG(policy, env, policy_kwargs=IMAGE_POLICY_KWARGS[policy], seed=0, **SMALL)
+    # Channel-last images are transposed for PyTorch
+    assert isinstance(model.get_env(), VecTransposeImage)
+    assert model.observation_space.shape == (3, 36, 36)
+    parameters = [param.detach().clone() for param in model.policy.parameters()]
+    model.learn(64)
+    assert model._n_aux_phases == 1
+    assert model.aux_buffer.observations.dtype == np.uint8
+    assert model.aux_buffer.observations.shape == (4, 16, 3, 36, 36)
+    np.testing.assert_array_equal(
+        model.aux_buffer.observations[2:].reshape(-1, 3, 36, 36), model.rollout_buffer.observations.reshape(-1, 3, 36, 36)
+    )
+    for key in ("aux/kl_loss", "aux/aux_value_loss", "aux/real_value_loss"):
+        assert np.isfinite(model.logger.name_to_value[key]), key
+    assert not all(th.equal(a, b) for a, b in zip(parameters, model.policy.parameters(), strict=True))
+    # predict takes channel-last and channel-first images alike
+    channel_last = np.stack(
+        [FakeImageEnv(screen_height=36, screen_width=36, n_channels=3).observation_space.sample() for _ in range(3)]
+    )
+    actions_last, _ = model.predict(channel_last, deterministic=True)
+    actions_first, _ = model.predict(channel_last.transpose(0, 3, 1, 2), deterministic=True)
+    np.testing.assert_array_equal(actions_last, actions_first)
+    assert actions_last.shape == (3, *model.action_space.shape)
+
+
+def test_channel_first_images_not_transposed():
+    env = make_vec_env(
+        FakeImageEnv, n_envs=2, env_kwargs=dict(screen_height=36, screen_width=36, n_channels=3, channel_first=True)
+    )
+    model = PPG("ProcgenCnn", env, policy_kwargs=IMAGE_POLICY_KWARGS["ProcgenCnn"], seed=0, **SMALL)
+    assert not isinstance(model.get_env(), VecTransposeImage)
+    assert model.observation_space.shape == (3, 36, 36)
+    model.learn(64)
+    assert model._n_aux_phases == 1
+
+
+@pytest.mark.parametrize(
+    "action_space",
+    [
+        spaces.Tuple((spaces.Discrete(2), spaces.Discrete(3))),
+        spaces.Dict({"move": spaces.Discrete(2), "speed": spaces.Box(-1.0, 1.0, (1,))}),
+    ],
+)
+def test_unsupported_action_space(action_space):
+    # SB3's check (an AssertionError naming the supported spaces)
+    with pytest.raises(AssertionError, match="only supports"):
+        PPG("MlpPolicy", TupleActionEnv(action_space))
+
+
+@pytest.mark.parametrize("policy", ["MlpPolicy", "CnnPolicy"])
+def test_dict_observations_need_multi_input_policy(policy):
+    with pytest.raises(ValueError, match="You must use `MultiInputPolicy`"):
+        PPG(policy, SimpleMultiObsEnv())
+
+
+def test_procgen_cnn_needs_images():
+    with pytest.raises(ValueError, match="ImpalaCNN needs an image observation space"):
+        PPG("ProcgenCnn", SimpleMultiObsEnv())
+    with pytest.raises(ValueError, match="ImpalaCNN needs an image observation space"):
+        PPG("ProcgenCnn", "CartPole-v1")
