@@ -3,7 +3,6 @@ import os
 import gymnasium
 import numpy as np
 import pytest
-import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_checker import check_env
@@ -40,15 +39,6 @@ EPISODE_END_INFO_KEYS = {
     "prev_level_seed",
     "prev_level_complete",
 }
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Torch on one thread: procgen's threads share the 2 cores, and contention slows torch down several times."""
-    n_threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n_threads)
 
 
 def run_until_done(env, n_envs: int, max_steps: int = 1000, seed: int = 0):
@@ -334,7 +324,7 @@ def test_make_procgen_env_chain_and_reward_normalization():
     raw_env.close()
 
 
-def test_train_and_eval_chains_with_ppo_and_eval_callback(tmp_path, one_torch_thread):
+def test_train_and_eval_chains_with_ppo_and_eval_callback(tmp_path):
     env = make_procgen_env(GAME, n_envs=4, seed=0, num_threads=1, monitor_filename=str(tmp_path / "train"))
     eval_env = make_procgen_env(GAME, n_envs=2, seed=1, num_threads=1, training=False)
     # Procgen policies are evaluated with sampled actions (argmax play can stall until the 1000-step time limit)
@@ -498,7 +488,7 @@ def test_legacy_gym_env_conversion():
         convert_legacy_procgen_env(DummyVecEnv([lambda: gymnasium.make("CartPole-v1")]))
 
 
-def test_ppg_procgen_cnn_trains_with_aux_phase(one_torch_thread):
+def test_ppg_procgen_cnn_trains_with_aux_phase():
     from sb3_ppg import PPG
 
     n_envs, n_steps, n_policy_iters = 2, 16, 2

@@ -30,15 +30,6 @@ POLICY_CASES = {
 SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=1, n_aux_epochs=1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_torch_thread():
-    # Tiny networks on a shared 2-core machine: intra-op threads only add contention
-    n_threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n_threads)
-
-
 def make_env(name: str, n_envs: int = 2, seed: int = 0):
     if name == "image":
         env_id = lambda: FakeImageEnv(screen_height=36, screen_width=36, n_channels=3, discrete=True)  # noqa: E731

@@ -45,15 +45,6 @@ LOGGED_KEYS = (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_torch_thread():
-    # Tiny networks on a shared 2-core machine: intra-op threads only add contention
-    n_threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n_threads)
-
-
 def make_model(env="CartPole-v1", n_envs: int = 2, seed: int = 0, **kwargs) -> PPG:
     if isinstance(env, str):
         env = make_vec_env(env, n_envs=n_envs, seed=seed)

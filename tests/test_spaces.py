@@ -41,15 +41,6 @@ IMAGE_POLICY_KWARGS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_torch_thread():
-    # Tiny networks on a shared 2-core machine: intra-op threads only add contention
-    n_threads = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n_threads)
-
-
 class DictIdentityEnv(IdentityEnv):
     """IdentityEnv(dim) whose observation is a Dict: the state one-hot encoded, and a distracting noise vector."""
 
