@@ -11,7 +11,17 @@ with open("README.md", encoding="utf-8") as file_handler:
 setup(
     name="sb3-ppg",
     packages=[package for package in find_packages() if package.startswith("sb3_ppg")],
-    package_data={"sb3_ppg": ["py.typed", "version.txt", "hyperparams/*.yml", "data/*.csv", "data/*/*.csv"]},
+    package_data={
+        "sb3_ppg": [
+            "py.typed",
+            "version.txt",
+            "hyperparams/*.yml",
+            "data/*.csv",
+            "data/*/*.csv",
+            "data/*/LICENSE",
+            "data/*/README.md",
+        ]
+    },
     install_requires=[
         "stable-baselines3>=2.7.1,<3.0",
         "torch>=2.3",

@@ -1,0 +1,168 @@
+"""Tests of ``python -m sb3_ppg.plot`` and of the packaged paper curves."""
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sb3_ppg import plot
+from sb3_ppg.procgen import PROCGEN_GAMES
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """
+    :param path: A PNG file
+    :return: (width, height) in pixels, read from the IHDR chunk
+    """
+    with open(path, "rb") as file_handler:
+        header = file_handler.read(24)
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", header[16:24])
+    return width, height
+
+
+def write_monitor(path: Path, n_episodes: int, seed: int, t_start: float = 1000.0) -> None:
+    """
+    Write a monitor file like SB3's ``Monitor`` / ``VecMonitor``.
+
+    :param path: File to write
+    :param n_episodes: Number of episodes
+    :param seed: Seed of the fake returns
+    :param t_start: Start time in the header
+    """
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as file_handler:
+        file_handler.write("#" + json.dumps({"t_start": t_start, "env_id": "procgen/coinrun-v0"}) + "\n")
+        file_handler.write("r,l,t\n")
+        for episode in range(n_episodes):
+            file_handler.write(f"{rng.uniform(0, 10) + episode / 10},{rng.integers(50, 500)},{episode * 0.5}\n")
+
+
+@pytest.fixture
+def zoo_logs(tmp_path: Path) -> Path:
+    """
+    A small zoo log folder: two seeds of procgen/coinrun-v0 (one with two per-env monitor files, one with a single
+    VecMonitor file) and one seed of CartPole-v1, each with an ``evaluations.npz``.
+    """
+    root = tmp_path / "logs" / "ppg"
+    write_monitor(root / "procgen-coinrun-v0_1" / "0.monitor.csv", 60, seed=0)
+    write_monitor(root / "procgen-coinrun-v0_1" / "1.monitor.csv", 40, seed=1, t_start=1000.2)
+    write_monitor(root / "procgen-coinrun-v0_2" / "0.monitor.csv", 120, seed=2)
+    write_monitor(root / "CartPole-v1_1" / "0.monitor.csv", 30, seed=3)
+    for run in ("procgen-coinrun-v0_1", "procgen-coinrun-v0_2", "CartPole-v1_1"):
+        np.savez(
+            root / run / "evaluations.npz",
+            timesteps=np.array([1000, 2000, 3000]),
+            results=np.arange(9, dtype=np.float64).reshape(3, 3),
+            ep_lengths=np.ones((3, 3)),
+        )
+    # The zoo's config sub-folder holds no monitor file
+    (root / "procgen-coinrun-v0_1" / "procgen-coinrun-v0").mkdir()
+    return tmp_path / "logs"
+
+
+def test_load_curves_groups_seeds(zoo_logs: Path):
+    curves = plot.load_curves([str(zoo_logs)])
+    names = sorted(curve.name for curve in curves)
+    assert names == ["CartPole-v1", "procgen-coinrun-v0", "procgen-coinrun-v0"]
+    first_seed = next(curve for curve in curves if curve.name == "procgen-coinrun-v0" and len(curve.steps) == 100)
+    # Both monitor files of the run, x = cumulative episode lengths
+    assert np.all(np.diff(first_seed.steps) > 0)
+    eval_curves = plot.load_curves([str(zoo_logs / "ppg" / "CartPole-v1_1")], curve_type="eval")
+    assert len(eval_curves) == 1
+    np.testing.assert_allclose(eval_curves[0].returns, [1.0, 4.0, 7.0])
+    np.testing.assert_allclose(eval_curves[0].steps, [1000, 2000, 3000])
+
+
+def test_aggregate_bands():
+    steps = np.array([0.0, 10.0])
+    curves = [(steps, np.array([0.0, 2.0])), (steps, np.array([2.0, 4.0]))]
+    grid, mean, low, high = plot.aggregate(curves, band="minmax", n_points=3)
+    np.testing.assert_allclose(grid, [0, 5, 10])
+    np.testing.assert_allclose(mean, [1, 2, 3])
+    np.testing.assert_allclose(low, [0, 1, 2])
+    np.testing.assert_allclose(high, [2, 3, 4])
+    _, mean, low, high = plot.aggregate(curves, band="std", n_points=3)
+    np.testing.assert_allclose(high - mean, [1, 1, 1])
+    np.testing.assert_allclose(mean - low, [1, 1, 1])
+    with pytest.raises(ValueError, match="band"):
+        plot.aggregate(curves, band="iqr")
+
+
+def test_smooth():
+    values = np.array([0.0, 2.0, 4.0, 6.0])
+    np.testing.assert_allclose(plot.smooth(values, 2), [0, 1, 3, 5])
+    np.testing.assert_allclose(plot.smooth(values, 1), values)
+
+
+def test_plot_png_size(zoo_logs: Path, tmp_path: Path, capsys):
+    output = tmp_path / "out" / "curves.png"
+    plot.main([str(zoo_logs), "-o", str(output), "--figsize", "4", "3", "--dpi", "50", "--smooth", "10", "--title", "test"])
+    assert png_size(output) == (200, 150)
+    assert str(output) in capsys.readouterr().out
+
+
+def test_plot_paper_overlay(zoo_logs: Path, tmp_path: Path):
+    output = tmp_path / "paper.png"
+    # Game detected from the run folder name; short runs: the whole paper range is shown
+    plot.main([str(zoo_logs / "ppg" / "procgen-coinrun-v0_1"), "--paper", "ppg", "ppo", "-o", str(output), "--band", "std"])
+    assert png_size(output) == (800, 500)
+    # Evaluation curve + explicit game and x range
+    output = tmp_path / "paper_eval.png"
+    plot.main(
+        [str(zoo_logs), "--curve", "eval", "--paper", "ppg", "--game", "starpilot", "--x-max", "25e6", "-o", str(output)]
+    )
+    assert png_size(output) == (800, 500)
+    # Paper curves alone
+    output = tmp_path / "paper_only.png"
+    plot.main(["--paper", "ppo", "--game", "bigfish", "-o", str(output), "--dpi", "80"])
+    assert png_size(output) == (640, 400)
+    # Two games: the game cannot be guessed
+    write_monitor(tmp_path / "other" / "procgen-ninja-v0_1" / "0.monitor.csv", 10, seed=0)
+    with pytest.raises(ValueError, match="--game"):
+        plot.plot_learning_curves([str(zoo_logs), str(tmp_path / "other")], output=str(tmp_path / "x.png"), paper=["ppg"])
+
+
+def test_plot_errors(tmp_path: Path):
+    with pytest.raises(FileNotFoundError):
+        plot.plot_learning_curves([str(tmp_path / "missing")], output=str(tmp_path / "x.png"))
+    with pytest.raises(ValueError, match="Nothing to plot"):
+        plot.plot_learning_curves([str(tmp_path)], output=str(tmp_path / "x.png"))
+    with pytest.raises(ValueError, match="labels"):
+        write_monitor(tmp_path / "run_1" / "0.monitor.csv", 5, seed=0)
+        plot.plot_learning_curves([str(tmp_path)], output=str(tmp_path / "x.png"), labels=["a", "b"])
+
+
+def test_detect_game():
+    assert plot.detect_game(["procgen-starpilot-v0"]) == "starpilot"
+    assert plot.detect_game(["procgen/coinrun-v0", "coinrun easy"]) == "coinrun"
+    assert plot.detect_game(["CartPole-v1"]) is None
+    assert plot.detect_game(["procgen-coinrun-v0", "procgen-ninja-v0"]) is None
+
+
+def test_packaged_paper_data():
+    data_dir = plot.PAPER_DATA_DIR
+    # Shipped inside the package, with its attribution
+    assert data_dir.is_relative_to(Path(plot.__file__).parent)
+    assert (data_dir / "LICENSE").read_text().startswith("The MIT License")
+    assert "openai/phasic-policy-gradient" in (data_dir / "README.md").read_text()
+    for game in PROCGEN_GAMES:
+        table = pd.read_csv(data_dir / f"{game}.csv", comment="#")
+        assert list(table.columns) == ["steps"] + [f"{exp}_run{run}" for exp in ("ppg", "ppo") for run in range(3)]
+        assert len(table) == 763
+        assert table["steps"].iloc[0] == 131_072 and table["steps"].iloc[-1] == 100_007_936
+        assert not table.isna().any().any()
+    # The 25M numbers of the paper (ppg-reference 10.1): coinrun PPG 8.81, PPO 7.57; starpilot 100M PPG 23.85
+    curves = plot.load_paper_curves("coinrun", "ppg")
+    at_25m = [returns[steps == 25_034_752][0] for steps, returns in curves]
+    assert np.mean(at_25m) == pytest.approx(8.81, abs=0.005)
+    curves = plot.load_paper_curves("coinrun", "ppo")
+    assert np.mean([returns[steps == 25_034_752][0] for steps, returns in curves]) == pytest.approx(7.57, abs=0.005)
+    curves = plot.load_paper_curves("starpilot", "ppg")
+    assert np.mean([returns[-1] for _, returns in curves]) == pytest.approx(23.85, abs=0.005)
+    with pytest.raises(ValueError, match="Procgen game"):
+        plot.load_paper_curves("pong", "ppg")

@@ -1,0 +1,418 @@
+"""Tests of the RL Zoo integration: ``python -m sb3_ppg.train`` / ``enjoy``, the packaged hyperparameters, Optuna."""
+
+import argparse
+import glob
+import os
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
+
+from sb3_ppg import PPG, enjoy, train, zoo
+from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
+
+PAPER_FILE = train.hyperparams_file("paper")
+EASY_FILE = train.hyperparams_file("easy")
+CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", zoo.DICT_CARTPOLE_ID)
+# Tiny PPG settings with at least one auxiliary phase (zoo -params syntax)
+TINY_PARAMS = ["n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered_zoo():
+    zoo.register_zoo()
+
+
+def load_yaml(path: str) -> dict:
+    with open(path) as file_handler:
+        return yaml.safe_load(file_handler)
+
+
+def build_entry(config: str, env_id: str, overrides: dict, log_folder: Path) -> tuple:
+    """Create the env and model of one packaged entry the way ``train`` does (without learning)."""
+    manager = zoo.make_experiment_manager(
+        argparse.Namespace(),
+        "ppg",
+        env_id,
+        str(log_folder),
+        eval_freq=-1,
+        hyperparams=overrides,
+        seed=0,
+        verbose=0,
+        device="cpu",
+        config=config,
+    )
+    model, _ = manager.setup_experiment()
+    return manager, model
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Packaged hyperparameters
+
+
+def test_packaged_hyperparams_keys():
+    paper, easy = load_yaml(PAPER_FILE), load_yaml(EASY_FILE)
+    procgen_ids = {f"procgen/{game}-v0" for game in PROCGEN_GAMES}
+    assert procgen_ids | set(CLASSIC_IDS) == set(paper)
+    assert procgen_ids == set(easy)
+    for env_id in procgen_ids:
+        # Anchors: every game has the same settings
+        assert paper[env_id] == paper["procgen/bigfish-v0"]
+        assert easy[env_id] == easy["procgen/bigfish-v0"]
+    entry = paper["procgen/coinrun-v0"]
+    assert entry["env_kwargs"]["distribution_mode"] == "hard"
+    assert (entry["n_envs"], entry["n_steps"], entry["batch_size"]) == (256, 256, 8192)
+    assert (entry["n_policy_iters"], entry["n_aux_epochs"], entry["aux_batch_rollouts"]) == (32, 6, 16)
+    assert entry["n_timesteps"] == 1e8 and entry["max_grad_norm"] is None
+    # Left out on purpose: the zoo would copy it into the reward normalization (paper: 0.99 there, 0.999 for RL)
+    assert "gamma" not in entry
+    entry = easy["procgen/coinrun-v0"]
+    assert entry["env_kwargs"]["distribution_mode"] == "easy"
+    assert (entry["n_envs"], entry["batch_size"], entry["aux_batch_rollouts"], entry["n_timesteps"]) == (64, 2048, 4, 25e6)
+
+
+@pytest.mark.parametrize("env_id", [f"procgen/{game}-v0" for game in PROCGEN_GAMES])
+def test_procgen_entries_construct(env_id: str, tmp_path: Path):
+    # Fewer envs (and a matching minibatch) so the auxiliary buffer stays small: 2 x 32 x 256 frames (~0.2 GB, lazily
+    # allocated) instead of 24 GiB for the paper's 256 envs
+    _, model = build_entry(PAPER_FILE, env_id, {"n_envs": 2, "batch_size": 64}, tmp_path / "paper")
+    assert isinstance(model, PPG)
+    assert model.gamma == 0.999 and model.gae_lambda == 0.95 and model.ent_coef == 0.01 and model.vf_coef == 0.5
+    assert model.max_grad_norm is None and model.clip_range_vf is None
+    assert (model.n_policy_iters, model.n_aux_epochs, model.aux_batch_rollouts) == (32, 6, 16)
+    assert model.separate_aux_optimizer and model.policy.arch == "dual"
+    assert model.policy.optimizer.defaults["eps"] == 1e-8
+    assert isinstance(model.env.unwrapped, ProcgenVecEnv) and model.env.num_envs == 2
+    assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "hard"
+    vec_normalize = model.get_vec_normalize_env()
+    assert vec_normalize is not None
+    assert (vec_normalize.norm_obs, vec_normalize.norm_reward, vec_normalize.gamma) == (False, True, 0.99)
+    assert model.aux_buffer.observations.dtype == np.uint8
+    model.env.close()
+
+    _, model = build_entry(EASY_FILE, env_id, {"n_envs": 2, "batch_size": 64}, tmp_path / "easy")
+    assert model.gamma == 0.999 and model.max_grad_norm == 0.5 and model.vf_coef == 0.25
+    assert model.clip_range_vf(1.0) == 0.2
+    assert (model.n_policy_iters, model.n_aux_epochs, model.aux_batch_rollouts) == (32, 6, 4)
+    assert not model.separate_aux_optimizer and model.policy.arch == "detach"
+    assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "easy"
+    assert model.get_vec_normalize_env().gamma == 0.999
+    model.env.close()
+
+
+@pytest.mark.parametrize("env_id", CLASSIC_IDS)
+def test_classic_entries_construct(env_id: str, tmp_path: Path):
+    manager, model = build_entry(PAPER_FILE, env_id, {}, tmp_path)
+    assert isinstance(model, PPG)
+    assert model.n_envs == load_yaml(PAPER_FILE)[env_id]["n_envs"]
+    assert isinstance(model.env.unwrapped, DummyVecEnv)
+    assert manager.deterministic_eval
+    model.env.close()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Zoo plumbing
+
+
+def test_build_zoo_argv():
+    argv = train.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
+    assert argv[:2] == ["--algo", "ppg"] and argv[-2:] == ["-conf", PAPER_FILE]
+    argv = train.build_zoo_argv(["--env", "procgen/coinrun-v0", "--preset", "easy", "--seed", "3"])
+    assert "--preset" not in argv and "easy" not in argv and argv[-2:] == ["-conf", EASY_FILE]
+    argv = train.build_zoo_argv(["-conf", "my.yml"])
+    assert argv == ["--algo", "ppg", "-conf", "my.yml"]
+    with pytest.raises(ValueError, match="only one"):
+        train.build_zoo_argv(["--preset", "easy", "-conf", "my.yml"])
+    # Another algorithm keeps the zoo's own hyperparameters
+    assert train.build_zoo_argv(["--algo", "ppo"]) == ["--algo", "ppo"]
+
+    argv = enjoy.build_zoo_argv(["--env", "procgen/coinrun-v0"])
+    assert {"--stochastic", "--no-render"} <= set(argv) and argv[argv.index("-f") + 1] == "logs"
+    argv = enjoy.build_zoo_argv(["--env", "procgen/coinrun-v0", "--deterministic", "-f", "x", "--algo", "ppg"])
+    assert "--stochastic" not in argv and argv.count("-f") == 1 and argv.count("--algo") == 1
+    assert "--stochastic" not in enjoy.build_zoo_argv(["--env", "CartPole-v1"])
+
+
+def test_experiment_manager_stochastic_procgen_eval(tmp_path: Path):
+    manager = zoo.make_experiment_manager(argparse.Namespace(), "ppg", "procgen/coinrun-v0", str(tmp_path))
+    assert not manager.deterministic_eval
+    manager = zoo.make_experiment_manager(argparse.Namespace(), "ppg", "CartPole-v1", str(tmp_path), vec_env_type="subproc")
+    assert manager.deterministic_eval
+    assert manager.vec_env_class.fallback_vec_env_cls is SubprocVecEnv
+    assert zoo.is_procgen_env_id("procgen/starpilot-v0") and not zoo.is_procgen_env_id("CartPole-v1")
+
+
+def test_vec_env_factory(tmp_path: Path):
+    factory = zoo.ProcgenVecEnvFactory()
+    env = make_vec_env(
+        "procgen/maze-v0",
+        n_envs=3,
+        seed=0,
+        monitor_dir=str(tmp_path),
+        env_kwargs=dict(distribution_mode="easy", num_levels=5, start_level=7),
+        vec_env_cls=factory,  # type: ignore[arg-type]
+    )
+    assert isinstance(env, VecMonitor) and isinstance(env.venv, ProcgenVecEnv)
+    assert env.num_envs == 3
+    assert env.venv.procgen_kwargs["num_levels"] == 5 and env.venv.procgen_kwargs["start_level"] == 7
+    env.reset()
+    for _ in range(5):
+        env.step(np.zeros(3, dtype=np.int64))
+    env.close()
+    # One monitor file for all envs, where the zoo logs (the probe's empty file is replaced)
+    assert sorted(os.listdir(tmp_path)) == ["0.monitor.csv"]
+    assert "t_start" in (tmp_path / "0.monitor.csv").read_text().splitlines()[0]
+
+    # Other envs: the fallback class (by default the zoo's enjoy choice: SubprocVecEnv for several envs)
+    env = make_vec_env("CartPole-v1", n_envs=1, vec_env_cls=factory)  # type: ignore[arg-type]
+    assert isinstance(env, DummyVecEnv)
+    env.close()
+    env = make_vec_env("CartPole-v1", n_envs=2, vec_env_cls=zoo.ProcgenVecEnvFactory(DummyVecEnv))  # type: ignore[arg-type]
+    assert isinstance(env, DummyVecEnv)
+    env.close()
+    # Extra gymnasium wrappers: single envs
+    with pytest.warns(UserWarning, match="DummyVecEnv"):
+        env = make_vec_env(
+            "procgen/maze-v0",
+            n_envs=2,
+            wrapper_class=gym.wrappers.RecordEpisodeStatistics,
+            vec_env_cls=factory,  # type: ignore[arg-type]
+        )
+    assert isinstance(env, DummyVecEnv)
+    env.close()
+
+
+def test_dict_cartpole():
+    env = gym.make(zoo.DICT_CARTPOLE_ID)
+    observation, _ = env.reset(seed=0)
+    assert set(observation) == {"cart", "pole"} and env.observation_space.contains(observation)
+    env.close()
+
+
+def test_optuna_sampler():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    env = DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+    for _ in range(8):
+        trial = study.ask()
+        hyperparams = zoo.sample_ppg_params(trial, n_actions=0, n_envs=2, additional_args={})
+        assert hyperparams["batch_size"] <= hyperparams["n_steps"] * 2
+        converted = zoo.convert_ppg_params(trial.params)
+        assert converted["policy_kwargs"] == hyperparams["policy_kwargs"]
+        # Every sampled configuration is a valid PPG (aux minibatch no larger than the aux buffer)
+        hyperparams["aux_batch_rollouts"] = min(4, hyperparams["n_policy_iters"] * 2)
+        PPG("MlpPolicy", env, device="cpu", **hyperparams)
+        study.tell(trial, 0.0)
+    env.close()
+
+
+def test_missing_zoo_message(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "rl_zoo3", None)
+    for main in (train.main, enjoy.main):
+        with pytest.raises(SystemExit) as exc_info:
+            main(["--env", "CartPole-v1"])
+        message = str(exc_info.value.code)
+        assert '"sb3-ppg[zoo]"' in message and "rl_zoo3" in message
+        assert "\n" not in message
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# End to end through the command line entry points
+
+
+def test_train_enjoy_cartpole(tmp_path: Path, capsys):
+    train.main(
+        [
+            "--env",
+            "CartPole-v1",
+            "-n",
+            "512",
+            "--eval-freq",
+            "256",
+            "--eval-episodes",
+            "2",
+            "-f",
+            str(tmp_path),
+            "--seed",
+            "0",
+            "--device",
+            "cpu",
+            "--verbose",
+            "0",
+            "-params",
+            "n_envs:2",
+            "n_steps:64",
+            "batch_size:64",
+            "n_policy_iters:2",
+            "n_aux_epochs:1",
+            "aux_batch_rollouts:2",
+            "normalize:True",
+        ]
+    )
+    run_folder = tmp_path / "ppg" / "CartPole-v1_1"
+    model = PPG.load(run_folder / "CartPole-v1.zip", device="cpu")
+    assert model.num_timesteps == 512 and model._n_aux_phases >= 1
+    PPG.load(run_folder / "best_model.zip", device="cpu")
+    VecNormalize.load(str(run_folder / "CartPole-v1" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("CartPole-v1")]))
+    with np.load(run_folder / "evaluations.npz") as evaluations:
+        assert list(evaluations["timesteps"]) == [256, 512]
+    assert (run_folder / "CartPole-v1" / "config.yml").is_file()
+
+    capsys.readouterr()
+    enjoy.main(["--env", "CartPole-v1", "-f", str(tmp_path), "--no-render", "-n", "300", "--load-best", "--verbose", "1"])
+    assert "Episode Reward" in capsys.readouterr().out
+
+
+def test_train_enjoy_procgen(tmp_path: Path, capsys):
+    train.main(
+        [
+            "--env",
+            "procgen/starpilot-v0",
+            "--preset",
+            "easy",
+            "-n",
+            "128",
+            "--eval-freq",
+            "64",
+            "--eval-episodes",
+            "1",
+            "-f",
+            str(tmp_path),
+            "--seed",
+            "0",
+            "--device",
+            "cpu",
+            "--verbose",
+            "0",
+            "--env-kwargs",
+            "num_levels:10",
+            "-params",
+            *TINY_PARAMS,
+        ]
+    )
+    run_folder = tmp_path / "ppg" / "procgen-starpilot-v0_1"
+    model = PPG.load(run_folder / "procgen-starpilot-v0.zip", device="cpu")
+    assert model.num_timesteps == 128 and model._n_aux_phases == 2
+    assert model.policy.arch == "detach"
+    PPG.load(run_folder / "best_model.zip", device="cpu")
+    vec_normalize = VecNormalize.load(
+        str(run_folder / "procgen-starpilot-v0" / "vecnormalize.pkl"), ProcgenVecEnv(1, "starpilot", distribution_mode="easy")
+    )
+    assert vec_normalize.gamma == 0.999
+    with np.load(run_folder / "evaluations.npz") as evaluations:
+        assert list(evaluations["timesteps"]) == [64, 128]
+    # Native vec env: one VecMonitor file for the 2 training envs
+    assert [path.name for path in run_folder.glob("*monitor.csv")] == ["0.monitor.csv"]
+
+    capsys.readouterr()
+    enjoy.main(["--env", "procgen/starpilot-v0", "-f", str(tmp_path), "-n", "20"])
+    assert "Loading" in capsys.readouterr().out
+
+
+def test_train_procgen_paper_preset(tmp_path: Path):
+    train.main(
+        [
+            "--env",
+            "procgen/coinrun-v0",
+            "-n",
+            "64",
+            "--eval-freq",
+            "-1",
+            "-f",
+            str(tmp_path),
+            "--seed",
+            "1",
+            "--device",
+            "cpu",
+            "--verbose",
+            "0",
+            "-params",
+            *TINY_PARAMS,
+        ]
+    )
+    run_folder = tmp_path / "ppg" / "procgen-coinrun-v0_1"
+    model = PPG.load(run_folder / "procgen-coinrun-v0.zip", device="cpu")
+    assert model.policy.arch == "dual" and model.max_grad_norm is None and model._n_aux_phases == 1
+    vec_normalize = VecNormalize.load(
+        str(run_folder / "procgen-coinrun-v0" / "vecnormalize.pkl"), ProcgenVecEnv(1, "coinrun", distribution_mode="hard")
+    )
+    # The paper's reward-normalization discount, while the RL discount stays 0.999
+    assert vec_normalize.gamma == 0.99 and model.gamma == 0.999
+
+
+def test_optimize_one_trial(tmp_path: Path):
+    train.main(
+        [
+            "--env",
+            "CartPole-v1",
+            "-optimize",
+            "--n-trials",
+            "1",
+            "--n-timesteps",
+            "600",
+            "--n-jobs",
+            "1",
+            "--sampler",
+            "random",
+            "--pruner",
+            "none",
+            "--n-evaluations",
+            "1",
+            "--eval-episodes",
+            "2",
+            "--no-optim-plots",
+            "-f",
+            str(tmp_path),
+            "--seed",
+            "0",
+            "--device",
+            "cpu",
+            "--verbose",
+            "0",
+            "-params",
+            "n_envs:1",
+            "aux_batch_rollouts:1",
+        ]
+    )
+    reports = glob.glob(str(tmp_path / "ppg" / "report_CartPole-v1_1-trials-600-random-none_*.csv"))
+    assert len(reports) == 1
+    trials = pd.read_csv(reports[0])
+    assert list(trials["state"]) == ["COMPLETE"]
+    assert "params_n_aux_epochs" in trials.columns
+
+
+def test_quickstart(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setattr(train, "QUICKSTART_EVAL_EPISODES", 2)
+    log_folder = tmp_path / "logs"
+    train.main(
+        [
+            "--quickstart",
+            "-f",
+            str(log_folder),
+            "-n",
+            "64",
+            "--eval-freq",
+            "64",
+            "--eval-episodes",
+            "1",
+            "--n-eval-envs",
+            "1",
+            "--verbose",
+            "0",
+            "-params",
+            *TINY_PARAMS,
+        ]
+    )
+    output = capsys.readouterr().out
+    assert "Mean evaluation return over" in output
+    run_folder = log_folder / "ppg" / "procgen-starpilot-v0_1"
+    for name in ("procgen-starpilot-v0.zip", "best_model.zip", "evaluations.npz", "0.monitor.csv"):
+        assert (run_folder / name).is_file()
+        assert str(run_folder / name) in output
+    assert (tmp_path / "learning_curve.png").is_file()
