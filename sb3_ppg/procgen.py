@@ -689,9 +689,11 @@ def register_procgen_envs() -> None:
 class RewardOnlyVecNormalize(VecNormalize):
     """
     SB3's ``VecNormalize`` for chains that normalize rewards only (``norm_obs=False``): the observations are passed
-    through as they are instead of being deep-copied at every step, as SB3 does to protect observations it modifies.
-    With 64 Procgen envs that copy is 786 KB per step, several percent of the env's throughput. Everything else
-    (reward statistics, ``save``/``load``, ``sync_envs_normalization``) is SB3's.
+    through as they are instead of being deep-copied at every step (SB3 copies them to protect observations it
+    modifies; with 64 Procgen envs that is 786 KB per step), the terminal observations are not revisited, and the
+    reward statistics are updated with fewer numpy calls. Rewards and statistics are the same as SB3's (tested step
+    by step); ``save``/``load`` and ``sync_envs_normalization`` are SB3's. With ``norm_obs=True`` it is SB3's
+    ``VecNormalize`` unchanged.
     """
 
     def normalize_obs(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
