@@ -38,8 +38,11 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from stable_baselines3.common.vec_env import VecMonitor, VecNormalize, VecTransposeImage
+from stable_baselines3.common.vec_env import VecNormalize
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
+
+# RewardOnlyVecNormalize is imported here too: statistics pickled before it moved to sb3_ppg.vec_env refer to it here
+from sb3_ppg.vec_env import FastVecMonitor, FastVecTransposeImage, RewardOnlyVecNormalize
 
 __all__ = [
     "DISTRIBUTION_MODES",
@@ -415,9 +418,15 @@ class ProcgenVecEnv(VecEnv):
                 f"Expected actions of shape ({self.num_envs},) (or ({self.num_envs}, 1)), one per env, "
                 f"got shape {actions.shape}"
             )
-        if actions.dtype.kind not in "iu" and not (actions.dtype.kind == "f" and np.all(np.mod(actions, 1) == 0)):
+        kind = actions.dtype.kind
+        if kind == "i":
+            # One reduction checks both bounds: negative integers read as unsigned ones are huge
+            in_range = actions.view(actions.dtype.str.replace("i", "u")).max() < PROCGEN_N_ACTIONS
+        elif kind == "u" or (kind == "f" and np.all(np.mod(actions, 1) == 0)):
+            in_range = actions.min() >= 0 and actions.max() < PROCGEN_N_ACTIONS
+        else:
             raise ValueError(f"Expected integer actions, got {actions.dtype} values {actions.ravel()}")
-        if actions.min() < 0 or actions.max() >= PROCGEN_N_ACTIONS:
+        if not in_range:
             raise ValueError(f"Actions must be in [0, {PROCGEN_N_ACTIONS}), got {actions.ravel()}")
         self._actions[:] = actions.reshape(self.num_envs)
 
@@ -427,16 +436,19 @@ class ProcgenVecEnv(VecEnv):
 
         :return: observations, rewards, dones, infos
         """
+        # ``act`` only starts the games: procgen's threads step them until ``observe`` returns. Python work that does not
+        # need the results is done in between, while this thread would otherwise wait
         self._env.act(self._actions)
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        self._stepped = True
         rewards, observations, dones = self._env.observe()
         observations = observations["rgb"]
-        self._stepped = True
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
-        if dones.any():
+        # (``nonzero`` rather than ``np.flatnonzero`` and ``any``: numpy's python wrappers cost more than the search)
+        done_indices = dones.nonzero()[0]
+        if done_indices.size > 0:
             # procgen's infos are only read at episode ends: building them for every game at every step would cost
             # a few percent of the env's throughput
-            done_indices = np.flatnonzero(dones)
-            for idx, info in zip(done_indices, self._episode_end_infos(done_indices), strict=True):
+            for idx, info in zip(done_indices.tolist(), self._episode_end_infos(done_indices), strict=True):
                 infos[idx] = info
                 # Copied: the previous observation array was handed out and may be modified downstream
                 info["terminal_observation"] = self._last_obs[idx].copy()
@@ -686,58 +698,6 @@ def register_procgen_envs() -> None:
             gymnasium.register(id=env_id, entry_point="sb3_ppg.procgen:ProcgenGymnasiumEnv", kwargs={"env_name": game})
 
 
-class RewardOnlyVecNormalize(VecNormalize):
-    """
-    SB3's ``VecNormalize`` for chains that normalize rewards only (``norm_obs=False``): the observations are passed
-    through as they are instead of being deep-copied at every step (SB3 copies them to protect observations it
-    modifies; with 64 Procgen envs that is 786 KB per step), the terminal observations are not revisited, and the
-    reward statistics are updated with fewer numpy calls. Rewards and statistics are the same as SB3's (tested step
-    by step); ``save``/``load`` and ``sync_envs_normalization`` are SB3's. With ``norm_obs=True`` it is SB3's
-    ``VecNormalize`` unchanged.
-    """
-
-    def normalize_obs(self, obs: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
-        """
-        The observations themselves when they are not normalized, else SB3's normalization.
-
-        :param obs: observations
-        :return: the (normalized) observations
-        """
-        if not self.norm_obs:
-            return obs
-        return super().normalize_obs(obs)
-
-    def step_wait(self) -> VecEnvStepReturn:
-        """
-        SB3's ``VecNormalize.step_wait`` without the observation work when observations are not normalized (no
-        statistics, no copies, no pass over the terminal observations): reward statistics and normalization only.
-
-        :return: observations, normalized rewards, dones, infos
-        """
-        if self.norm_obs:
-            return super().step_wait()
-        obs, rewards, dones, infos = self.venv.step_wait()
-        self.old_obs = obs
-        self.old_reward = rewards
-        if self.training:
-            self._update_reward(rewards)
-        rewards = self.normalize_reward(rewards)
-        self.returns[dones] = 0
-        return obs, rewards, dones, infos
-
-    def _update_reward(self, reward: np.ndarray) -> None:
-        """
-        SB3's update of the reward statistics (the running variance of the discounted returns), with the batch
-        moments computed directly instead of through ``np.var`` (a third of the wrapper's cost per step).
-
-        :param reward: the raw rewards of this step
-        """
-        self.returns = self.returns * self.gamma + reward
-        batch_mean = self.returns.mean()
-        batch_var = np.square(self.returns - batch_mean).mean()
-        self.ret_rms.update_from_moments(batch_mean, batch_var, self.returns.shape[0])
-
-
 def make_procgen_env(
     env_name: str,
     n_envs: int = 64,
@@ -758,16 +718,18 @@ def make_procgen_env(
 ) -> VecEnv:
     """
     Procgen env with the PPG paper's wrappers:
-    ``VecTransposeImage(VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False), ...)``.
+    ``VecTransposeImage(VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False), ...)``, each SB3 wrapper in the faster
+    subclass of :mod:`sb3_ppg.vec_env` (same outputs, found by SB3's helpers; with them the chain keeps over 90% of raw
+    procgen's throughput, see ``docs/env_throughput.md``).
 
-    - ``VecMonitor`` records episode returns on the raw rewards (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
+    - ``VecMonitor`` (:class:`~sb3_ppg.vec_env.FastVecMonitor`) records episode returns on the raw rewards
+      (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
     - ``VecNormalize(norm_obs=False, norm_reward=normalize_reward, gamma=reward_gamma, clip_reward=clip_reward,
-      epsilon=1e-8)``: the paper's return-based reward scaling (rewards divided by the running standard deviation of
-      the discounted return, no mean subtraction, then clipped). It is a :class:`RewardOnlyVecNormalize`, which
-      skips SB3's per-step copy of the (never normalized) observations.
-    - ``VecTransposeImage``: channel-first ``(3, 64, 64)`` uint8 observations, as SB3's CNNs expect. Applied here
-      rather than by the algorithm so that the training and evaluation chains have the same wrappers, which
-      ``EvalCallback`` (``sync_envs_normalization``) requires.
+      epsilon=1e-8)`` (:class:`~sb3_ppg.vec_env.RewardOnlyVecNormalize`): the paper's return-based reward scaling
+      (rewards divided by the running standard deviation of the discounted return, no mean subtraction, then clipped).
+    - ``VecTransposeImage`` (:class:`~sb3_ppg.vec_env.FastVecTransposeImage`): channel-first ``(3, 64, 64)`` uint8
+      observations, as SB3's CNNs expect. Applied here rather than by the algorithm so that the training and
+      evaluation chains have the same wrappers, which ``EvalCallback`` (``sync_envs_normalization``) requires.
 
     ``training=False`` gives an evaluation env: frozen statistics (``VecNormalize.training=False``) and raw rewards
     (``norm_reward=False``). ``VecNormalize`` is kept even with ``normalize_reward=False`` (it then passes rewards
@@ -797,8 +759,8 @@ def make_procgen_env(
     :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present;
         ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
-    :param vec_normalize_path: Load the ``VecNormalize`` statistics saved at this path (``training`` and
-        ``normalize_reward`` still decide how they are used)
+    :param vec_normalize_path: Load the reward statistics of a ``VecNormalize`` saved at this path (the arguments,
+        ``training`` and ``normalize_reward`` among them, still decide how they are used)
     :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
         :class:`ProcgenVecEnv`)
     :return: The wrapped env
@@ -822,27 +784,26 @@ def make_procgen_env(
         directory = os.path.dirname(monitor_filename)
         if directory:
             os.makedirs(directory, exist_ok=True)
-    venv = VecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
+    venv = FastVecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
     norm_reward = normalize_reward and training
+    vec_normalize = RewardOnlyVecNormalize(
+        venv,
+        training=training,
+        norm_obs=False,
+        norm_reward=norm_reward,
+        clip_reward=clip_reward,
+        gamma=reward_gamma,
+        epsilon=1e-8,
+    )
     if vec_normalize_path is not None:
-        vec_normalize = VecNormalize.load(vec_normalize_path, venv)
-        if vec_normalize.norm_obs:
+        saved = VecNormalize.load(vec_normalize_path, venv)
+        if saved.norm_obs:
+            vec_normalize.close()
             raise ValueError(f"{vec_normalize_path} normalizes observations, procgen chains only normalize rewards")
-        vec_normalize.training = training
-        vec_normalize.norm_reward = norm_reward
-        vec_normalize.gamma = reward_gamma
-        vec_normalize.clip_reward = clip_reward
-    else:
-        vec_normalize = RewardOnlyVecNormalize(
-            venv,
-            training=training,
-            norm_obs=False,
-            norm_reward=norm_reward,
-            clip_reward=clip_reward,
-            gamma=reward_gamma,
-            epsilon=1e-8,
-        )
-    return VecTransposeImage(vec_normalize)
+        # The statistics (a plain VecNormalize's too); how they are used is decided by the arguments
+        vec_normalize.ret_rms = saved.ret_rms
+        vec_normalize.epsilon = saved.epsilon
+    return FastVecTransposeImage(vec_normalize)
 
 
 def _find_procgen_gym3_env(env: Any) -> Any:

@@ -29,7 +29,9 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.envs.classic_control import CartPoleEnv
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
+
+from sb3_ppg.vec_env import FastVecMonitor
 
 if TYPE_CHECKING:
     import optuna
@@ -99,7 +101,8 @@ class ProcgenVecEnvFactory:
 
     For a Procgen env it builds ``env_fns[0]()`` once to read the game and its options (so ``env_kwargs`` and
     ``--env-kwargs`` / ``--eval-env-kwargs`` still apply), closes it, and returns one native
-    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor``. The ``VecMonitor`` writes to the
+    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor`` (its faster subclass
+    :class:`~sb3_ppg.vec_env.FastVecMonitor`). The ``VecMonitor`` writes to the
     probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the training env.
     This is ~2.5x faster than 64 single envs in a ``DummyVecEnv`` and uses both procgen worker threads.
 
@@ -168,7 +171,7 @@ class ProcgenVecEnvFactory:
         probe.close()
 
         vec_env = ProcgenVecEnv(len(env_fns), env_name, **procgen_kwargs)
-        return VecMonitor(vec_env, filename=filename, info_keywords=info_keywords)
+        return FastVecMonitor(vec_env, filename=filename, info_keywords=info_keywords)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

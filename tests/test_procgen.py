@@ -22,7 +22,6 @@ from sb3_ppg.procgen import (
     PROCGEN_GAMES,
     ProcgenGymnasiumEnv,
     ProcgenVecEnv,
-    RewardOnlyVecNormalize,
     convert_legacy_procgen_env,
     make_procgen_env,
     procgen_seed,
@@ -257,6 +256,19 @@ def test_bad_vec_env_arguments_and_actions():
         env.step_async(np.array([-1, 0]))
     with pytest.raises(ValueError, match="Expected integer actions"):
         env.step_async(np.array([0.5, 1.0]))
+    # Every integer dtype is range-checked (negative values too), integral floats are accepted
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        with pytest.raises(ValueError, match="Actions must be in"):
+            env.step_async(np.array([3, -1], dtype=dtype))
+    for dtype in (np.uint8, np.uint32, np.int8, np.float32):
+        with pytest.raises(ValueError, match="Actions must be in"):
+            env.step_async(np.array([3, 100], dtype=dtype))
+        env.step_async(np.array([14, 0], dtype=dtype))
+        np.testing.assert_array_equal(env._actions, [14, 0])
+    with pytest.raises(ValueError, match="Actions must be in"):
+        env.step_async(np.array([-1.0, 2.0]))
+    with pytest.raises(ValueError, match="Expected integer actions"):
+        env.step_async(np.array([True, False]))
     gym_env = ProcgenGymnasiumEnv(GAME, distribution_mode="easy")
     for action in (15, -1, 1.5, np.array([1, 2])):
         with pytest.raises(ValueError, match="Expected one integer action in"):
@@ -509,51 +521,3 @@ def test_ppg_procgen_cnn_trains_with_aux_phase():
     assert model._n_aux_phases == 2
     assert model.aux_buffer.observations.dtype == np.uint8
     env.close()
-
-
-def test_reward_only_vec_normalize_skips_the_observation_copy():
-    """Regression test for the chain's throughput: SB3's VecNormalize deep-copies every observation batch."""
-    env = make_procgen_env("coinrun", n_envs=2, seed=0)
-    vec_normalize = unwrap_vec_normalize(env)
-    assert isinstance(vec_normalize, RewardOnlyVecNormalize) and isinstance(vec_normalize, VecNormalize)
-    observations = np.zeros((2, 64, 64, 3), dtype=np.uint8)
-    assert vec_normalize.normalize_obs(observations) is observations
-    # Rewards are still normalized and clipped with SB3's statistics
-    vec_normalize.ret_rms.var[...] = 4.0
-    np.testing.assert_allclose(vec_normalize.normalize_reward(np.array([1.0, 100.0])), [0.5, 10.0], rtol=1e-6)
-    # With norm_obs=True it falls back to SB3's normalization
-    obs_normalizing = RewardOnlyVecNormalize(ProcgenVecEnv(2, "coinrun", distribution_mode="easy"), norm_obs=True)
-    assert obs_normalizing.normalize_obs(observations.astype(np.float32)) is not observations
-    env.close()
-    obs_normalizing.close()
-
-
-def test_reward_only_vec_normalize_matches_sb3():
-    """The faster reward-only wrapper gives exactly what SB3's VecNormalize gives, step by step."""
-    envs = []
-    for wrapper_class in (VecNormalize, RewardOnlyVecNormalize):
-        envs.append(wrapper_class(ProcgenVecEnv(4, GAME, distribution_mode="easy", rand_seed=3), norm_obs=False, gamma=0.99))
-    sb3_normalize, ours = envs
-    for env in envs:
-        env.reset()
-    rng = np.random.default_rng(0)
-    n_dones = 0
-    for _ in range(300):
-        actions = rng.integers(0, 15, size=4)
-        sb3_step, our_step = sb3_normalize.step(actions), ours.step(actions)
-        np.testing.assert_array_equal(our_step[0], sb3_step[0])
-        np.testing.assert_allclose(our_step[1], sb3_step[1], rtol=1e-6)
-        assert our_step[1].dtype == sb3_step[1].dtype == np.float32
-        np.testing.assert_array_equal(our_step[2], sb3_step[2])
-        for our_info, sb3_info in zip(our_step[3], sb3_step[3], strict=True):
-            assert our_info.keys() == sb3_info.keys()
-            if "terminal_observation" in sb3_info:
-                np.testing.assert_array_equal(our_info["terminal_observation"], sb3_info["terminal_observation"])
-        np.testing.assert_array_equal(ours.get_original_reward(), sb3_normalize.get_original_reward())
-        n_dones += int(sb3_step[2].sum())
-    assert n_dones > 0
-    np.testing.assert_allclose(ours.ret_rms.mean, sb3_normalize.ret_rms.mean, rtol=1e-10)
-    np.testing.assert_allclose(ours.ret_rms.var, sb3_normalize.ret_rms.var, rtol=1e-10)
-    assert ours.ret_rms.count == sb3_normalize.ret_rms.count
-    for env in envs:
-        env.close()

@@ -1,0 +1,47 @@
+"""The benchmark scripts run, and compute what their reports say."""
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_env_throughput_paired_ratio():
+    env_throughput = load_script("env_throughput")
+
+    def make():
+        return (lambda action: None), (lambda: None)
+
+    raw, native = env_throughput.Runner("raw", make, 10), env_throughput.Runner("native", make, 10)
+    # Round 2 is slow for both (load on the machine): paired ratios are 0.5, 0.5 and 1.0
+    raw.wall_s = [1.0, 4.0, 1.0]
+    native.wall_s = [2.0, 8.0, 1.0]
+    np.testing.assert_allclose(native.block_sps(n_envs=4), [20.0, 5.0, 40.0])
+    assert env_throughput.paired_ratio(native, raw, n_envs=4) == pytest.approx(0.5)
+    assert env_throughput.paired_ratio(raw, raw, n_envs=4) == pytest.approx(1.0)
+
+
+def test_env_throughput_runs(tmp_path):
+    env_throughput = load_script("env_throughput")
+    output = tmp_path / "throughput.md"
+    ratio = env_throughput.main(
+        ["--n-envs", "4", "--steps", "4", "--repeats", "2", "--warmup-steps", "2", "--output", str(output)]
+    )
+    assert 0.0 < ratio < 10.0
+    report = output.read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| Configuration")]
+    assert len(rows) == 4
+    assert rows[0].startswith("| raw `ProcgenGym3Env`") and "| 100.0% | 100.0% |" in rows[0]
+    assert "native: `make_procgen_env`" in rows[2] and f"{ratio:.1%}" in rows[2]
+    assert f"keeps **{ratio:.1%}** of raw procgen's throughput" in report
+    assert "Command: `python benchmarks/env_throughput.py --n-envs 4" in report
