@@ -1,16 +1,17 @@
 """
 Env-only throughput of Procgen with random actions: how much the SB3 layers cost.
 
-Four configurations of the same game and settings, measured in one run:
+Five configurations of the same game and settings, measured in one run:
 
 - raw: procgen's ``ProcgenGym3Env`` driven with its own ``act``/``observe`` loop (not usable by SB3, the reference);
 - ``ProcgenVecEnv`` alone (to tell its cost from the SB3 wrappers');
-- native: :func:`sb3_ppg.procgen.make_procgen_env`, i.e. ``ProcgenVecEnv`` + ``VecMonitor`` + ``VecNormalize``
-  (``RewardOnlyVecNormalize``) + ``VecTransposeImage`` (what PPG trains on);
+- native: :func:`sb3_ppg.procgen.make_procgen_env`, i.e. a channel-first ``ProcgenVecEnv`` + ``VecMonitor`` +
+  ``VecNormalize``, each in the faster subclass of :mod:`sb3_ppg.vec_env` (what PPG trains on);
+- the same chain built from SB3's own wrappers (``VecTransposeImage`` for the channel order);
 - dummy: ``make_vec_env("procgen/<game>-v0", n_envs)``: one gymnasium env per game in a ``DummyVecEnv`` (each in
   ``Monitor``), the path of ``gymnasium.make`` / the RL Zoo without sb3_ppg's native env.
 
-The envs are built once and timed in turn, in short blocks, round after round (the order rotates every round), so
+The envs are built once and timed in turn, in short blocks, round after round (in a new random order every round), so
 that the frequent load changes of a shared machine hit every configuration alike. The headline ratio is paired: the
 median over the rounds of (configuration SPS / raw SPS in the same round). Actions are sampled before timing; raw,
 bare and native get the same seed and the same actions, so they play the same games. "Steps" are env transitions
@@ -18,7 +19,7 @@ bare and native get the same seed and the same actions, so they play the same ga
 to ``--output``.
 
 Usage, from the repository root with sb3_ppg installed (``pip install -e .``, or ``PYTHONPATH=.``):
-``python benchmarks/env_throughput.py --game starpilot --n-envs 64 --steps 200 --repeats 30``
+``python benchmarks/env_throughput.py --game starpilot --n-envs 64 --steps 100 --repeats 120``
 """
 
 import argparse
@@ -40,11 +41,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Procgen env throughput: raw procgen vs sb3_ppg's wrapped VecEnv")
     parser.add_argument("--game", default="starpilot", help="Procgen game")
     parser.add_argument("--n-envs", type=int, default=64, help="Number of parallel games")
-    parser.add_argument("--steps", type=int, default=200, help="Vector steps per timed block (all but the DummyVecEnv)")
+    parser.add_argument("--steps", type=int, default=100, help="Vector steps per timed block (all but the DummyVecEnv)")
     parser.add_argument(
         "--dummy-steps", type=int, default=None, help="Vector steps per timed block of the DummyVecEnv (default: steps / 2)"
     )
-    parser.add_argument("--repeats", type=int, default=30, help="Rounds: timed blocks of each configuration")
+    parser.add_argument("--repeats", type=int, default=120, help="Rounds: timed blocks of each configuration")
     parser.add_argument("--warmup-steps", type=int, default=50, help="Untimed vector steps before the first round")
     parser.add_argument("--num-threads", type=int, default=2, help="Procgen worker threads (raw and native)")
     parser.add_argument("--distribution-mode", default="easy", help="Procgen distribution mode")
@@ -110,10 +111,11 @@ class Runner:
 def make_runners(args: argparse.Namespace) -> list[Runner]:
     """
     :param args: Command-line arguments
-    :return: The raw, bare ``ProcgenVecEnv``, native (wrapped) and dummy configurations
+    :return: The raw, bare ``ProcgenVecEnv``, native (wrapped), SB3-wrapped and dummy configurations
     """
     from procgen import ProcgenGym3Env
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecMonitor, VecNormalize, VecTransposeImage
 
     from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env, register_procgen_envs
 
@@ -157,6 +159,19 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
         env.reset()
         return env.step, env.close
 
+    def make_sb3_wrappers() -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
+        env = ProcgenVecEnv(
+            args.n_envs,
+            args.game,
+            distribution_mode=args.distribution_mode,
+            rand_seed=args.seed,
+            num_threads=args.num_threads,
+        )
+        # What make_procgen_env would be with SB3's own wrappers
+        env = VecTransposeImage(VecNormalize(VecMonitor(env), norm_obs=False, gamma=0.999, epsilon=1e-8))
+        env.reset()
+        return env.step, env.close
+
     def make_dummy() -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
         env = make_vec_env(
             f"procgen/{args.game}-v0",
@@ -172,9 +187,14 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
         Runner(f"raw `ProcgenGym3Env` act/observe loop ({threads})", make_raw, args.steps),
         Runner(f"`ProcgenVecEnv` alone ({threads})", make_bare, args.steps),
         Runner(
-            "native: `make_procgen_env` (`ProcgenVecEnv` + `FastVecMonitor` + `RewardOnlyVecNormalize` + "
-            f"`FastVecTransposeImage`, {threads})",
+            "native: `make_procgen_env` (channel-first `ProcgenVecEnv` + `FastVecMonitor` + `RewardOnlyVecNormalize`, "
+            f"{threads})",
             make_native,
+            args.steps,
+        ),
+        Runner(
+            f"SB3's wrappers: `ProcgenVecEnv` + `VecMonitor` + `VecNormalize` + `VecTransposeImage` ({threads})",
+            make_sb3_wrappers,
             args.steps,
         ),
         Runner(
@@ -237,7 +257,7 @@ def format_report(args: argparse.Namespace, runners: list[Runner], command: str,
         "",
         f"Random actions (pre-sampled), {args.game}, `distribution_mode={args.distribution_mode!r}`, {n_envs} envs. "
         f"All configurations are built once, warmed up for {args.warmup_steps} steps, then timed in turn in "
-        f"{args.repeats} rounds (order rotated each round) of one block of {args.steps} vector steps each "
+        f"{args.repeats} rounds (in a new random order each round) of one block of {args.steps} vector steps each "
         f"({args.dummy_steps} for the DummyVecEnv). Raw, bare and native play the same levels with the same actions.",
         "",
         f"- SPS: env transitions per second ({n_envs} per vector step).",
@@ -294,15 +314,16 @@ def main(argv: list[str] | None = None) -> float:
     n_actions = args.warmup_steps + args.repeats * max(args.steps, args.dummy_steps)
     actions = rng.integers(0, 15, size=(n_actions, args.n_envs), dtype=np.int64)
     runners = make_runners(args)
+    order_rng = np.random.default_rng(args.seed)
     try:
         for runner in runners:
             runner.warm_up(actions[: args.warmup_steps])
         position = args.warmup_steps
         for repeat in range(args.repeats):
             block_actions = actions[position : position + max(args.steps, args.dummy_steps)]
-            # Rotate the order, so that no configuration always runs first (or right after another one)
-            for offset in range(len(runners)):
-                runners[(repeat + offset) % len(runners)].run_block(block_actions)
+            # A new random order every round, so that no configuration always runs first or right after another one
+            for index in order_rng.permutation(len(runners)):
+                runners[index].run_block(block_actions)
             position += max(args.steps, args.dummy_steps)
             sps = ", ".join(f"{runner.block_sps(args.n_envs)[-1]:,.0f}" for runner in runners)
             print(f"round {repeat + 1}/{args.repeats}: SPS {sps}", flush=True)

@@ -32,17 +32,19 @@ Procgen specifics that shape this module:
 """
 
 import os
+import pickle
 from collections.abc import Sequence
 from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecNormalize
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 # RewardOnlyVecNormalize is imported here too: statistics pickled before it moved to sb3_ppg.vec_env refer to it here
-from sb3_ppg.vec_env import FastVecMonitor, FastVecTransposeImage, RewardOnlyVecNormalize
+from sb3_ppg.vec_env import FastVecMonitor, RewardOnlyVecNormalize, finished_indices
 
 __all__ = [
     "DISTRIBUTION_MODES",
@@ -249,11 +251,14 @@ def _make_gym3_env(
     )
 
 
-def _observation_space() -> spaces.Box:
+def _observation_space(channels_first: bool = False) -> spaces.Box:
     """
+    :param channels_first: ``(3, 64, 64)`` instead of procgen's ``(64, 64, 3)``
     :return: The observation space of every procgen game
     """
-    return spaces.Box(low=0, high=255, shape=PROCGEN_OBSERVATION_SHAPE, dtype=np.uint8)
+    height, width, channels = PROCGEN_OBSERVATION_SHAPE
+    shape = (channels, height, width) if channels_first else PROCGEN_OBSERVATION_SHAPE
+    return spaces.Box(low=0, high=255, shape=shape, dtype=np.uint8)
 
 
 class _HiresRenderer:
@@ -301,8 +306,9 @@ class ProcgenVecEnv(VecEnv):
     Native SB3 ``VecEnv`` over procgen's vectorized C++ environment: ``num_envs`` games of the same kind stepped by
     ``num_threads`` C++ threads, without one python object per game.
 
-    Observations are ``uint8`` frames of shape ``(64, 64, 3)`` (channel last; wrap with ``VecTransposeImage``, or use
-    :func:`make_procgen_env`), actions ``Discrete(15)``.
+    Observations are ``uint8`` frames of shape ``(64, 64, 3)`` (channel last, procgen's layout), or ``(3, 64, 64)``
+    with ``channels_first=True`` (the layout SB3's CNN policies expect, as :func:`make_procgen_env` uses it: a
+    transposed view of the same memory, with no copy and no ``VecTransposeImage`` layer); actions ``Discrete(15)``.
 
     - ``seed(seed)`` + ``reset()`` rebuild the C++ env with ``rand_seed=procgen_seed(seed)``: the same seed gives the
       same levels. Procgen seeds a whole vectorized env with one seed, the seed of the first env is used.
@@ -329,6 +335,8 @@ class ProcgenVecEnv(VecEnv):
     :param num_threads: Number of procgen worker threads (2 fits a 2-core machine; more threads than cores do not help)
     :param render_mode: ``None`` or ``"rgb_array"`` (``render()``/``get_images()`` then return 512x512 frames, drawn
         on demand: about 5 ms per game and call, nothing between calls)
+    :param channels_first: Observations (and terminal observations) of shape ``(3, 64, 64)`` instead of ``(64, 64, 3)``.
+        Rendered images keep the ``(height, width, 3)`` layout of images.
     :param procgen_kwargs: Other procgen options: ``center_agent``, ``use_backgrounds``, ``use_monochrome_assets``,
         ``restrict_themes``, ``use_generated_assets``, ``paint_vel_info``, ``use_sequential_levels``, ``debug_mode``,
         ``resource_root``
@@ -344,6 +352,7 @@ class ProcgenVecEnv(VecEnv):
         rand_seed: int | None = None,
         num_threads: int = 2,
         render_mode: str | None = None,
+        channels_first: bool = False,
         **procgen_kwargs: Any,
     ):
         num_envs = _check_int("num_envs", num_envs, 1)
@@ -356,7 +365,8 @@ class ProcgenVecEnv(VecEnv):
         self._renderer = _HiresRenderer(env_name, self.procgen_kwargs)
         self._env: Any = None
         self._build(None if rand_seed is None else procgen_seed(rand_seed), num_envs)
-        super().__init__(num_envs, _observation_space(), spaces.Discrete(PROCGEN_N_ACTIONS))
+        self.channels_first = bool(channels_first)
+        super().__init__(num_envs, _observation_space(self.channels_first), spaces.Discrete(PROCGEN_N_ACTIONS))
         # Read by ``VecVideoRecorder`` (procgen runs at 15 frames per second)
         self.metadata = {**self.metadata, "render_fps": 15}
         self._actions = np.zeros(num_envs, dtype=np.int32)
@@ -404,7 +414,7 @@ class ProcgenVecEnv(VecEnv):
         _, observations, _ = self._env.observe()
         self._last_obs = observations["rgb"]
         self.reset_infos = self._env.get_info()
-        return self._last_obs
+        return self._last_obs.transpose(0, 3, 1, 2) if self.channels_first else self._last_obs
 
     def step_async(self, actions: np.ndarray) -> None:
         """
@@ -413,22 +423,26 @@ class ProcgenVecEnv(VecEnv):
         :param actions: Integer actions in ``[0, 15)``, shape ``(num_envs,)`` or ``(num_envs, 1)``
         """
         actions = np.asarray(actions)
-        if actions.shape not in ((self.num_envs,), (self.num_envs, 1)):
-            raise ValueError(
-                f"Expected actions of shape ({self.num_envs},) (or ({self.num_envs}, 1)), one per env, "
-                f"got shape {actions.shape}"
-            )
+        if actions.shape != self._actions.shape:
+            if actions.shape != (self.num_envs, 1):
+                raise ValueError(
+                    f"Expected actions of shape ({self.num_envs},) (or ({self.num_envs}, 1)), one per env, "
+                    f"got shape {actions.shape}"
+                )
+            actions = actions[:, 0]
+        # Checked on a python list: this runs between two procgen steps, while procgen's threads wait, and there a
+        # python loop over 64 numbers costs less than numpy's calls (see docs/procgen.md, "Throughput")
         kind = actions.dtype.kind
-        if kind == "i":
-            # One reduction checks both bounds: negative integers read as unsigned ones are huge
-            in_range = actions.view(actions.dtype.str.replace("i", "u")).max() < PROCGEN_N_ACTIONS
-        elif kind == "u" or (kind == "f" and np.all(np.mod(actions, 1) == 0)):
+        if kind in "iu":
+            values = actions.tolist()
+            in_range = min(values) >= 0 and max(values) < PROCGEN_N_ACTIONS
+        elif kind == "f" and np.all(np.mod(actions, 1) == 0):
             in_range = actions.min() >= 0 and actions.max() < PROCGEN_N_ACTIONS
         else:
             raise ValueError(f"Expected integer actions, got {actions.dtype} values {actions.ravel()}")
         if not in_range:
             raise ValueError(f"Actions must be in [0, {PROCGEN_N_ACTIONS}), got {actions.ravel()}")
-        self._actions[:] = actions.reshape(self.num_envs)
+        self._actions[:] = actions
 
     def step_wait(self) -> VecEnvStepReturn:
         """
@@ -443,21 +457,24 @@ class ProcgenVecEnv(VecEnv):
         self._stepped = True
         rewards, observations, dones = self._env.observe()
         observations = observations["rgb"]
-        # (``nonzero`` rather than ``np.flatnonzero`` and ``any``: numpy's python wrappers cost more than the search)
-        done_indices = dones.nonzero()[0]
-        if done_indices.size > 0:
+        done_indices = finished_indices(dones)
+        if done_indices:
             # procgen's infos are only read at episode ends: building them for every game at every step would cost
             # a few percent of the env's throughput
-            for idx, info in zip(done_indices.tolist(), self._episode_end_infos(done_indices), strict=True):
+            for idx, info in zip(done_indices, self._episode_end_infos(done_indices), strict=True):
                 infos[idx] = info
-                # Copied: the previous observation array was handed out and may be modified downstream
-                info["terminal_observation"] = self._last_obs[idx].copy()
+                # Copied (C-contiguous): the previous observation array was handed out and may be modified downstream
+                frame = self._last_obs[idx]
+                info["terminal_observation"] = (frame.transpose(2, 0, 1) if self.channels_first else frame).copy()
                 info["TimeLimit.truncated"] = False
                 info["is_success"] = bool(info["prev_level_complete"])
+        # ``_last_obs`` keeps procgen's layout (``get_images`` returns images)
         self._last_obs = observations
+        if self.channels_first:
+            observations = observations.transpose(0, 3, 1, 2)
         return observations, rewards, dones, infos
 
-    def _episode_end_infos(self, done_indices: np.ndarray) -> list[dict[str, Any]]:
+    def _episode_end_infos(self, done_indices: list[int]) -> list[dict[str, Any]]:
         """
         Procgen's infos (``level_seed``, ``prev_level_seed``, ``prev_level_complete``) of some games, read right after
         ``observe()``.
@@ -476,7 +493,7 @@ class ProcgenVecEnv(VecEnv):
         for idx in done_indices:
             # Scalars as Python numbers; arrays (none by default) copied out of the reused buffers
             infos.append(
-                {key: values[idx].item() if values.ndim == 1 else values[idx].copy() for key, values in info_buffers.items()}
+                {key: values.item(idx) if values.ndim == 1 else values[idx].copy() for key, values in info_buffers.items()}
             )
         return infos
 
@@ -717,19 +734,18 @@ def make_procgen_env(
     **procgen_kwargs: Any,
 ) -> VecEnv:
     """
-    Procgen env with the PPG paper's wrappers:
-    ``VecTransposeImage(VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False), ...)``, each SB3 wrapper in the faster
-    subclass of :mod:`sb3_ppg.vec_env` (same outputs, found by SB3's helpers; with them the chain keeps over 90% of raw
-    procgen's throughput, see ``docs/env_throughput.md``).
+    Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)``, each SB3
+    wrapper in the faster subclass of :mod:`sb3_ppg.vec_env` (same outputs, found by SB3's helpers), over a
+    channel-first ``ProcgenVecEnv``. The chain keeps about 90% of raw procgen's throughput on a 2-core machine, where
+    SB3's own wrappers keep 81-85% (``docs/procgen.md``).
 
+    - ``ProcgenVecEnv(..., channels_first=True)``: ``(3, 64, 64)`` uint8 observations, as SB3's CNNs expect (a view
+      of procgen's frames: no copy, and no ``VecTransposeImage`` layer; the algorithm does not add one either).
     - ``VecMonitor`` (:class:`~sb3_ppg.vec_env.FastVecMonitor`) records episode returns on the raw rewards
       (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
     - ``VecNormalize(norm_obs=False, norm_reward=normalize_reward, gamma=reward_gamma, clip_reward=clip_reward,
       epsilon=1e-8)`` (:class:`~sb3_ppg.vec_env.RewardOnlyVecNormalize`): the paper's return-based reward scaling
       (rewards divided by the running standard deviation of the discounted return, no mean subtraction, then clipped).
-    - ``VecTransposeImage`` (:class:`~sb3_ppg.vec_env.FastVecTransposeImage`): channel-first ``(3, 64, 64)`` uint8
-      observations, as SB3's CNNs expect. Applied here rather than by the algorithm so that the training and
-      evaluation chains have the same wrappers, which ``EvalCallback`` (``sync_envs_normalization``) requires.
 
     ``training=False`` gives an evaluation env: frozen statistics (``VecNormalize.training=False``) and raw rewards
     (``norm_reward=False``). ``VecNormalize`` is kept even with ``normalize_reward=False`` (it then passes rewards
@@ -760,7 +776,8 @@ def make_procgen_env(
         ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
     :param vec_normalize_path: Load the reward statistics of a ``VecNormalize`` saved at this path (the arguments,
-        ``training`` and ``normalize_reward`` among them, still decide how they are used)
+        ``training`` and ``normalize_reward`` among them, still decide how they are used; a file that is not a
+        ``VecNormalize``, or one that normalizes observations, is a ``ValueError``)
     :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
         :class:`ProcgenVecEnv`)
     :return: The wrapped env
@@ -769,6 +786,8 @@ def make_procgen_env(
         raise ValueError(f"reward_gamma must be in [0, 1), got {reward_gamma}")
     if not clip_reward > 0.0:
         raise ValueError(f"clip_reward must be positive, got {clip_reward}")
+    # Read first: a bad file must not leave a procgen env behind
+    reward_statistics = None if vec_normalize_path is None else _load_reward_statistics(vec_normalize_path)
     venv: VecEnv = ProcgenVecEnv(
         n_envs,
         env_name,
@@ -778,6 +797,7 @@ def make_procgen_env(
         rand_seed=seed,
         num_threads=num_threads,
         render_mode=render_mode,
+        channels_first=True,
         **procgen_kwargs,
     )
     if monitor_filename is not None:
@@ -795,15 +815,30 @@ def make_procgen_env(
         gamma=reward_gamma,
         epsilon=1e-8,
     )
-    if vec_normalize_path is not None:
-        saved = VecNormalize.load(vec_normalize_path, venv)
-        if saved.norm_obs:
-            vec_normalize.close()
-            raise ValueError(f"{vec_normalize_path} normalizes observations, procgen chains only normalize rewards")
-        # The statistics (a plain VecNormalize's too); how they are used is decided by the arguments
-        vec_normalize.ret_rms = saved.ret_rms
-        vec_normalize.epsilon = saved.epsilon
-    return FastVecTransposeImage(vec_normalize)
+    if reward_statistics is not None:
+        vec_normalize.ret_rms, vec_normalize.epsilon = reward_statistics
+    return vec_normalize
+
+
+def _load_reward_statistics(path: str) -> tuple[RunningMeanStd, float]:
+    """
+    Read the reward statistics of a ``VecNormalize`` saved with ``save(path)`` (by a procgen chain or by SB3's own
+    ``VecNormalize``). Only the statistics are read, so statistics saved by older chains, whose observations were
+    channel-last at the ``VecNormalize`` layer, load too.
+
+    :param path: Path of the pickled ``VecNormalize``
+    :return: The running statistics of the discounted returns, and ``epsilon``
+    """
+    try:
+        with open(path, "rb") as file_handler:
+            saved = pickle.load(file_handler)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as error:
+        raise ValueError(f"Could not read VecNormalize statistics from {path}: {error!r}") from error
+    if not isinstance(saved, VecNormalize):
+        raise ValueError(f"{path} holds a {type(saved).__name__}, not VecNormalize statistics (saved with VecNormalize.save)")
+    if saved.norm_obs:
+        raise ValueError(f"{path} normalizes observations, procgen chains only normalize rewards")
+    return saved.ret_rms, saved.epsilon
 
 
 def _find_procgen_gym3_env(env: Any) -> Any:

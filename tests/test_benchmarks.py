@@ -40,8 +40,10 @@ def test_env_throughput_runs(tmp_path):
     assert 0.0 < ratio < 10.0
     report = output.read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| Configuration")]
-    assert len(rows) == 4
+    assert len(rows) == 5
     assert rows[0].startswith("| raw `ProcgenGym3Env`") and "| 100.0% | 100.0% |" in rows[0]
     assert "native: `make_procgen_env`" in rows[2] and f"{ratio:.1%}" in rows[2]
+    assert "SB3's wrappers: `ProcgenVecEnv` + `VecMonitor` + `VecNormalize` + `VecTransposeImage`" in rows[3]
+    assert rows[4].startswith('| `make_vec_env("procgen/starpilot-v0", n_envs=4)`')
     assert f"keeps **{ratio:.1%}** of raw procgen's throughput" in report
     assert "Command: `python benchmarks/env_throughput.py --n-envs 4" in report

@@ -14,6 +14,7 @@ from stable_baselines3.common.vec_env import (
     VecNormalize,
     VecTransposeImage,
     VecVideoRecorder,
+    is_vecenv_wrapped,
     unwrap_vec_normalize,
 )
 
@@ -289,18 +290,43 @@ def test_supported_modes_build():
     env.close()
 
 
+def test_channels_first_observations():
+    """channels_first=True gives the (3, 64, 64) transposes of the same frames, terminal observations included."""
+    last = ProcgenVecEnv(3, GAME, distribution_mode="easy", rand_seed=5)
+    first = ProcgenVecEnv(3, GAME, distribution_mode="easy", rand_seed=5, channels_first=True)
+    assert last.observation_space.shape == (64, 64, 3) and first.observation_space.shape == (3, 64, 64)
+    assert first.observation_space.dtype == np.uint8
+    np.testing.assert_array_equal(first.reset(), last.reset().transpose(0, 3, 1, 2))
+    rng = np.random.default_rng(0)
+    n_terminal = 0
+    for _ in range(200):
+        actions = rng.integers(0, 15, size=3)
+        (obs_last, _, dones, infos_last), (obs_first, _, _, infos_first) = last.step(actions), first.step(actions)
+        assert obs_first.shape == (3, 3, 64, 64)
+        np.testing.assert_array_equal(obs_first, obs_last.transpose(0, 3, 1, 2))
+        for idx in np.flatnonzero(dones):
+            n_terminal += 1
+            terminal = infos_first[idx]["terminal_observation"]
+            assert terminal.shape == (3, 64, 64) and terminal.flags["C_CONTIGUOUS"]
+            np.testing.assert_array_equal(terminal, infos_last[idx]["terminal_observation"].transpose(2, 0, 1))
+    assert n_terminal > 0
+    # Images stay images
+    assert first.get_images()[0].shape == (64, 64, 3)
+    last.close()
+    first.close()
+
+
 def test_make_procgen_env_chain_and_reward_normalization():
     # Random play scores often in starpilot
     env = make_procgen_env("starpilot", n_envs=4, seed=0, num_threads=1)
-    assert isinstance(env, VecTransposeImage)
-    vec_normalize = env.venv
+    vec_normalize = env
     assert isinstance(vec_normalize, VecNormalize) and isinstance(vec_normalize.venv, VecMonitor)
-    assert isinstance(vec_normalize.venv.venv, ProcgenVecEnv)
+    assert isinstance(vec_normalize.venv.venv, ProcgenVecEnv) and vec_normalize.venv.venv.channels_first
     assert vec_normalize.training and vec_normalize.norm_reward and not vec_normalize.norm_obs
     assert vec_normalize.gamma == 0.999 and vec_normalize.clip_reward == 10.0 and vec_normalize.epsilon == 1e-8
     assert env.observation_space.shape == (3, 64, 64) and env.observation_space.dtype == np.uint8
     assert env.get_attr("env_name") == ["starpilot"] * 4
-    assert env.venv.venv.venv.procgen_kwargs["distribution_mode"] == "easy"
+    assert env.venv.venv.procgen_kwargs["distribution_mode"] == "easy"
     obs = env.reset()
     assert obs.shape == (4, 3, 64, 64)
     rng = np.random.default_rng(0)
@@ -324,16 +350,16 @@ def test_make_procgen_env_chain_and_reward_normalization():
     eval_env.reset()
     for _ in range(100):
         eval_env.step(rng.integers(0, 15, 2))
-        np.testing.assert_array_equal(eval_env.venv.get_original_reward(), eval_env.venv.old_reward)
+        np.testing.assert_array_equal(eval_env.get_original_reward(), eval_env.old_reward)
     eval_env.close()
 
     # Same wrapper types without reward normalization: rewards pass through unchanged
     raw_env = make_procgen_env("starpilot", n_envs=2, normalize_reward=False)
-    assert isinstance(raw_env.venv, VecNormalize) and not raw_env.venv.norm_reward
+    assert isinstance(raw_env, VecNormalize) and not raw_env.norm_reward
     raw_env.reset()
     for _ in range(50):
         _, rewards, _, _ = raw_env.step(rng.integers(0, 15, 2))
-        np.testing.assert_array_equal(rewards, raw_env.venv.get_original_reward())
+        np.testing.assert_array_equal(rewards, raw_env.get_original_reward())
     raw_env.close()
 
 
@@ -346,8 +372,8 @@ def test_train_and_eval_chains_with_ppo_and_eval_callback(tmp_path):
     )
     policy_kwargs = dict(features_extractor_kwargs=dict(features_dim=64))
     model = PPO("CnnPolicy", env, n_steps=16, batch_size=32, n_epochs=1, policy_kwargs=policy_kwargs, seed=0, device="cpu")
-    # No VecTransposeImage added by the algorithm: the chain already has it
-    assert model.get_env() is env
+    # No VecTransposeImage added by the algorithm: the chain is channel-first already
+    assert model.get_env() is env and not is_vecenv_wrapped(env, VecTransposeImage)
     model.learn(256, callback=eval_callback)
     assert model.rollout_buffer.observations.dtype == np.uint8
     assert eval_callback.n_calls >= 64 and np.isfinite(eval_callback.last_mean_reward)
@@ -374,8 +400,8 @@ def test_train_and_eval_chains_with_ppo_and_eval_callback(tmp_path):
     assert not loaded_normalize.training and not loaded_normalize.norm_reward and loaded.num_envs == 2
     resumed = make_procgen_env(GAME, n_envs=4, vec_normalize_path=path)
     assert unwrap_vec_normalize(resumed).training and unwrap_vec_normalize(resumed).norm_reward
-    by_hand = VecTransposeImage(VecNormalize.load(path, VecMonitor(ProcgenVecEnv(4, GAME, distribution_mode="easy"))))
-    assert by_hand.venv.ret_rms.count == loaded_normalize.ret_rms.count
+    by_hand = VecNormalize.load(path, VecMonitor(ProcgenVecEnv(4, GAME, distribution_mode="easy", channels_first=True)))
+    assert by_hand.ret_rms.count == loaded_normalize.ret_rms.count
     model.set_env(resumed)
     model.learn(64, reset_num_timesteps=False)
     for vec_env in (eval_env, loaded, resumed, by_hand):

@@ -15,7 +15,7 @@ from stable_baselines3.common.vec_env import (
 
 import sb3_ppg.procgen
 from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env
-from sb3_ppg.vec_env import FastVecMonitor, FastVecTransposeImage, RewardOnlyVecNormalize
+from sb3_ppg.vec_env import FastVecMonitor, RewardOnlyVecNormalize, finished_indices
 
 # Random play ends a bossfight episode every ~50 steps in easy mode: episode ends come quickly
 GAME = "bossfight"
@@ -82,26 +82,6 @@ def test_fast_vec_monitor_matches_sb3(tmp_path):
             file_handler.readline()  # JSON header
             rows.append([(row["r"], row["l"], row["is_success"]) for row in csv.DictReader(file_handler)])
     assert rows[0] == rows[1] and len(rows[0]) == n_episodes
-
-
-def test_fast_vec_transpose_image_matches_sb3():
-    sb3_transpose, ours = make_pair(VecTransposeImage, FastVecTransposeImage)
-    assert isinstance(ours, VecTransposeImage) and is_vecenv_wrapped(ours, VecTransposeImage)
-    assert ours.observation_space == sb3_transpose.observation_space
-    assert ours.observation_space.shape == (3, 64, 64)
-    n_terminal = 0
-    for sb3_step, our_step in step_both([sb3_transpose, ours]):
-        assert our_step[0].shape == (4, 3, 64, 64)
-        np.testing.assert_array_equal(our_step[0], sb3_step[0])
-        for our_info, sb3_info in zip(our_step[3], sb3_step[3], strict=True):
-            assert our_info.keys() == sb3_info.keys()
-            if "terminal_observation" in sb3_info:
-                n_terminal += 1
-                assert our_info["terminal_observation"].shape == (3, 64, 64)
-                np.testing.assert_array_equal(our_info["terminal_observation"], sb3_info["terminal_observation"])
-    assert n_terminal > 5
-    for env in (sb3_transpose, ours):
-        env.close()
 
 
 def test_reward_only_vec_normalize_skips_the_observation_copy():
@@ -193,12 +173,34 @@ def test_make_procgen_env_loads_statistics_of_sb3_vec_normalize(tmp_path):
     obs_normalizing.close()
     with pytest.raises(ValueError, match="normalizes observations, procgen chains only normalize rewards"):
         make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "obs.pkl"))
+    # Not statistics, a corrupt file, a missing file: clear errors
+    with open(tmp_path / "list.pkl", "wb") as file_handler:
+        pickle.dump([1, 2], file_handler)
+    with pytest.raises(ValueError, match="holds a list, not VecNormalize statistics"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "list.pkl"))
+    (tmp_path / "corrupt.pkl").write_bytes((tmp_path / "plain.pkl").read_bytes()[:50])
+    with pytest.raises(ValueError, match=r"Could not read VecNormalize statistics from .*corrupt\.pkl"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "corrupt.pkl"))
+    with pytest.raises(ValueError, match=r"Could not read VecNormalize statistics from .*missing\.pkl"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "missing.pkl"))
 
 
 def test_procgen_chain_uses_the_fast_wrappers():
     env = make_procgen_env(GAME, n_envs=2, seed=0)
-    assert type(env) is FastVecTransposeImage
-    assert type(env.venv) is RewardOnlyVecNormalize
-    assert type(env.venv.venv) is FastVecMonitor
-    assert type(env.venv.venv.venv) is ProcgenVecEnv
+    assert type(env) is RewardOnlyVecNormalize
+    assert type(env.venv) is FastVecMonitor
+    assert type(env.venv.venv) is ProcgenVecEnv and env.venv.venv.channels_first
+    # Channel-first images, so nothing adds a VecTransposeImage
+    assert env.observation_space.shape == (3, 64, 64)
+    assert not is_vecenv_wrapped(env, VecTransposeImage)
     env.close()
+
+
+@pytest.mark.parametrize("n_envs", [1, 5, 64, 300])
+def test_finished_indices(n_envs):
+    rng = np.random.default_rng(n_envs)
+    for probability in (0.0, 0.1, 1.0):
+        dones = rng.random(n_envs) < probability
+        indices = finished_indices(dones)
+        assert indices == np.flatnonzero(dones).tolist()
+        assert all(type(idx) is int for idx in indices)
