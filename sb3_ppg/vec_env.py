@@ -15,10 +15,11 @@ a list of 64 flags costs less than the numpy call that would do the same work.
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
-from stable_baselines3.common.vec_env.base_vec_env import VecEnvStepReturn
+from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvStepReturn
 
 __all__ = ["FastVecMonitor", "RewardOnlyVecNormalize", "finished_indices"]
 
@@ -51,6 +52,11 @@ class FastVecMonitor(VecMonitor):
     log, same arguments.
     """
 
+    def __init__(self, venv: VecEnv, filename: str | None = None, info_keywords: tuple[str, ...] = ()):
+        super().__init__(venv, filename=filename, info_keywords=info_keywords)
+        # Added to the episode lengths at every step (an array operand: numpy calls with python scalars cost more)
+        self._one_step = np.ones(self.num_envs, dtype=self.episode_lengths.dtype)
+
     def step_wait(self) -> VecEnvStepReturn:
         """
         Step the env and add ``info["episode"]`` (``r``, ``l``, ``t`` and the ``info_keywords``) to the infos of the
@@ -60,7 +66,7 @@ class FastVecMonitor(VecMonitor):
         """
         obs, rewards, dones, infos = self.venv.step_wait()
         self.episode_returns += rewards
-        self.episode_lengths += 1
+        self.episode_lengths += self._one_step
         done_indices = finished_indices(dones)
         if not done_indices:
             return obs, rewards, dones, infos
@@ -82,6 +88,27 @@ class FastVecMonitor(VecMonitor):
                 self.results_writer.write_row(episode_info)
             new_infos[idx] = info
         return obs, rewards, dones, new_infos
+
+
+class _StepConstants:
+    """
+    Arrays of ``n_envs`` values used at every step by :class:`RewardOnlyVecNormalize`.
+
+    :param key: What they were built from
+    :param n_envs: Number of envs
+    :param gamma: Discount of the running return
+    :param clip_reward: Bound of the normalized rewards
+    :param reward_dtype: dtype of the rewards
+    """
+
+    def __init__(self, key: tuple, n_envs: int, gamma: float, clip_reward: float, reward_dtype: np.dtype):
+        self.key = key
+        self.gamma = np.full(n_envs, gamma)
+        self.ones = np.ones(n_envs)
+        self.low = np.full(n_envs, -clip_reward, dtype=reward_dtype)
+        self.high = np.full(n_envs, clip_reward, dtype=reward_dtype)
+        # Filled with the scale at every step
+        self.std = np.empty(n_envs, dtype=reward_dtype)
 
 
 class RewardOnlyVecNormalize(VecNormalize):
@@ -126,15 +153,16 @@ class RewardOnlyVecNormalize(VecNormalize):
     def _update_reward(self, reward: np.ndarray) -> None:
         """
         SB3's update of the reward statistics (the running variance of the discounted returns, Chan et al.'s parallel
-        update), computed with two numpy reductions and Python floats instead of a dozen numpy calls on 0-d arrays.
+        update), computed with two dot products and Python floats instead of a dozen numpy calls on 0-d arrays.
 
         :param reward: the raw rewards of this step
         """
+        constants = self._step_constants(reward.dtype)
         returns = self.returns
-        returns *= self.gamma
+        returns *= constants.gamma
         returns += reward
         n_returns = returns.shape[0]
-        batch_mean = float(np.add.reduce(returns)) / n_returns
+        batch_mean = float(np.dot(returns, constants.ones)) / n_returns
         deviations = returns - batch_mean
         batch_var = float(np.dot(deviations, deviations)) / n_returns
         ret_rms = self.ret_rms
@@ -157,7 +185,42 @@ class RewardOnlyVecNormalize(VecNormalize):
         """
         if not self.norm_reward:
             return reward.astype(np.float32)
-        normalized = reward / math.sqrt(float(self.ret_rms.var) + self.epsilon)
-        np.maximum(normalized, -self.clip_reward, out=normalized)
-        np.minimum(normalized, self.clip_reward, out=normalized)
+        std = math.sqrt(float(self.ret_rms.var) + self.epsilon)
+        if reward.dtype.kind != "f" or reward.shape != (self.num_envs,):
+            normalized = reward / std
+            np.maximum(normalized, -self.clip_reward, out=normalized)
+            np.minimum(normalized, self.clip_reward, out=normalized)
+            return normalized.astype(np.float32, copy=False)
+        # The same float operations with array operands in the reward's dtype (as SB3's division by a 0-d array)
+        constants = self._step_constants(reward.dtype)
+        constants.std.fill(std)
+        normalized = reward / constants.std
+        np.maximum(normalized, constants.low, out=normalized)
+        np.minimum(normalized, constants.high, out=normalized)
         return normalized.astype(np.float32, copy=False)
+
+    def _step_constants(self, reward_dtype: np.dtype) -> "_StepConstants":
+        """
+        The per-step constants as arrays of ``num_envs`` values: between two steps of a fast env, a numpy call with a
+        python scalar operand costs several microseconds more than with an array (numpy resolves the scalar's type
+        first). Rebuilt when ``gamma``, ``clip_reward`` or the reward dtype change.
+
+        :param reward_dtype: dtype of the rewards (the clipping bounds and the scale are in this dtype)
+        :return: The arrays
+        """
+        key = (self.gamma, self.clip_reward, self.num_envs, reward_dtype)
+        constants = self.__dict__.get("_constants")
+        if constants is None or constants.key != key:
+            constants = _StepConstants(key, self.num_envs, self.gamma, self.clip_reward, reward_dtype)
+            self._constants = constants
+        return constants
+
+    def __getstate__(self) -> dict[str, Any]:
+        """
+        SB3's state for pickling (``save``), without the cached per-step constants.
+
+        :return: The state
+        """
+        state = super().__getstate__()
+        state.pop("_constants", None)
+        return state

@@ -204,3 +204,36 @@ def test_finished_indices(n_envs):
         indices = finished_indices(dones)
         assert indices == np.flatnonzero(dones).tolist()
         assert all(type(idx) is int for idx in indices)
+
+
+def test_reward_only_vec_normalize_follows_attribute_changes():
+    """Regression test: the per-step constant arrays are rebuilt when gamma or clip_reward change."""
+    sb3_normalize, ours = make_pair(VecNormalize, RewardOnlyVecNormalize, norm_obs=False, gamma=0.99)
+    steps = step_both([sb3_normalize, ours], n_steps=300)
+    for step_index, (sb3_step, our_step) in enumerate(steps):
+        np.testing.assert_allclose(our_step[1], sb3_step[1], rtol=1e-6)
+        np.testing.assert_allclose(ours.returns, sb3_normalize.returns, rtol=1e-12)
+        if step_index == 100:
+            for env in (sb3_normalize, ours):
+                env.gamma, env.clip_reward = 0.9, 0.5
+    assert ours.gamma == 0.9 and np.all(np.abs(our_step[1]) <= 0.5)
+    np.testing.assert_allclose(ours.ret_rms.var, sb3_normalize.ret_rms.var, rtol=1e-10)
+    # The cached arrays are not part of the saved state
+    assert "_constants" in ours.__dict__ and "_constants" not in ours.__getstate__()
+    for env in (sb3_normalize, ours):
+        env.close()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_reward_only_normalize_reward_dtypes(dtype):
+    """normalize_reward gives SB3's values (float32) for float32, float64 and integer rewards, and any shape."""
+    ours = RewardOnlyVecNormalize(ProcgenVecEnv(4, GAME, distribution_mode="easy"), norm_obs=False, clip_reward=3.0)
+    sb3_normalize = VecNormalize(ProcgenVecEnv(4, GAME, distribution_mode="easy"), norm_obs=False, clip_reward=3.0)
+    for env in (ours, sb3_normalize):
+        env.ret_rms.var = np.array(2.7)
+    for rewards in (np.array([0, 1, -5, 40], dtype=dtype), np.array([7, 1], dtype=dtype)):
+        normalized = ours.normalize_reward(rewards)
+        assert normalized.dtype == np.float32
+        np.testing.assert_array_equal(normalized, sb3_normalize.normalize_reward(rewards))
+    for env in (ours, sb3_normalize):
+        env.close()
