@@ -736,8 +736,8 @@ def make_procgen_env(
     """
     Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)``, each SB3
     wrapper in the faster subclass of :mod:`sb3_ppg.vec_env` (same outputs, found by SB3's helpers), over a
-    channel-first ``ProcgenVecEnv``. The chain keeps about 90% of raw procgen's throughput on a 2-core machine, where
-    SB3's own wrappers keep 81-85% (``docs/procgen.md``).
+    channel-first ``ProcgenVecEnv``. The chain keeps 92% of raw procgen's throughput on a 2-core machine, where SB3's
+    own wrappers keep 81-86% (``docs/procgen.md``).
 
     - ``ProcgenVecEnv(..., channels_first=True)``: ``(3, 64, 64)`` uint8 observations, as SB3's CNNs expect (a view
       of procgen's frames: no copy, and no ``VecTransposeImage`` layer; the algorithm does not add one either).

@@ -29,6 +29,10 @@ def test_env_throughput_paired_ratio():
     np.testing.assert_allclose(native.block_sps(n_envs=4), [20.0, 5.0, 40.0])
     assert env_throughput.paired_ratio(native, raw, n_envs=4) == pytest.approx(0.5)
     assert env_throughput.paired_ratio(raw, raw, n_envs=4) == pytest.approx(1.0)
+    low, high = env_throughput.paired_ratio_interval(native, raw, n_envs=4)
+    assert 0.5 <= low <= 0.5 <= high <= 1.0
+    # Identical ratios every round: a zero-width interval
+    assert env_throughput.paired_ratio_interval(raw, raw, n_envs=4) == pytest.approx((1.0, 1.0))
 
 
 def test_env_throughput_runs(tmp_path):
@@ -45,5 +49,6 @@ def test_env_throughput_runs(tmp_path):
     assert "native: `make_procgen_env`" in rows[2] and f"{ratio:.1%}" in rows[2]
     assert "SB3's wrappers: `ProcgenVecEnv` + `VecMonitor` + `VecNormalize` + `VecTransposeImage`" in rows[3]
     assert rows[4].startswith('| `make_vec_env("procgen/starpilot-v0", n_envs=4)`')
-    assert f"keeps **{ratio:.1%}** of raw procgen's throughput" in report
+    assert f"keeps **{ratio:.1%}** of raw procgen's throughput (paired; 95% bootstrap interval" in report
+    assert "this run meets" in report or "this run does NOT meet" in report or "this run cannot tell" in report
     assert "Command: `python benchmarks/env_throughput.py --n-envs 4" in report
