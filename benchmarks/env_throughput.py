@@ -137,14 +137,17 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
         env.observe()
         return step, env.close
 
-    def make_bare() -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
-        env = ProcgenVecEnv(
+    def procgen_vec_env() -> ProcgenVecEnv:
+        return ProcgenVecEnv(
             args.n_envs,
             args.game,
             distribution_mode=args.distribution_mode,
             rand_seed=args.seed,
             num_threads=args.num_threads,
         )
+
+    def make_bare() -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
+        env = procgen_vec_env()
         env.reset()
         return env.step, env.close
 
@@ -160,15 +163,8 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
         return env.step, env.close
 
     def make_sb3_wrappers() -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
-        env = ProcgenVecEnv(
-            args.n_envs,
-            args.game,
-            distribution_mode=args.distribution_mode,
-            rand_seed=args.seed,
-            num_threads=args.num_threads,
-        )
         # What make_procgen_env would be with SB3's own wrappers
-        env = VecTransposeImage(VecNormalize(VecMonitor(env), norm_obs=False, gamma=0.999, epsilon=1e-8))
+        env = VecTransposeImage(VecNormalize(VecMonitor(procgen_vec_env()), norm_obs=False, gamma=0.999, epsilon=1e-8))
         env.reset()
         return env.step, env.close
 
