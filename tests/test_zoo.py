@@ -30,6 +30,11 @@ def registered_zoo():
     zoo.register_zoo()
 
 
+def run_folder_args(folder: Path, seed: int = 0) -> list[str]:
+    """The zoo arguments every run of these tests shares: log folder, seed, CPU, quiet."""
+    return ["-f", str(folder), "--seed", str(seed), "--device", "cpu", "--verbose", "0"]
+
+
 def load_yaml(path: str) -> dict:
     with open(path) as file_handler:
         return yaml.safe_load(file_handler)
@@ -237,14 +242,7 @@ def test_train_enjoy_cartpole(tmp_path: Path, capsys):
             "256",
             "--eval-episodes",
             "2",
-            "-f",
-            str(tmp_path),
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-            "--verbose",
-            "0",
+            *run_folder_args(tmp_path),
             "-params",
             "n_envs:2",
             "n_steps:64",
@@ -282,14 +280,7 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
             "64",
             "--eval-episodes",
             "1",
-            "-f",
-            str(tmp_path),
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-            "--verbose",
-            "0",
+            *run_folder_args(tmp_path),
             "--env-kwargs",
             "num_levels:10",
             "-params",
@@ -324,14 +315,7 @@ def test_train_procgen_paper_preset(tmp_path: Path):
             "64",
             "--eval-freq",
             "-1",
-            "-f",
-            str(tmp_path),
-            "--seed",
-            "1",
-            "--device",
-            "cpu",
-            "--verbose",
-            "0",
+            *run_folder_args(tmp_path, seed=1),
             "-params",
             *TINY_PARAMS,
         ]
@@ -367,14 +351,7 @@ def test_optimize_one_trial(tmp_path: Path):
             "--eval-episodes",
             "2",
             "--no-optim-plots",
-            "-f",
-            str(tmp_path),
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-            "--verbose",
-            "0",
+            *run_folder_args(tmp_path),
             "-params",
             "n_envs:1",
             "aux_batch_rollouts:1",
