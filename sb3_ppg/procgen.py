@@ -261,6 +261,19 @@ def _observation_space(channels_first: bool = False) -> spaces.Box:
     return spaces.Box(low=0, high=255, shape=shape, dtype=np.uint8)
 
 
+def _close_procgen_env(env: "ProcgenVecEnv | ProcgenGymnasiumEnv") -> None:
+    """
+    Free the C++ env and the renderer of a :class:`ProcgenVecEnv` or :class:`ProcgenGymnasiumEnv` (closing twice is
+    harmless).
+
+    :param env: The env to close
+    """
+    if env._env is not None:
+        env._env.close()
+        env._env = None
+    env._renderer.close()
+
+
 class _HiresRenderer:
     """
     Draws the 512x512 frames of procgen games on demand.
@@ -501,10 +514,7 @@ class ProcgenVecEnv(VecEnv):
         """
         Free the C++ env.
         """
-        if self._env is not None:
-            self._env.close()
-            self._env = None
-        self._renderer.close()
+        _close_procgen_env(self)
 
     def get_images(self) -> Sequence[np.ndarray | None]:
         """
@@ -696,10 +706,7 @@ class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
         """
         Free the C++ env.
         """
-        if self._env is not None:
-            self._env.close()
-            self._env = None
-        self._renderer.close()
+        _close_procgen_env(self)
 
 
 def register_procgen_envs() -> None:
