@@ -178,7 +178,9 @@ class RewardOnlyVecNormalize(VecNormalize):
     def normalize_reward(self, reward: np.ndarray) -> np.ndarray:
         """
         SB3's reward normalization (divide by the standard deviation of the discounted return, clip, cast to float32)
-        with the scale as a Python float and in-place clipping.
+        with in-place clipping. For float rewards of shape ``(num_envs,)`` the scale and the clipping bounds are
+        cached arrays in the reward's dtype (the same float operations as SB3's division by a 0-d array, without
+        numpy's handling of scalar operands); otherwise they are python floats.
 
         :param reward: raw rewards
         :return: normalized rewards (float32); the rewards themselves are not modified
@@ -186,17 +188,15 @@ class RewardOnlyVecNormalize(VecNormalize):
         if not self.norm_reward:
             return reward.astype(np.float32)
         std = math.sqrt(float(self.ret_rms.var) + self.epsilon)
-        if reward.dtype.kind != "f" or reward.shape != (self.num_envs,):
-            normalized = reward / std
-            np.maximum(normalized, -self.clip_reward, out=normalized)
-            np.minimum(normalized, self.clip_reward, out=normalized)
-            return normalized.astype(np.float32, copy=False)
-        # The same float operations with array operands in the reward's dtype (as SB3's division by a 0-d array)
-        constants = self._step_constants(reward.dtype)
-        constants.std.fill(std)
-        normalized = reward / constants.std
-        np.maximum(normalized, constants.low, out=normalized)
-        np.minimum(normalized, constants.high, out=normalized)
+        if reward.dtype.kind == "f" and reward.shape == (self.num_envs,):
+            constants = self._step_constants(reward.dtype)
+            constants.std.fill(std)
+            scale, low, high = constants.std, constants.low, constants.high
+        else:
+            scale, low, high = std, -self.clip_reward, self.clip_reward
+        normalized = reward / scale
+        np.maximum(normalized, low, out=normalized)
+        np.minimum(normalized, high, out=normalized)
         return normalized.astype(np.float32, copy=False)
 
     def _step_constants(self, reward_dtype: np.dtype) -> "_StepConstants":
