@@ -1,5 +1,7 @@
 """The auxiliary buffer of PPG: the last ``n_policy_iters`` rollouts, kept as whole per-env rollouts."""
 
+import io
+import pathlib
 from collections.abc import Generator
 from typing import NamedTuple
 
@@ -7,13 +9,14 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.policies import ActorCriticPolicy
 from stable_baselines3.common.preprocessing import get_obs_shape
+from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl
 from stable_baselines3.common.utils import get_device, obs_as_tensor
 
-from sb3_ppg.policies import distribution_param_dim, get_distribution_params
+from sb3_ppg.distributions import distribution_param_dim
 
 ObsArray = np.ndarray | dict[str, np.ndarray]
+TensorObs = th.Tensor | dict[str, th.Tensor]
 
 
 class AuxiliaryBufferSamples(NamedTuple):
@@ -26,7 +29,7 @@ class AuxiliaryBufferSamples(NamedTuple):
     :param rollout_indices: the buffer rows the rollouts came from, shape (n,)
     """
 
-    observations: th.Tensor | dict[str, th.Tensor]
+    observations: TensorObs
     returns: th.Tensor
     old_distribution_params: th.Tensor
     rollout_indices: np.ndarray
@@ -40,7 +43,8 @@ class AuxiliaryBuffer:
 
     Observations are stored on the CPU in the observation space's dtype (uint8 for images), so the buffer
     costs the raw observation bytes plus ``4 * (1 + n_params)`` bytes per step. The old-policy distribution
-    parameters are filled by ``compute_old_distributions`` right before the auxiliary phase.
+    parameters are filled by the algorithm (``store_old_distribution_params``) right before the auxiliary
+    phase; the buffer itself runs no network.
 
     :param n_policy_iters: policy iterations per auxiliary phase (N_pi)
     :param n_steps: steps per rollout
@@ -143,7 +147,7 @@ class AuxiliaryBuffer:
         self.returns[rows] = self._env_major(rollout_buffer.returns, flattened).reshape(self.n_envs, self.n_steps)
         self.pos += self.n_envs
 
-    def _observations_to_tensor(self, rows: np.ndarray | slice) -> th.Tensor | dict[str, th.Tensor]:
+    def _observations_to_tensor(self, rows: np.ndarray | slice) -> TensorObs:
         """Observations of some rows, flattened to (n_rows * n_steps, ...), as tensor(s) on ``self.device``."""
         if isinstance(self.observations, dict):
             obs: ObsArray = {key: array[rows].reshape(-1, *array.shape[2:]) for key, array in self.observations.items()}
@@ -151,20 +155,27 @@ class AuxiliaryBuffer:
             obs = self.observations[rows].reshape(-1, *self.observations.shape[2:])
         return obs_as_tensor(obs, self.device)
 
-    def compute_old_distributions(self, policy: ActorCriticPolicy, batch_rollouts: int) -> None:
+    def iter_rollout_chunks(self, batch_rollouts: int) -> Generator[tuple[slice, TensorObs], None, None]:
         """
-        Store the current policy's action distribution on every buffered state (the ``pi_old`` that the
-        auxiliary phase's behaviour-cloning loss keeps the policy close to). Runs without gradients, in chunks.
+        The stored observations in order, ``batch_rollouts`` rollouts at a time (for the old-policy pass that
+        fills ``old_distribution_params`` right before the auxiliary phase).
 
-        :param policy: the policy, in the mode the auxiliary phase trains it in
-        :param batch_rollouts: rollouts per forward pass
+        :param batch_rollouts: rollouts per chunk (the last chunk may hold fewer)
+        :return: a generator of (rows, observations flattened to (n_rows * n_steps, ...) on ``self.device``)
         """
-        with th.no_grad():
-            for start in range(0, self.pos, batch_rollouts):
-                rows = slice(start, min(start + batch_rollouts, self.pos))
-                distribution = policy.get_distribution(self._observations_to_tensor(rows))
-                params = get_distribution_params(distribution).float().cpu().numpy()
-                self.old_distribution_params[rows] = params.reshape(-1, self.n_steps, self.n_distribution_params)
+        for start in range(0, self.pos, batch_rollouts):
+            rows = slice(start, min(start + batch_rollouts, self.pos))
+            yield rows, self._observations_to_tensor(rows)
+
+    def store_old_distribution_params(self, rows: slice, params: th.Tensor) -> None:
+        """
+        Store the old policy's distribution parameters of some rows.
+
+        :param rows: the rows, as yielded by ``iter_rollout_chunks``
+        :param params: tensor of shape (n_rows * n_steps, n_distribution_params), on any device
+        """
+        array = params.float().cpu().numpy()
+        self.old_distribution_params[rows] = array.reshape(-1, self.n_steps, self.n_distribution_params)
 
     def get(
         self, batch_rollouts: int, generator: np.random.Generator | None = None
@@ -187,3 +198,49 @@ class AuxiliaryBuffer:
                 ),
                 rollout_indices=rows,
             )
+
+    def save(self, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> None:
+        """
+        Save the buffer (as a pickle file).
+
+        :param path: Path to the file; ".pkl" is appended to a str path without it
+        :param verbose: Verbosity level of SB3's ``save_to_pkl``
+        """
+        save_to_pkl(path, self, verbose)
+
+    def check_compatible(self, other: "AuxiliaryBuffer", source: object) -> None:
+        """
+        Raise a ``ValueError`` naming every difference in layout or spaces between this buffer and ``other``.
+
+        :param other: the buffer that is expected to fit (e.g. the model's own)
+        :param source: where this buffer came from, for the message
+        """
+        names = ("n_policy_iters", "n_steps", "n_envs", "observation_space", "action_space")
+        mismatches = [
+            f"{name}: buffer {getattr(self, name)} != model {getattr(other, name)}"
+            for name in names
+            if getattr(self, name) != getattr(other, name)
+        ]
+        if mismatches:
+            raise ValueError(f"The auxiliary buffer in {source!r} does not fit this model ({'; '.join(mismatches)}).")
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> "AuxiliaryBuffer":
+        """
+        Load a buffer saved by ``save``.
+
+        :param path: Path to the file
+        :param verbose: Verbosity level of SB3's ``load_from_pkl``
+        :return: the buffer
+        """
+        try:
+            buffer = load_from_pkl(path, verbose)
+        except FileNotFoundError:
+            raise
+        except Exception as error:
+            raise ValueError(
+                f"Could not read an auxiliary buffer from {path!r} (corrupt or not a pickle file): {error}"
+            ) from error
+        if not isinstance(buffer, cls):
+            raise ValueError(f"{path!r} does not hold a PPG AuxiliaryBuffer but a {type(buffer).__name__}.")
+        return buffer

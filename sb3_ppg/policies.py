@@ -1,6 +1,5 @@
 """PPG policies: an actor-critic with an auxiliary value head, in the paper's three architectures."""
 
-import math
 from functools import partial
 from typing import Any
 
@@ -16,7 +15,6 @@ from stable_baselines3.common.torch_layers import (
 )
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
-from torch.distributions import Bernoulli, Categorical, Normal, kl_divergence
 
 from sb3_ppg.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
 
@@ -51,7 +49,9 @@ class PPGPolicy(ActorCriticPolicy):
         when using gSDE
     :param use_expln: Use ``expln()`` function instead of ``exp()`` to ensure a positive standard deviation (cf paper)
     :param squash_output: Whether to squash the output using a tanh function (only with gSDE)
-    :param features_extractor_class: Features extractor to use.
+    :param features_extractor_class: Features extractor to use; ``None`` uses the class's
+        ``default_features_extractor_class`` (``FlattenExtractor``; ``NatureCNN`` for ``CnnPolicy``,
+        ``CombinedExtractor`` for ``MultiInputPolicy``, ``ImpalaCNN`` for ``ProcgenCnn``)
     :param features_extractor_kwargs: Keyword arguments to pass to the features extractor.
     :param share_features_extractor: Leave it ``None``: it follows from ``arch`` (False for ``"dual"``, True
         otherwise). A value that contradicts ``arch`` raises a ``ValueError``.
@@ -67,6 +67,8 @@ class PPGPolicy(ActorCriticPolicy):
         hidden MLP layers (row norm 1.4) instead of PyTorch's default. The features extractor keeps its own init.
     """
 
+    default_features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor
+
     def __init__(
         self,
         observation_space: spaces.Space,
@@ -80,7 +82,7 @@ class PPGPolicy(ActorCriticPolicy):
         full_std: bool = True,
         use_expln: bool = False,
         squash_output: bool = False,
-        features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor,
+        features_extractor_class: type[BaseFeaturesExtractor] | None = None,
         features_extractor_kwargs: dict[str, Any] | None = None,
         share_features_extractor: bool | None = None,
         normalize_images: bool = True,
@@ -90,6 +92,8 @@ class PPGPolicy(ActorCriticPolicy):
         detach_value_in_aux: bool = True,
         normed_init: bool = False,
     ):
+        if features_extractor_class is None:
+            features_extractor_class = self.default_features_extractor_class
         if arch not in ARCHS:
             raise ValueError(f"Unknown PPG arch {arch!r}: choose one of {', '.join(repr(a) for a in ARCHS)}.")
         expected_share = arch != "dual"
@@ -279,17 +283,7 @@ class PPGCnnPolicy(PPGPolicy):
     PPG policy with SB3's ``NatureCNN`` features extractor (``"CnnPolicy"``). See ``PPGPolicy`` for the parameters.
     """
 
-    def __init__(
-        self,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
-        lr_schedule: Schedule,
-        features_extractor_class: type[BaseFeaturesExtractor] = NatureCNN,
-        **kwargs: Any,
-    ):
-        super().__init__(
-            observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs
-        )
+    default_features_extractor_class = NatureCNN
 
 
 class PPGMultiInputPolicy(PPGPolicy):
@@ -298,17 +292,7 @@ class PPGMultiInputPolicy(PPGPolicy):
     See ``PPGPolicy`` for the parameters.
     """
 
-    def __init__(
-        self,
-        observation_space: spaces.Dict,
-        action_space: spaces.Space,
-        lr_schedule: Schedule,
-        features_extractor_class: type[BaseFeaturesExtractor] = CombinedExtractor,
-        **kwargs: Any,
-    ):
-        super().__init__(
-            observation_space, action_space, lr_schedule, features_extractor_class=features_extractor_class, **kwargs
-        )
+    default_features_extractor_class = CombinedExtractor
 
 
 class ProcgenCnnPolicy(PPGPolicy):
@@ -318,6 +302,8 @@ class ProcgenCnnPolicy(PPGPolicy):
     (no orthogonal init). See ``PPGPolicy`` for the parameters.
     """
 
+    default_features_extractor_class = ImpalaCNN
+
     def __init__(
         self,
         observation_space: spaces.Space,
@@ -326,7 +312,6 @@ class ProcgenCnnPolicy(PPGPolicy):
         net_arch: list[int] | dict[str, list[int]] | None = None,
         activation_fn: type[nn.Module] = nn.ReLU,
         ortho_init: bool = False,
-        features_extractor_class: type[BaseFeaturesExtractor] = ImpalaCNN,
         normed_init: bool = True,
         **kwargs: Any,
     ):
@@ -337,7 +322,6 @@ class ProcgenCnnPolicy(PPGPolicy):
             net_arch=net_arch,
             activation_fn=activation_fn,
             ortho_init=ortho_init,
-            features_extractor_class=features_extractor_class,
             normed_init=normed_init,
             **kwargs,
         )
@@ -347,67 +331,3 @@ MlpPolicy = PPGPolicy
 CnnPolicy = PPGCnnPolicy
 MultiInputPolicy = PPGMultiInputPolicy
 ProcgenCnn = ProcgenCnnPolicy
-
-
-def distribution_param_dim(action_space: spaces.Space) -> int:
-    """
-    Number of floats that describe one state's action distribution (see ``get_distribution_params``).
-
-    :param action_space: the action space
-    :return: logits count for Discrete / MultiDiscrete / MultiBinary, twice the action size for Box
-    """
-    if isinstance(action_space, spaces.Discrete):
-        return int(action_space.n)
-    if isinstance(action_space, spaces.MultiDiscrete):
-        return int(action_space.nvec.sum())
-    if isinstance(action_space, spaces.MultiBinary):
-        return math.prod(action_space.shape)
-    if isinstance(action_space, spaces.Box):
-        return 2 * math.prod(action_space.shape)
-    raise ValueError(f"PPG does not support the action space {action_space}: use Discrete, MultiDiscrete, MultiBinary or Box.")
-
-
-def get_distribution_params(distribution: Distribution) -> th.Tensor:
-    """
-    The parameters of an SB3 action distribution as one tensor per state, detached from SB3's reused
-    ``Distribution`` object (which every call of the policy overwrites).
-
-    :param distribution: an SB3 distribution returned by the policy
-    :return: tensor of shape (batch, ``distribution_param_dim``): logits (Categorical, MultiCategorical,
-        Bernoulli) or the mean and log standard deviation (Gaussian, gSDE)
-    """
-    torch_dist = distribution.distribution
-    if isinstance(torch_dist, list):
-        return th.cat([dist.logits for dist in torch_dist], dim=1)
-    if isinstance(torch_dist, (Categorical, Bernoulli)):
-        return torch_dist.logits
-    if isinstance(torch_dist, Normal):
-        return th.cat([torch_dist.loc, torch_dist.scale.log()], dim=1)
-    raise NotImplementedError(f"PPG cannot store the parameters of {type(distribution).__name__}")
-
-
-def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution) -> th.Tensor:
-    """
-    ``KL(pi_old || pi)`` per state, summed over action dimensions, where ``pi_old`` is rebuilt from parameters
-    stored by ``get_distribution_params`` and ``pi`` is the current distribution (gradients flow through it).
-
-    :param old_params: tensor of shape (batch, ``distribution_param_dim``)
-    :param distribution: the current SB3 distribution for the same states
-    :return: tensor of shape (batch,)
-    """
-    torch_dist = distribution.distribution
-    if isinstance(torch_dist, list):
-        old_logits = th.split(old_params, list(distribution.action_dims), dim=1)  # type: ignore[attr-defined]
-        per_dim = [
-            kl_divergence(Categorical(logits=logits, validate_args=False), dist)
-            for logits, dist in zip(old_logits, torch_dist, strict=True)
-        ]
-        return th.stack(per_dim, dim=1).sum(dim=1)
-    if isinstance(torch_dist, Categorical):
-        return kl_divergence(Categorical(logits=old_params, validate_args=False), torch_dist)
-    if isinstance(torch_dist, Bernoulli):
-        return kl_divergence(Bernoulli(logits=old_params, validate_args=False), torch_dist).sum(dim=1)
-    if isinstance(torch_dist, Normal):
-        mean, log_std = old_params.chunk(2, dim=1)
-        return kl_divergence(Normal(mean, log_std.exp(), validate_args=False), torch_dist).sum(dim=1)
-    raise NotImplementedError(f"PPG cannot compute the KL divergence of {type(distribution).__name__}")

@@ -8,7 +8,8 @@ from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.utils import ConstantSchedule
 
 from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.policies import PPGPolicy, get_distribution_params
+from sb3_ppg.distributions import get_distribution_params
+from sb3_ppg.policies import PPGPolicy
 
 N_STEPS, N_ENVS = 8, 3
 # Observation pixel (0, 0, 0) encodes the step, pixel (1, 0, 0) the env, pixel (2, 0, 0) the iteration
@@ -108,11 +109,17 @@ def test_add_when_full_and_mismatched_buffers_raise():
         other.add(filled_rollout_buffer(0))
 
 
-def test_compute_old_distributions_stores_current_policy():
+def test_rollout_chunks_and_old_distribution_params():
+    """The old-policy pass reads the stored rollouts in order, in chunks, and stores parameters back row by row."""
     aux_buffer = make_aux_buffer()
     aux_buffer.add(filled_rollout_buffer(0))
     policy = PPGPolicy(IMAGE_SPACE, ACTION_SPACE, ConstantSchedule(1e-3), net_arch=[8])
-    aux_buffer.compute_old_distributions(policy, batch_rollouts=2)
+    chunks = list(aux_buffer.iter_rollout_chunks(batch_rollouts=2))
+    assert [rows for rows, _ in chunks] == [slice(0, 2), slice(2, 3)]  # only the filled rows
+    for rows, obs in chunks:
+        np.testing.assert_array_equal(obs.numpy(), aux_buffer.observations[rows].reshape(-1, *IMAGE_SPACE.shape))
+        with th.no_grad():
+            aux_buffer.store_old_distribution_params(rows, get_distribution_params(policy.get_distribution(obs)))
     obs = th.as_tensor(aux_buffer.observations[:N_ENVS].reshape(-1, *IMAGE_SPACE.shape))
     with th.no_grad():
         expected = get_distribution_params(policy.get_distribution(obs)).numpy().reshape(N_ENVS, N_STEPS, -1)

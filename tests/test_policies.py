@@ -15,13 +15,8 @@ from stable_baselines3.common.distributions import (
 from stable_baselines3.common.utils import ConstantSchedule
 from torch import nn
 
-from sb3_ppg.policies import (
-    PPGPolicy,
-    ProcgenCnnPolicy,
-    distribution_param_dim,
-    get_distribution_params,
-    kl_divergence_from_params,
-)
+from sb3_ppg.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
+from sb3_ppg.policies import PPGPolicy, ProcgenCnnPolicy
 from sb3_ppg.torch_layers import ImpalaCNN, normed_init_
 
 PROCGEN_OBS = spaces.Box(0, 255, (3, 64, 64), np.uint8)

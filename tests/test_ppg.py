@@ -12,7 +12,7 @@ from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
 
 from sb3_ppg import PPG
-from sb3_ppg.policies import kl_divergence_from_params
+from sb3_ppg.distributions import kl_divergence_from_params
 
 SMALL = dict(
     n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, policy_kwargs=dict(net_arch=[16])
@@ -95,7 +95,7 @@ def test_first_aux_minibatch_has_zero_kl_and_kl_grows():
     model.aux_buffer.reset()
     model.learn(16, reset_num_timesteps=False)
     model.aux_buffer.add(model.rollout_buffer)
-    model.aux_buffer.compute_old_distributions(model.policy, 1)
+    model._compute_old_distributions()
     batch = next(model.aux_buffer.get(1))
     with th.no_grad():
         distribution, _, _ = model.policy.forward_aux(batch.observations)
@@ -161,11 +161,11 @@ def test_value_only_epochs_do_not_touch_the_policy_network():
     model.learn(16)  # build the logger and a rollout
     policy_params = params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net)
     value_params = params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net)
-    stats = {}
-    model._run_policy_epochs(2, model.value_optimizer, train_policy=False, train_value=True, stats=stats)
+    # Run the value epochs alone: the policy epochs that follow them are skipped
+    model.n_epochs = 0
+    model._train_policy_phase()
     assert same_params(policy_params, params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net))
     assert not same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
-    assert set(stats) == {"value_loss"}
 
 
 def test_kl_penalty_objective_without_clipping():
@@ -208,6 +208,7 @@ def test_aux_phase_true_value_weight_and_separate_optimizer():
     value_params = params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net)
     policy_params = params_of(model.policy.mlp_extractor.policy_net)
     model.aux_buffer.add(model.rollout_buffer)
+    model._compute_old_distributions()
     model._train_aux_phase()
     assert same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
     assert not same_params(policy_params, params_of(model.policy.mlp_extractor.policy_net))
@@ -242,13 +243,13 @@ def test_aux_learning_rate():
 def test_no_stale_gradient_enters_the_aux_phase(monkeypatch):
     model = make_model(n_aux_epochs=1, max_grad_norm=0.5)
     seen = []
-    original = model.aux_buffer.compute_old_distributions
+    original = model._compute_old_distributions
 
-    def check_then_compute(policy, batch_rollouts):
-        seen.append([p.grad is None for p in policy.parameters()])
-        original(policy, batch_rollouts)
+    def check_then_compute():
+        seen.append([p.grad is None for p in model.policy.parameters()])
+        original()
 
-    monkeypatch.setattr(model.aux_buffer, "compute_old_distributions", check_then_compute)
+    monkeypatch.setattr(model, "_compute_old_distributions", check_then_compute)
     model.learn(2 * 16)
     assert len(seen) == 1 and all(seen[0])
 

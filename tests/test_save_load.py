@@ -13,7 +13,8 @@ from stable_baselines3.common.envs import FakeImageEnv, SimpleMultiObsEnv
 
 from sb3_ppg import PPG
 from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.policies import PPGPolicy, get_distribution_params
+from sb3_ppg.distributions import get_distribution_params
+from sb3_ppg.policies import PPGPolicy
 
 ARCHS = ("dual", "detach", "shared")
 

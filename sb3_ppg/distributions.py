@@ -1,0 +1,72 @@
+"""Action distributions as stored parameters, and KL(pi_old || pi) from them, for every action space PPG supports."""
+
+import math
+
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.distributions import Distribution
+from torch.distributions import Bernoulli, Categorical, Normal, kl_divergence
+
+
+def distribution_param_dim(action_space: spaces.Space) -> int:
+    """
+    Number of floats that describe one state's action distribution (see ``get_distribution_params``).
+
+    :param action_space: the action space
+    :return: logits count for Discrete / MultiDiscrete / MultiBinary, twice the action size for Box
+    """
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return int(action_space.nvec.sum())
+    if isinstance(action_space, spaces.MultiBinary):
+        return math.prod(action_space.shape)
+    if isinstance(action_space, spaces.Box):
+        return 2 * math.prod(action_space.shape)
+    raise ValueError(f"PPG does not support the action space {action_space}: use Discrete, MultiDiscrete, MultiBinary or Box.")
+
+
+def get_distribution_params(distribution: Distribution) -> th.Tensor:
+    """
+    The parameters of an SB3 action distribution as one tensor per state, detached from SB3's reused
+    ``Distribution`` object (which every call of the policy overwrites).
+
+    :param distribution: an SB3 distribution returned by the policy
+    :return: tensor of shape (batch, ``distribution_param_dim``): logits (Categorical, MultiCategorical,
+        Bernoulli) or the mean and log standard deviation (Gaussian, gSDE)
+    """
+    torch_dist = distribution.distribution
+    if isinstance(torch_dist, list):
+        return th.cat([dist.logits for dist in torch_dist], dim=1)
+    if isinstance(torch_dist, (Categorical, Bernoulli)):
+        return torch_dist.logits
+    if isinstance(torch_dist, Normal):
+        return th.cat([torch_dist.loc, torch_dist.scale.log()], dim=1)
+    raise NotImplementedError(f"PPG cannot store the parameters of {type(distribution).__name__}")
+
+
+def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution) -> th.Tensor:
+    """
+    ``KL(pi_old || pi)`` per state, summed over action dimensions, where ``pi_old`` is rebuilt from parameters
+    stored by ``get_distribution_params`` and ``pi`` is the current distribution (gradients flow through it).
+
+    :param old_params: tensor of shape (batch, ``distribution_param_dim``)
+    :param distribution: the current SB3 distribution for the same states
+    :return: tensor of shape (batch,)
+    """
+    torch_dist = distribution.distribution
+    if isinstance(torch_dist, list):
+        old_logits = th.split(old_params, list(distribution.action_dims), dim=1)  # type: ignore[attr-defined]
+        per_dim = [
+            kl_divergence(Categorical(logits=logits, validate_args=False), dist)
+            for logits, dist in zip(old_logits, torch_dist, strict=True)
+        ]
+        return th.stack(per_dim, dim=1).sum(dim=1)
+    if isinstance(torch_dist, Categorical):
+        return kl_divergence(Categorical(logits=old_params, validate_args=False), torch_dist)
+    if isinstance(torch_dist, Bernoulli):
+        return kl_divergence(Bernoulli(logits=old_params, validate_args=False), torch_dist).sum(dim=1)
+    if isinstance(torch_dist, Normal):
+        mean, log_std = old_params.chunk(2, dim=1)
+        return kl_divergence(Normal(mean, log_std.exp(), validate_args=False), torch_dist).sum(dim=1)
+    raise NotImplementedError(f"PPG cannot compute the KL divergence of {type(distribution).__name__}")

@@ -1,0 +1,113 @@
+"""The loss terms of PPG's two phases, as plain functions of tensors: policy surrogate, value, auxiliary joint loss."""
+
+import torch as th
+from stable_baselines3.common.distributions import Distribution
+from torch.nn import functional as F
+
+from sb3_ppg.distributions import kl_divergence_from_params
+
+# Per-minibatch diagnostics, detached 0-d tensors keyed by the name they are logged under
+Diagnostics = dict[str, th.Tensor]
+
+
+def policy_loss(
+    advantages: th.Tensor,
+    log_prob: th.Tensor,
+    old_log_prob: th.Tensor,
+    entropy: th.Tensor | None,
+    clip_range: float | None,
+    ent_coef: float,
+    kl_coef: float,
+    normalize_advantage: bool,
+) -> tuple[th.Tensor, Diagnostics]:
+    """
+    The policy phase's policy loss ``L_surrogate + ent_coef * L_entropy (+ kl_coef * L_kl)``: PPO's clipped
+    surrogate (or, with ``clip_range=None``, the unclipped one, usually with the paper's KL penalty
+    ``0.5 * mean(log_ratio ** 2)``) and the entropy bonus.
+
+    :param advantages: the minibatch's advantages
+    :param log_prob: log-probabilities of its actions under the current policy
+    :param old_log_prob: log-probabilities of its actions under the behaviour policy
+    :param entropy: entropies of the current policy (``None`` when it has no closed form: ``-log_prob`` is used)
+    :param clip_range: the surrogate's clip range, ``None`` for no clipping
+    :param ent_coef: entropy coefficient
+    :param kl_coef: KL-penalty coefficient (0: no penalty)
+    :param normalize_advantage: normalize the advantages over this minibatch first (SB3's PPO)
+    :return: the loss and its diagnostics (policy_gradient_loss, entropy_loss, approx_kl, and clip_fraction /
+        kl_penalty when they apply)
+    """
+    if normalize_advantage and len(advantages) > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_ratio = log_prob - old_log_prob
+    ratio = th.exp(log_ratio)
+    diagnostics: Diagnostics = {}
+    if clip_range is None:
+        surrogate_loss = -(advantages * ratio).mean()
+    else:
+        clipped_ratio = th.clamp(ratio, 1 - clip_range, 1 + clip_range)
+        surrogate_loss = -th.min(advantages * ratio, advantages * clipped_ratio).mean()
+        diagnostics["clip_fraction"] = th.mean((th.abs(ratio - 1) > clip_range).float()).detach()
+    entropy_loss = -th.mean(-log_prob) if entropy is None else -th.mean(entropy)
+    loss = surrogate_loss + ent_coef * entropy_loss
+    if kl_coef > 0:
+        kl_penalty = 0.5 * th.mean(log_ratio**2)
+        loss = loss + kl_coef * kl_penalty
+        diagnostics["kl_penalty"] = kl_penalty.detach()
+    diagnostics["policy_gradient_loss"] = surrogate_loss.detach()
+    diagnostics["entropy_loss"] = entropy_loss.detach()
+    with th.no_grad():
+        diagnostics["approx_kl"] = th.mean((ratio - 1) - log_ratio)
+    return loss, diagnostics
+
+
+def value_loss(
+    values: th.Tensor, returns: th.Tensor, old_values: th.Tensor, clip_range_vf: float | None
+) -> tuple[th.Tensor, Diagnostics]:
+    """
+    The policy phase's value loss ``MSE(returns, V)``, with ``V`` clipped around the old values when
+    ``clip_range_vf`` is set (not yet weighted by ``vf_coef``).
+
+    :param values: the value function's predictions, shape (batch,)
+    :param returns: the value targets, shape (batch,)
+    :param old_values: the values predicted when the rollout was collected, shape (batch,)
+    :param clip_range_vf: the value clip range, ``None`` for no clipping
+    :return: the loss and its diagnostics (value_loss)
+    """
+    if clip_range_vf is not None:
+        values = old_values + th.clamp(values - old_values, -clip_range_vf, clip_range_vf)
+    loss = F.mse_loss(returns, values)
+    return loss, {"value_loss": loss.detach()}
+
+
+def aux_loss(
+    distribution: Distribution,
+    old_distribution_params: th.Tensor,
+    values: th.Tensor,
+    aux_values: th.Tensor,
+    returns: th.Tensor,
+    beta_clone: float,
+    vf_true_coef: float,
+) -> tuple[th.Tensor, Diagnostics]:
+    """
+    The auxiliary phase's joint loss
+    ``beta_clone * KL(pi_old || pi) + 0.5 * MSE(aux_value, target) + vf_true_coef * 0.5 * MSE(value, target)``.
+
+    :param distribution: the current policy's distribution on the minibatch
+    :param old_distribution_params: pi_old's stored parameters on the same states
+    :param values: the true value function's predictions, shape (batch, 1)
+    :param aux_values: the auxiliary value head's predictions, shape (batch, 1)
+    :param returns: the value targets, shape (batch,)
+    :param beta_clone: weight of the behaviour-cloning KL term
+    :param vf_true_coef: weight of the true value function's loss
+    :return: the loss and its diagnostics (kl_loss, aux_value_loss, real_value_loss)
+    """
+    kl_loss = kl_divergence_from_params(old_distribution_params, distribution).mean()
+    aux_value_loss = 0.5 * F.mse_loss(aux_values.flatten(), returns)
+    real_value_loss = 0.5 * F.mse_loss(values.flatten(), returns)
+    loss = beta_clone * kl_loss + aux_value_loss + vf_true_coef * real_value_loss
+    diagnostics = {
+        "kl_loss": kl_loss.detach(),
+        "aux_value_loss": aux_value_loss.detach(),
+        "real_value_loss": real_value_loss.detach(),
+    }
+    return loss, diagnostics
