@@ -10,6 +10,17 @@ from sb3_ppg.distributions import kl_divergence_from_params
 Diagnostics = dict[str, th.Tensor]
 
 
+def append_diagnostics(stats: dict[str, list[th.Tensor]], diagnostics: Diagnostics) -> None:
+    """
+    Append one minibatch's diagnostics to a phase's lists.
+
+    :param stats: the phase's lists, by name
+    :param diagnostics: one minibatch's diagnostics
+    """
+    for name, value in diagnostics.items():
+        stats[name].append(value)
+
+
 def policy_loss(
     advantages: th.Tensor,
     log_prob: th.Tensor,

@@ -1,0 +1,200 @@
+"""``PPGBase``: what PPG needs around its training loop: optimizer steps, save/load, set_env, the aux buffer on disk."""
+
+import io
+import pathlib
+import warnings
+from typing import Any, TypeVar
+
+import torch as th
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
+from stable_baselines3.common.utils import check_for_correct_spaces
+
+from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.policies import PPGPolicy
+from sb3_ppg.validation import resolve_batch_size
+
+SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
+
+
+class PPGBase(OnPolicyAlgorithm):
+    """
+    The parts of :class:`~sb3_ppg.PPG` around its training loop: one optimizer step (finite check, gradient
+    clipping), SB3's ``BaseAlgorithm`` contract (the auxiliary buffer and the extra optimizers in ``save()`` /
+    ``load()``, ``set_env()`` with another number of envs) and the auxiliary buffer on disk. ``PPG`` sets every
+    attribute used here in its constructor; use ``PPG``, not this class.
+    """
+
+    policy: PPGPolicy
+    n_policy_iters: int
+    n_aux_epochs: int
+    aux_buffer: AuxiliaryBuffer | None
+    aux_optimizer: th.optim.Optimizer | None
+    value_optimizer: th.optim.Optimizer | None
+    _auto_batch_size: bool
+    max_grad_norm: float | None  # type: ignore[assignment]
+
+    def _make_aux_buffer(self) -> AuxiliaryBuffer | None:
+        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off)."""
+        if self.n_aux_epochs == 0:
+            return None
+        return AuxiliaryBuffer(
+            self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space, device=self.device
+        )
+
+    def _make_optimizer(self) -> th.optim.Optimizer:
+        """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
+        return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def learn(
+        self: SelfPPGBase,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "PPG",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfPPGBase:
+        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
+
+    def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
+        """Check the loss, backpropagate it, clip the gradients, step and clear them."""
+        self._check_finite(loss, phase)
+        loss.backward()
+        self._clip_gradients()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def _clip_gradients(self) -> None:
+        """Clip the global gradient norm to ``max_grad_norm`` (no-op when it is None)."""
+        if self.max_grad_norm is not None:
+            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+
+    def _check_finite(self, loss: th.Tensor, phase: str) -> None:
+        """
+        Stop training with a clear error when a loss is NaN or infinite (before it corrupts the weights).
+
+        :param loss: the loss about to be backpropagated
+        :param phase: "policy" or "auxiliary", for the message
+        """
+        if not th.isfinite(loss).item():
+            raise FloatingPointError(
+                f"PPG's {phase}-phase loss is {loss.item()} at timestep {self.num_timesteps}: training stopped before "
+                "the weights were updated with it. Common causes: NaN/inf rewards or observations from the "
+                "environment (check them, e.g. with VecCheckNan), rewards on a huge scale (use VecNormalize), or a "
+                "learning rate that is too high (lower learning_rate / aux_learning_rate or set max_grad_norm)."
+            )
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfPPGBase],
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfPPGBase:
+        """
+        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). A truncated or corrupt file raises a
+        ``ValueError`` that says so.
+        """
+        try:
+            return super().load(
+                path,
+                env=env,
+                device=device,
+                custom_objects=custom_objects,
+                print_system_info=print_system_info,
+                force_reset=force_reset,
+                **kwargs,
+            )
+        except AssertionError as error:
+            # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
+            if "No data found" in str(error):
+                raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
+            raise
+
+    def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
+        super()._maybe_recommend_cpu(mlp_class_name)
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "aux_buffer", "aux_optimizer", "value_optimizer"]
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts = ["policy", "policy.optimizer"]
+        if self.aux_optimizer is not None:
+            state_dicts.append("aux_optimizer")
+        if self.value_optimizer is not None:
+            state_dicts.append("value_optimizer")
+        return state_dicts, []
+
+    def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
+        """
+        Set a new environment. Unlike SB3's PPO, the number of environments may change: the rollout and auxiliary
+        buffers are then rebuilt (rollouts already in the auxiliary buffer are dropped, with a warning) and the env
+        is reset.
+
+        :param env: The environment for learning a policy
+        :param force_reset: Force call to ``reset()`` before training
+        """
+        env = self._wrap_env(env, self.verbose)
+        if env.num_envs == self.n_envs:
+            super().set_env(env, force_reset=force_reset)
+            return
+        # Check everything before changing anything
+        check_for_correct_spaces(env, self.observation_space, self.action_space)
+        self.batch_size = resolve_batch_size(self, env.num_envs)
+        if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
+            warnings.warn(
+                f"set_env() changes the number of environments from {self.n_envs} to {env.num_envs}: the "
+                f"{self.aux_buffer.n_iterations} policy iterations in the auxiliary buffer are dropped and the next "
+                "auxiliary phase waits for n_policy_iters new ones."
+            )
+        self.n_envs = env.num_envs
+        super().set_env(env, force_reset=True)
+        self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
+            self.n_steps,
+            self.observation_space,  # type: ignore[arg-type]
+            self.action_space,
+            device=self.device,
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            n_envs=self.n_envs,
+            **self.rollout_buffer_kwargs,
+        )
+        self.aux_buffer = self._make_aux_buffer()
+
+    def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """
+        Save the auxiliary buffer, so that a run can resume mid-phase without losing data. It is not part of the
+        model zip because it can be many GB.
+
+        :param path: Path to the file where the buffer should be saved; ".pkl" is appended to a str path without it
+        """
+        if self.aux_buffer is None:
+            raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): there is nothing to save.")
+        self.aux_buffer.save(path, self.verbose)
+
+    def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """
+        Load an auxiliary buffer saved by ``save_aux_buffer``; the rollouts it holds count toward the next
+        auxiliary phase.
+
+        :param path: Path to the saved buffer
+        """
+        if self.aux_buffer is None:
+            raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
+        buffer = AuxiliaryBuffer.load(path, self.verbose)
+        buffer.check_compatible(self.aux_buffer, path)
+        buffer.device = self.device
+        self.aux_buffer = buffer
