@@ -1,7 +1,9 @@
+"""sb3-ppg: Phasic Policy Gradient (PPG) as a Stable-Baselines3 algorithm, with Procgen envs and a command line."""
+
 import os
 
 from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
+from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs
 
@@ -22,6 +24,7 @@ __all__ = [
     "MultiInputPolicy",
     "PPGPolicy",
     "ProcgenCnn",
+    "ProcgenCnnPolicy",
     "ProcgenGymnasiumEnv",
     "ProcgenVecEnv",
     "__version__",

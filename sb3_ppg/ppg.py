@@ -99,6 +99,7 @@ class PPG(PPGBase):
         "CnnPolicy": CnnPolicy,
         "MultiInputPolicy": MultiInputPolicy,
         "ProcgenCnn": ProcgenCnn,
+        "ProcgenCnnPolicy": ProcgenCnn,
     }
     policy: PPGPolicy
     rollout_buffer: RolloutBuffer

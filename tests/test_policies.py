@@ -253,3 +253,13 @@ def test_stored_params_survive_sb3_distribution_reuse():
         policy.get_distribution(th.randn(4, 6))
         assert th.allclose(params, get_distribution_params(policy.get_distribution(obs)))
         assert policy.get_distribution(obs) is policy.get_distribution(obs)
+
+
+def test_procgen_cnn_policy_is_exported_under_both_names():
+    from sb3_ppg import PPG, ProcgenCnn, ProcgenCnnPolicy
+
+    assert ProcgenCnn is ProcgenCnnPolicy
+    assert PPG.policy_aliases["ProcgenCnn"] is ProcgenCnnPolicy
+    assert PPG.policy_aliases["ProcgenCnnPolicy"] is ProcgenCnnPolicy
+    policy = make_procgen_policy("dual", SMALL_IMAGE_OBS)
+    assert isinstance(policy.pi_features_extractor, ImpalaCNN)

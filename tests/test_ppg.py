@@ -14,15 +14,6 @@ from stable_baselines3.common.logger import configure
 from sb3_ppg import PPG
 from sb3_ppg.distributions import kl_divergence_from_params
 
-SMALL = dict(
-    n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, policy_kwargs=dict(net_arch=[16])
-)
-
-
-def make_model(env_id: str = "CartPole-v1", **kwargs) -> PPG:
-    params = {**SMALL, "seed": 0, **kwargs}
-    return PPG("MlpPolicy", env_id, **params)
-
 
 def adam_steps(optimizer: th.optim.Optimizer) -> int:
     """Largest Adam step count over the optimizer's parameters (0 if it never stepped)."""
@@ -87,7 +78,7 @@ def test_paper_default_aux_update_count():
     assert model.batch_size == 256 * 1 // 8
 
 
-def test_first_aux_minibatch_has_zero_kl_and_kl_grows():
+def test_first_aux_minibatch_has_zero_kl_and_kl_grows(make_model):
     model = make_model(n_aux_epochs=2)
     model.learn(2 * 16)
     assert model._n_aux_phases == 1
@@ -121,7 +112,7 @@ def test_first_aux_minibatch_has_zero_kl_and_kl_grows():
     assert recorded["train/n_aux_phases"] == 1
 
 
-def test_batch_advantage_normalization():
+def test_batch_advantage_normalization(make_model):
     captured = {}
 
     def capture(model):
@@ -144,7 +135,7 @@ def test_batch_advantage_normalization():
     assert make_model(normalize_advantage=False).normalize_advantage == "none"
 
 
-def test_separate_value_epochs():
+def test_separate_value_epochs(make_model):
     model = make_model(n_epochs=1, n_value_epochs=3, n_aux_epochs=0, n_steps=32, batch_size=16)
     assert model.value_optimizer is not None
     model.learn(32)
@@ -156,7 +147,7 @@ def test_separate_value_epochs():
     assert make_model(n_epochs=2, n_value_epochs=2).value_optimizer is None
 
 
-def test_value_only_epochs_do_not_touch_the_policy_network():
+def test_value_only_epochs_do_not_touch_the_policy_network(make_model):
     model = make_model(n_epochs=1, n_value_epochs=2, n_aux_epochs=0)
     model.learn(16)  # build the logger and a rollout
     policy_params = params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net)
@@ -168,7 +159,7 @@ def test_value_only_epochs_do_not_touch_the_policy_network():
     assert not same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
 
 
-def test_kl_penalty_objective_without_clipping():
+def test_kl_penalty_objective_without_clipping(make_model):
     model = make_model(clip_range=None, kl_coef=1.0)
     model.set_logger(configure(None, [""]))
     recorded = {}
@@ -180,7 +171,7 @@ def test_kl_penalty_objective_without_clipping():
     assert model.clip_range is None
 
 
-def test_gradient_clipping_only_when_asked(monkeypatch):
+def test_gradient_clipping_only_when_asked(monkeypatch, make_model):
     calls = []
     original = th.nn.utils.clip_grad_norm_
     monkeypatch.setattr(
@@ -193,7 +184,7 @@ def test_gradient_clipping_only_when_asked(monkeypatch):
     assert calls == [0.5] * 4
 
 
-def test_clipped_value_loss_is_used():
+def test_clipped_value_loss_is_used(make_model):
     model = make_model(clip_range_vf=0.2, n_aux_epochs=0)
     model.learn(16)
     assert model.clip_range_vf(1.0) == 0.2
@@ -201,7 +192,7 @@ def test_clipped_value_loss_is_used():
         make_model(clip_range_vf=0.0)
 
 
-def test_aux_phase_true_value_weight_and_separate_optimizer():
+def test_aux_phase_true_value_weight_and_separate_optimizer(make_model):
     # vf_true_coef = 0 in the dual arch: the aux phase leaves the value network alone and trains the policy network
     model = make_model(vf_true_coef=0.0, n_aux_epochs=2)
     model.learn(16)
@@ -221,7 +212,7 @@ def test_aux_phase_true_value_weight_and_separate_optimizer():
     assert adam_steps(model.aux_optimizer) == 4 + 4
 
 
-def test_shared_optimizer_option():
+def test_shared_optimizer_option(make_model):
     model = make_model(separate_aux_optimizer=False, n_aux_epochs=2)
     assert model.aux_optimizer is None
     model.learn(2 * 16)
@@ -229,7 +220,7 @@ def test_shared_optimizer_option():
     assert adam_steps(model.policy.optimizer) == 2 + 4
 
 
-def test_aux_learning_rate():
+def test_aux_learning_rate(make_model):
     model = make_model(learning_rate=1e-3, aux_learning_rate=2e-4)
     model.learn(2 * 16)
     assert model.aux_optimizer.param_groups[0]["lr"] == pytest.approx(2e-4)
@@ -240,7 +231,7 @@ def test_aux_learning_rate():
     assert model.aux_optimizer.param_groups[0]["lr"] == pytest.approx(model.policy.optimizer.param_groups[0]["lr"])
 
 
-def test_no_stale_gradient_enters_the_aux_phase(monkeypatch):
+def test_no_stale_gradient_enters_the_aux_phase(monkeypatch, make_model):
     model = make_model(n_aux_epochs=1, max_grad_norm=0.5)
     seen = []
     original = model._compute_old_distributions
@@ -290,7 +281,7 @@ def test_no_aux_epochs_is_plain_ppo():
     assert ppg._n_aux_phases == 0
 
 
-def test_invalid_hyperparameters_raise_clear_errors():
+def test_invalid_hyperparameters_raise_clear_errors(make_model):
     cases = [
         (dict(n_policy_iters=0), "n_policy_iters must be >= 1 when n_aux_epochs > 0"),
         (dict(batch_size=1000), "batch_size=1000 is larger than the rollout"),
@@ -326,8 +317,8 @@ class NaNRewardEnv(gym.Wrapper):
         return obs, float("nan"), terminated, truncated, info
 
 
-def test_non_finite_loss_stops_training_with_clear_error():
-    model = PPG("MlpPolicy", NaNRewardEnv(gym.make("CartPole-v1")), **SMALL, seed=0)
+def test_non_finite_loss_stops_training_with_clear_error(make_model):
+    model = make_model(NaNRewardEnv(gym.make("CartPole-v1")))
     before = params_of(model.policy)
     with pytest.raises(FloatingPointError, match=r"(?s)policy-phase loss is nan.*VecNormalize"):
         model.learn(2 * 16)
@@ -335,7 +326,7 @@ def test_non_finite_loss_stops_training_with_clear_error():
     assert same_params(before, params_of(model.policy))
 
 
-def test_continuous_actions_and_single_network_archs_run():
+def test_continuous_actions_and_single_network_archs_run(make_model):
     for arch in ("detach", "shared"):
         model = make_model("Pendulum-v1", policy_kwargs=dict(arch=arch, net_arch=[16]))
         model.learn(2 * 16)

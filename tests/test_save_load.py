@@ -28,7 +28,6 @@ POLICY_CASES = {
 }
 
 # One aux phase every 2 iterations of 2 envs x 16 steps
-SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=1, n_aux_epochs=1)
 
 
 def make_env(name: str, n_envs: int = 2, seed: int = 0):
@@ -39,11 +38,6 @@ def make_env(name: str, n_envs: int = 2, seed: int = 0):
     else:
         env_id = name
     return make_vec_env(env_id, n_envs=n_envs, seed=seed)
-
-
-def make_model(env, policy: str = "MlpPolicy", policy_kwargs: dict | None = None, seed: int = 0, **kwargs) -> PPG:
-    hyperparams = {**SMALL, **kwargs}
-    return PPG(policy, env, policy_kwargs=policy_kwargs or dict(net_arch=[16]), seed=seed, **hyperparams)
 
 
 def sample_observations(vec_env, n_steps: int = 4):
@@ -96,7 +90,7 @@ def optimizer_has_state(optimizer: th.optim.Optimizer) -> bool:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", list(POLICY_CASES))
-def test_save_load_predictions(tmp_path, case, arch):
+def test_save_load_predictions(tmp_path, case, arch, make_model):
     policy, env_name, policy_kwargs = POLICY_CASES[case]
     env = make_env(env_name)
     model = make_model(env, policy, {**policy_kwargs, "arch": arch})
@@ -125,7 +119,7 @@ def test_save_load_predictions(tmp_path, case, arch):
     assert loaded._n_aux_phases == 2
 
 
-def test_save_load_gsde(tmp_path):
+def test_save_load_gsde(tmp_path, make_model):
     env = make_env("Pendulum-v1")
     model = make_model(env, use_sde=True, sde_sample_freq=4)
     model.learn(64)
@@ -147,7 +141,7 @@ def test_save_load_gsde(tmp_path):
         (dict(n_aux_epochs=0), set()),
     ],
 )
-def test_optimizers_round_trip(tmp_path, kwargs, saved_optimizers):
+def test_optimizers_round_trip(tmp_path, kwargs, saved_optimizers, make_model):
     env = make_env("CartPole-v1")
     model = make_model(env, **kwargs)
     model.learn(64)
@@ -175,7 +169,7 @@ def test_optimizers_round_trip(tmp_path, kwargs, saved_optimizers):
 
 
 @pytest.mark.parametrize("kwargs", [dict(), dict(separate_aux_optimizer=False, n_value_epochs=2)])
-def test_continue_training_after_load_matches_in_memory_model(tmp_path, kwargs):
+def test_continue_training_after_load_matches_in_memory_model(tmp_path, kwargs, make_model):
     """Training a loaded model gives bit-identical weights to training the original: nothing is lost in the zip."""
     model = make_model(make_env("CartPole-v1"), **kwargs)
     model.learn(64)  # ends right after an aux phase: the aux buffer is empty
@@ -191,7 +185,7 @@ def test_continue_training_after_load_matches_in_memory_model(tmp_path, kwargs):
     assert_same_state(model.get_parameters(), loaded.get_parameters())
 
 
-def test_aux_buffer_not_saved(tmp_path):
+def test_aux_buffer_not_saved(tmp_path, make_model):
     env = make_env("image")
     policy_kwargs = dict(net_arch=[16], features_extractor_kwargs=dict(features_dim=16))
     model = make_model(env, "CnnPolicy", policy_kwargs, n_policy_iters=8)
@@ -226,7 +220,7 @@ def test_aux_buffer_not_saved(tmp_path):
 
 
 @pytest.mark.parametrize("new_n_envs", [1, 4])
-def test_load_with_different_n_envs(tmp_path, new_n_envs):
+def test_load_with_different_n_envs(tmp_path, new_n_envs, make_model):
     model = make_model(make_env("CartPole-v1", n_envs=2))
     model.learn(64)
     model.save(tmp_path / "model.zip")
@@ -243,7 +237,7 @@ def test_load_with_different_n_envs(tmp_path, new_n_envs):
     assert not all(th.equal(a, b) for a, b in zip(params_before, loaded.policy.parameters(), strict=True))
 
 
-def test_set_env_with_different_n_envs():
+def test_set_env_with_different_n_envs(make_model):
     model = make_model(make_env("CartPole-v1", n_envs=2), n_policy_iters=3)
     model.learn(32)
     assert model.aux_buffer.n_rollouts == 2
@@ -278,7 +272,7 @@ def test_set_env_with_different_n_envs():
     assert model._n_aux_phases == 2
 
 
-def test_failed_set_env_leaves_model_unchanged():
+def test_failed_set_env_leaves_model_unchanged(make_model):
     model = make_model(make_env("CartPole-v1", n_envs=2), batch_size=32)
     # batch_size=32 does not fit a rollout of 16 steps x 1 env
     with pytest.raises(ValueError, match="batch_size"):
@@ -299,7 +293,7 @@ def test_load_with_fewer_envs_default_batch_size(tmp_path):
 
 
 @pytest.mark.parametrize("use_str_path", [True, False])
-def test_aux_buffer_round_trip(tmp_path, use_str_path):
+def test_aux_buffer_round_trip(tmp_path, use_str_path, make_model):
     """save_aux_buffer / load_aux_buffer resume a run mid-phase: the next aux phase comes at the same iteration."""
     model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
     model.learn(2 * 32)
@@ -329,7 +323,7 @@ def test_aux_buffer_round_trip(tmp_path, use_str_path):
     assert not_resumed.aux_buffer.n_iterations == 1
 
 
-def test_load_aux_buffer_errors(tmp_path):
+def test_load_aux_buffer_errors(tmp_path, make_model):
     model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
     model.learn(32)
     model.save_aux_buffer(tmp_path / "buffer.pkl")
@@ -364,7 +358,7 @@ def test_load_aux_buffer_errors(tmp_path):
         model.load_aux_buffer(tmp_path / "missing.pkl")
 
 
-def test_no_aux_buffer_to_save_or_load(tmp_path):
+def test_no_aux_buffer_to_save_or_load(tmp_path, make_model):
     model = make_model(make_env("CartPole-v1"), n_aux_epochs=0)
     assert model.aux_buffer is None
     with pytest.raises(ValueError, match="n_aux_epochs=0"):
@@ -373,7 +367,7 @@ def test_no_aux_buffer_to_save_or_load(tmp_path):
         model.load_aux_buffer(tmp_path / "buffer.pkl")
 
 
-def test_load_corrupt_model_zip(tmp_path):
+def test_load_corrupt_model_zip(tmp_path, make_model):
     make_model(make_env("CartPole-v1")).save(tmp_path / "model.zip")
     raw = (tmp_path / "model.zip").read_bytes()
 
@@ -403,7 +397,7 @@ def test_load_corrupt_model_zip(tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", ["mlp-pendulum", "cnn", "procgen-cnn"])
-def test_policy_save_load(tmp_path, case, arch):
+def test_policy_save_load(tmp_path, case, arch, make_model):
     """Policy-only save/load keeps the arch: SB3's own policies silently rebuild a non-shared policy shared."""
     policy, env_name, policy_kwargs = POLICY_CASES[case]
     env = make_env(env_name)
@@ -425,7 +419,7 @@ def test_policy_save_load(tmp_path, case, arch):
         )
 
 
-def test_get_set_parameters(tmp_path):
+def test_get_set_parameters(tmp_path, make_model):
     env = make_env("CartPole-v1")
     model = make_model(env, n_value_epochs=2)
     model.learn(64)
@@ -453,7 +447,7 @@ def test_get_set_parameters(tmp_path):
     other.set_parameters(params, exact_match=False)
 
 
-def test_load_with_custom_objects(tmp_path):
+def test_load_with_custom_objects(tmp_path, make_model):
     """What rl-zoo's enjoy.py does."""
     env = make_env("Pendulum-v1")
     model = make_model(env, learning_rate=1e-3, aux_learning_rate=2e-3, clip_range_vf=0.5)

@@ -1,6 +1,7 @@
 """PPG with SB3's tooling: callbacks, logging, seeding, predict/evaluate, VecNormalize, devices, train/eval modes."""
 
 import csv
+import functools
 
 import gymnasium as gym
 import numpy as np
@@ -25,9 +26,13 @@ from torch import nn
 from sb3_ppg import PPG
 
 # One aux phase every 2 iterations of 2 envs x 16 steps
-SMALL = dict(
-    n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=1, n_aux_epochs=1, policy_kwargs=dict(net_arch=[16])
-)
+
+
+@pytest.fixture
+def make_model(make_model):
+    """The shared small-model builder (conftest.py), with two ``make_vec_env`` envs for env ids."""
+    return functools.partial(make_model, n_envs=2)
+
 
 LOGGED_KEYS = (
     "train/policy_gradient_loss",
@@ -45,18 +50,12 @@ LOGGED_KEYS = (
 )
 
 
-def make_model(env="CartPole-v1", n_envs: int = 2, seed: int = 0, **kwargs) -> PPG:
-    if isinstance(env, str):
-        env = make_vec_env(env, n_envs=n_envs, seed=seed)
-    return PPG("MlpPolicy", env, seed=seed, **{**SMALL, **kwargs})
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Callbacks
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_eval_callback(tmp_path):
+def test_eval_callback(tmp_path, make_model):
     model = make_model(n_envs=1, n_steps=32, batch_size=32)
     eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=1)
     callback = EvalCallback(eval_env, n_eval_episodes=2, eval_freq=32, log_path=tmp_path, best_model_save_path=tmp_path)
@@ -72,7 +71,7 @@ def test_eval_callback(tmp_path):
     assert 32 <= best.num_timesteps <= 128
 
 
-def test_checkpoint_callback(tmp_path):
+def test_checkpoint_callback(tmp_path, make_model):
     model = make_model(n_envs=1, n_steps=32, batch_size=32)
     model.learn(96, callback=CheckpointCallback(save_freq=32, save_path=tmp_path, name_prefix="ppg"))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ppg_32_steps.zip", "ppg_64_steps.zip", "ppg_96_steps.zip"]
@@ -83,7 +82,7 @@ def test_checkpoint_callback(tmp_path):
     assert checkpoint._n_aux_phases == 0
 
 
-def test_stop_training_on_max_episodes():
+def test_stop_training_on_max_episodes(make_model):
     model = make_model(n_envs=1)
     callback = StopTrainingOnMaxEpisodes(max_episodes=3)
     model.learn(10_000, callback=callback)
@@ -94,7 +93,7 @@ def test_stop_training_on_max_episodes():
     assert model.num_timesteps == sum(info["l"] for info in model.ep_info_buffer) + last_episode["l"] < 10_000
 
 
-def test_stop_training_on_reward_threshold(tmp_path):
+def test_stop_training_on_reward_threshold(tmp_path, make_model):
     model = make_model(n_envs=1)
     # Any CartPole episode is worth more than 5
     stop = StopTrainingOnRewardThreshold(reward_threshold=5, verbose=0)
@@ -132,7 +131,7 @@ class EventRecorder(BaseCallback):
         self.events.append("training_end")
 
 
-def test_custom_callback_order():
+def test_custom_callback_order(make_model):
     model = make_model(n_policy_iters=3)
     recorder = EventRecorder()
     model.learn(3 * 32, callback=recorder)
@@ -146,7 +145,7 @@ def test_custom_callback_order():
 
 
 @pytest.mark.filterwarnings("ignore:rich is experimental")
-def test_progress_bar(capsys):
+def test_progress_bar(capsys, make_model):
     model = make_model()
     model.learn(64, progress_bar=True)
     assert model.num_timesteps == 64
@@ -158,7 +157,7 @@ def test_progress_bar(capsys):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_tensorboard_logging(tmp_path):
+def test_tensorboard_logging(tmp_path, make_model):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     model = make_model(n_policy_iters=1, tensorboard_log=str(tmp_path))
@@ -183,7 +182,7 @@ def test_tensorboard_logging(tmp_path):
     assert all(np.isfinite(event.value) for event in accumulator.Scalars("aux/kl_loss"))
 
 
-def test_csv_logging(tmp_path):
+def test_csv_logging(tmp_path, make_model):
     model = make_model()
     model.set_logger(configure(str(tmp_path), ["csv"]))
     model.learn(4 * 32)
@@ -199,7 +198,7 @@ def test_csv_logging(tmp_path):
     assert float(rows[2]["aux/real_value_loss"]) > 0
 
 
-def test_reset_num_timesteps():
+def test_reset_num_timesteps(make_model):
     model = make_model()
     model.learn(64)
     assert model.num_timesteps == 64
@@ -233,7 +232,7 @@ class RolloutRecorder(BaseCallback):
 
 
 @pytest.mark.parametrize("env_id, kwargs", [("CartPole-v1", {}), ("Pendulum-v1", dict(use_sde=True, sde_sample_freq=4))])
-def test_deterministic_training(env_id, kwargs):
+def test_deterministic_training(env_id, kwargs, make_model):
     """Two runs with the same seed are identical, across aux phases (in the style of sb3-contrib's test_deterministic)."""
     results = []
     for seed in (0, 0, 1):
@@ -259,7 +258,7 @@ def test_deterministic_training(env_id, kwargs):
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_predict(env_id):
+def test_predict(env_id, make_model):
     model = make_model(env_id)
     model.learn(32)
     env = gym.make(env_id)
@@ -288,7 +287,7 @@ def test_predict(env_id):
         model.predict(env.reset(), deterministic=True)
 
 
-def test_evaluate_policy():
+def test_evaluate_policy(make_model):
     model = make_model()
     model.learn(64)
     eval_env = Monitor(gym.make("CartPole-v1"))
@@ -304,7 +303,7 @@ def test_evaluate_policy():
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_vec_normalize_save_load(tmp_path):
+def test_vec_normalize_save_load(tmp_path, make_model):
     env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), gamma=0.999)
     model = make_model(env)
     assert model.get_vec_normalize_env() is env
@@ -332,7 +331,7 @@ def test_vec_normalize_save_load(tmp_path):
 
 
 @pytest.mark.parametrize("device", ["cpu", "auto"])
-def test_device(tmp_path, device):
+def test_device(tmp_path, device, make_model):
     model = make_model(device=device)
     expected = get_device("auto") if device == "auto" else th.device("cpu")
     if not th.cuda.is_available():
@@ -350,9 +349,9 @@ def test_device(tmp_path, device):
     assert all(param.device == th.device("cpu") for param in loaded.policy.parameters())
 
 
-def test_get_env(tmp_path):
+def test_get_env(tmp_path, make_model):
     # A gymnasium env is wrapped in Monitor and DummyVecEnv
-    model = PPG("MlpPolicy", gym.make("CartPole-v1"), **SMALL)
+    model = make_model(gym.make("CartPole-v1"))
     env = model.get_env()
     assert isinstance(env, DummyVecEnv) and env is model.env
     assert env.num_envs == model.n_envs == 1
@@ -413,7 +412,7 @@ class DropoutBatchNormExtractor(BaseFeaturesExtractor):
 
 
 @pytest.mark.parametrize("arch", ["dual", "shared"])
-def test_train_eval_mode(arch):
+def test_train_eval_mode(arch, make_model):
     DropoutBatchNormExtractor.calls = []
     ModeRecorder.phase = "setup"
     policy_kwargs = dict(arch=arch, net_arch=[16], features_extractor_class=DropoutBatchNormExtractor)

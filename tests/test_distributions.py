@@ -1,0 +1,91 @@
+"""sb3_ppg.distributions: stored parameters and KL(pi_old || pi) for each action space, against torch.distributions."""
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.utils import ConstantSchedule
+from torch.distributions import Bernoulli, Categorical, Independent, Normal, kl_divergence
+
+from sb3_ppg.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
+from sb3_ppg.policies import PPGPolicy
+
+OBS_SPACE = spaces.Box(-1, 1, (4,), np.float32)
+
+
+def two_policies(action_space: spaces.Space, use_sde: bool = False) -> tuple[PPGPolicy, PPGPolicy]:
+    """Two policies with different weights over the same spaces (pi_old and pi)."""
+    policies = []
+    for seed in (0, 1):
+        th.manual_seed(seed)
+        policy = PPGPolicy(OBS_SPACE, action_space, ConstantSchedule(1e-3), net_arch=[8], use_sde=use_sde, log_std_init=-0.5)
+        if use_sde:
+            policy.reset_noise()
+        policies.append(policy)
+    return policies[0], policies[1]
+
+
+def reference_kl(old_dist, new_dist, action_space: spaces.Space) -> th.Tensor:
+    """KL(old || new) per state from torch.distributions objects, summed over action dimensions."""
+    if isinstance(action_space, spaces.Discrete):
+        return kl_divergence(Categorical(logits=old_dist.logits), Categorical(logits=new_dist.logits))
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return sum(
+            kl_divergence(Categorical(logits=old.logits), Categorical(logits=new.logits))
+            for old, new in zip(old_dist, new_dist, strict=True)
+        )
+    if isinstance(action_space, spaces.MultiBinary):
+        return kl_divergence(
+            Independent(Bernoulli(logits=old_dist.logits), 1), Independent(Bernoulli(logits=new_dist.logits), 1)
+        )
+    return kl_divergence(
+        Independent(Normal(old_dist.loc, old_dist.scale), 1), Independent(Normal(new_dist.loc, new_dist.scale), 1)
+    )
+
+
+ACTION_SPACES = {
+    "discrete": (spaces.Discrete(5), False),
+    "multidiscrete": (spaces.MultiDiscrete([3, 2, 4]), False),
+    "multibinary": (spaces.MultiBinary(3), False),
+    "box": (spaces.Box(-1, 1, (2,), np.float32), False),
+    "box_gsde": (spaces.Box(-1, 1, (2,), np.float32), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTION_SPACES))
+def test_kl_from_params_matches_torch(name: str) -> None:
+    action_space, use_sde = ACTION_SPACES[name]
+    old_policy, new_policy = two_policies(action_space, use_sde)
+    obs = th.as_tensor(np.random.default_rng(0).uniform(-1, 1, (10, 4)).astype(np.float32))
+    with th.no_grad():
+        old_sb3 = old_policy.get_distribution(obs)
+        old_params = get_distribution_params(old_sb3).clone()
+        old_torch = old_sb3.distribution
+        old_torch = [Categorical(logits=d.logits.clone()) for d in old_torch] if isinstance(old_torch, list) else old_torch
+    assert old_params.shape == (10, distribution_param_dim(action_space))
+    new_sb3 = new_policy.get_distribution(obs)
+    kl = kl_divergence_from_params(old_params, new_sb3)
+    expected = reference_kl(old_torch, new_sb3.distribution, action_space)
+    assert kl.shape == (10,)
+    th.testing.assert_close(kl, expected, rtol=1e-5, atol=1e-6)
+    assert (kl > 0).all()
+    # Gradients flow into the current policy only
+    kl.mean().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in new_policy.parameters())
+    assert all(p.grad is None for p in old_policy.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(ACTION_SPACES))
+def test_kl_of_a_distribution_with_itself_is_zero(name: str) -> None:
+    action_space, use_sde = ACTION_SPACES[name]
+    policy, _ = two_policies(action_space, use_sde)
+    obs = th.zeros((3, 4))
+    with th.no_grad():
+        distribution = policy.get_distribution(obs)
+        kl = kl_divergence_from_params(get_distribution_params(distribution).clone(), distribution)
+    th.testing.assert_close(kl, th.zeros(3), rtol=0, atol=1e-6)
+
+
+def test_unsupported_action_space() -> None:
+    with pytest.raises(ValueError, match="does not support the action space"):
+        distribution_param_dim(spaces.Tuple([spaces.Discrete(2)]))

@@ -1,0 +1,53 @@
+"""sb3_ppg.losses: each loss term against its formula written out by hand."""
+
+import pytest
+import torch as th
+from stable_baselines3.common.distributions import CategoricalDistribution
+
+from sb3_ppg.losses import aux_loss, policy_loss, value_loss
+
+
+def test_clipped_surrogate_entropy_and_diagnostics() -> None:
+    advantages = th.tensor([1.0, -2.0, 0.5, 3.0])
+    old_log_prob = th.tensor([-1.0, -1.0, -2.0, -0.5])
+    log_prob = old_log_prob + th.tensor([0.5, -0.5, 0.05, 0.0])
+    entropy = th.tensor([1.0, 2.0, 3.0, 4.0])
+    loss, diagnostics = policy_loss(advantages, log_prob, old_log_prob, entropy, 0.2, 0.01, 0.0, normalize_advantage=False)
+    ratio = (log_prob - old_log_prob).exp()
+    surrogate = th.min(advantages * ratio, advantages * ratio.clamp(0.8, 1.2))
+    th.testing.assert_close(loss, -surrogate.mean() - 0.01 * entropy.mean())
+    assert diagnostics["clip_fraction"].item() == pytest.approx(0.5)  # ratios e^0.5 and e^-0.5 are clipped
+    assert set(diagnostics) == {"clip_fraction", "policy_gradient_loss", "entropy_loss", "approx_kl"}
+
+
+def test_kl_penalty_objective_and_minibatch_normalization() -> None:
+    advantages = th.tensor([1.0, 3.0])
+    old_log_prob = th.tensor([-1.0, -1.0])
+    log_prob = th.tensor([-0.8, -1.1])
+    loss, diagnostics = policy_loss(advantages, log_prob, old_log_prob, None, None, 0.0, 1.0, normalize_advantage=True)
+    normalized = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_ratio = log_prob - old_log_prob
+    th.testing.assert_close(loss, -(normalized * log_ratio.exp()).mean() + 0.5 * (log_ratio**2).mean())
+    assert "clip_fraction" not in diagnostics and diagnostics["kl_penalty"] > 0
+
+
+def test_value_loss_plain_and_clipped() -> None:
+    values, returns, old_values = th.tensor([1.0, 2.0]), th.tensor([0.0, 4.0]), th.tensor([1.5, 1.5])
+    loss, _ = value_loss(values, returns, old_values, None)
+    th.testing.assert_close(loss, th.tensor((1.0 + 4.0) / 2))
+    # Clipped to old_values +- 0.1: predictions 1.4 and 1.6
+    loss, diagnostics = value_loss(values, returns, old_values, 0.1)
+    th.testing.assert_close(loss, th.tensor((1.4**2 + 2.4**2) / 2))
+    assert diagnostics["value_loss"] == loss
+
+
+def test_aux_loss_weights() -> None:
+    distribution = CategoricalDistribution(3).proba_distribution(th.tensor([[0.0, 1.0, 2.0], [1.0, 0.0, 0.0]]))
+    old_params = th.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    values, aux_values, returns = th.tensor([[1.0], [2.0]]), th.tensor([[0.0], [0.0]]), th.tensor([1.0, 1.0])
+    loss, diagnostics = aux_loss(distribution, old_params, values, aux_values, returns, beta_clone=2.0, vf_true_coef=3.0)
+    kl = diagnostics["kl_loss"]
+    assert kl > 0
+    th.testing.assert_close(diagnostics["aux_value_loss"], th.tensor(0.5))
+    th.testing.assert_close(diagnostics["real_value_loss"], th.tensor(0.25))
+    th.testing.assert_close(loss, 2.0 * kl + 0.5 + 3.0 * 0.25)
