@@ -354,8 +354,12 @@ def test_channels_last_and_nchw_train_to_the_same_parameters():
         model.learn(32)
         assert model._n_aux_phases == 1
         trained.append(params_of(model.policy))
+    # Adam turns float-level gradient differences of near-zero gradients into steps of up to learning_rate (5e-4):
+    # a few such elements may differ by a couple of learning rates; everything else agrees to float precision
     for a, b in zip(*trained, strict=True):
-        th.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+        th.testing.assert_close(a, b, rtol=1e-3, atol=2e-3)
+    close = sum(int(th.isclose(a, b, rtol=1e-4, atol=1e-5).sum()) for a, b in zip(*trained, strict=True))
+    assert close >= 0.99 * sum(a.numel() for a in trained[0])
 
 
 @pytest.mark.parametrize("precision", ["bf16", {"rollout": "bf16"}, {"aux": "bf16", "policy": "fp32"}])
