@@ -345,13 +345,14 @@ def test_channels_last_and_nchw_train_to_the_same_parameters():
             env,
             n_steps=16,
             batch_size=8,
-            n_policy_iters=2,
-            n_aux_epochs=1,
+            n_policy_iters=1,
+            n_aux_epochs=2,
             aux_batch_rollouts=1,
             policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4, 8), channels_last=channels_last)),
             seed=0,
         )
-        model.learn(32)
+        # One iteration (the same rollout: same initial weights), its policy phase and an aux phase
+        model.learn(16)
         assert model._n_aux_phases == 1
         trained.append(params_of(model.policy))
     # Adam turns float-level gradient differences of near-zero gradients into steps of up to learning_rate (5e-4):
