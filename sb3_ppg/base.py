@@ -177,9 +177,12 @@ class PPGBase(OnPolicyAlgorithm):
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
         Save the auxiliary buffer, so that a run can resume mid-phase without losing data. It is not part of the
-        model zip because it can be many GB.
+        model zip because it can be many GB. The file holds plain arrays (``.npz`` with JSON metadata and a checksum
+        of every array), written atomically; nothing is pickled. For resuming a run exactly, prefer the checkpoints
+        of :class:`~sb3_ppg.PPGCheckpointCallback`.
 
-        :param path: Path to the file where the buffer should be saved; ".pkl" is appended to a str path without it
+        :param path: Path to the file where the buffer should be saved; ".npz" is appended to a str path without
+            a suffix
         """
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): there is nothing to save.")
@@ -188,7 +191,8 @@ class PPGBase(OnPolicyAlgorithm):
     def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
         Load an auxiliary buffer saved by ``save_aux_buffer``; the rollouts it holds count toward the next
-        auxiliary phase.
+        auxiliary phase. The file is checked completely (checksums, layout, spaces) before the model's buffer is
+        replaced; a pickle or any other file gives a ``ValueError`` and nothing in it is executed.
 
         :param path: Path to the saved buffer
         """
