@@ -64,7 +64,7 @@ def file_digest(path: str | pathlib.Path) -> str:
 
 def array_digest(array: np.ndarray) -> str:
     """The SHA-256 of an array's bytes (C order), as hex."""
-    return hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
+    return hashlib.sha256(np.asarray(array, order="C").data).hexdigest()
 
 
 def _json_digest(metadata: dict[str, Any]) -> str:
@@ -162,7 +162,7 @@ def write_array_file(
             archive.writestr(METADATA_MEMBER, json.dumps(metadata, sort_keys=True))
             for name, array in arrays.items():
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+                    np.lib.format.write_array(member, np.asarray(array, order="C"), allow_pickle=False)
 
     if isinstance(path, (str, pathlib.Path)):
         if atomic:

@@ -1,16 +1,21 @@
 """``PPGBase``: what PPG needs around its training loop: optimizer steps, save/load, set_env, the aux buffer on disk."""
 
 import io
+import os
 import pathlib
 import warnings
 from typing import Any, TypeVar
 
 import torch as th
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.utils import check_for_correct_spaces
+from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
 from sb3_ppg.validation import resolve_batch_size
 
@@ -64,6 +69,19 @@ class PPGBase(OnPolicyAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+
+    def collect_rollouts(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``PPGCheckpointCallback``) that
+        this is a rollout boundary: ``train()`` has consumed the previous rollout and nothing of the next one has
+        been drawn yet.
+        """
+        for child in iter_callbacks(callback):
+            if hasattr(child, "on_rollout_boundary"):
+                child.on_rollout_boundary()
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
         """Check the loss, backpropagate it, clip the gradients, step and clear them."""
@@ -123,6 +141,34 @@ class PPGBase(OnPolicyAlgorithm):
             if "No data found" in str(error):
                 raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
             raise
+
+    @classmethod
+    def load_checkpoint(
+        cls: type[SelfPPGBase],
+        path: str | os.PathLike,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        **kwargs: Any,
+    ) -> SelfPPGBase:
+        """
+        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run:
+        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (SB3 counts the steps of
+        ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
+        bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
+        Checkpoints hold pickles (the model zip, the envs of a ``DummyVecEnv``): load only trusted ones.
+
+        :param path: a checkpoint folder, or the folder of the callback's ``save_path`` (its newest complete
+            checkpoint is used)
+        :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
+            of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
+            could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
+        :param device: the device of the model
+        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``)
+        :return: the model
+        :raises FileNotFoundError: when ``path`` holds no complete checkpoint
+        :raises ValueError: when the checkpoint is damaged (naming the previous complete one) or does not fit ``env``
+        """
+        return load_checkpoint(cls, path, env=env, device=device, **kwargs)  # type: ignore[return-value]
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
         super()._maybe_recommend_cpu(mlp_class_name)

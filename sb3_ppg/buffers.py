@@ -89,6 +89,8 @@ class AuxiliaryBuffer:
         self.returns = np.zeros((self.buffer_size, n_steps), dtype=np.float32)
         self.old_distribution_params = np.zeros((self.buffer_size, n_steps, self.n_distribution_params), dtype=np.float32)
         self.pos = 0
+        # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
+        self.saved_rollout_files: dict[int, str] = {}
 
     @property
     def n_rollouts(self) -> int:
@@ -107,6 +109,7 @@ class AuxiliaryBuffer:
     def reset(self) -> None:
         """Forget the stored rollouts (the arrays are reused)."""
         self.pos = 0
+        self.saved_rollout_files = {}
 
     @property
     def nbytes(self) -> int:
