@@ -1,9 +1,16 @@
 """PPGCheckpointCallback and PPG.load_checkpoint: a run cut anywhere and resumed ends bit-identical to an uninterrupted one."""
 
 import json
+import os
 import pathlib
+import random
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
+import numpy as np
 import pytest
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
@@ -145,3 +152,57 @@ def test_unsaveable_env_states_warn(tmp_path, make_model):
     resumed.learn(ITERATION, reset_num_timesteps=False)
     assert resumed.num_timesteps == 3 * ITERATION and resumed._n_aux_phases == 1
     env.close()
+
+
+def run_child(folder: pathlib.Path, kill_at: str = "", kill_after: float | None = None) -> int:
+    """Run tests/checkpoint_child.py; kill it with SIGKILL ``kill_after`` seconds after it starts training."""
+    env = {**os.environ, "KILL_AT": kill_at, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, str(pathlib.Path(__file__).with_name("checkpoint_child.py")), str(folder), str(KILL_TOTAL)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    if kill_after is not None:
+        assert child.stdout is not None
+        child.stdout.readline()  # "started" / "resumed at ..."
+        time.sleep(kill_after)
+        child.send_signal(signal.SIGKILL)
+    return child.wait(timeout=120)
+
+
+KILL_TOTAL = 24 * ITERATION
+
+
+@pytest.mark.slow
+def test_sigkill_anywhere_then_resume(tmp_path):
+    """Killed with SIGKILL during a checkpoint write, during an aux phase and at random moments, resumed each time."""
+    assert run_child(tmp_path / "reference") == 0
+    reference = dict(np.load(tmp_path / "reference" / "final_params.npz"))
+
+    folder = tmp_path / "killed"
+    rng = random.Random(0)
+    # Inside the 6th file write (the second checkpoint's), inside the 5th aux minibatch, then 3 random moments
+    kills = [("write:6", None), ("aux:5", None)] + [("", rng.uniform(0.05, 1.0)) for _ in range(3)]
+    for kill_at, kill_after in kills:
+        returncode = run_child(folder, kill_at, kill_after)
+        # The planned kills happen; a random one may come after the end of training (then nothing is left to do)
+        assert returncode == -signal.SIGKILL or (kill_after is not None and returncode == 0)
+        if kill_at == "write:6":
+            # The second checkpoint is incomplete (no manifest), a temporary file is left: the first one is loaded
+            assert not (folder / "checkpoints" / f"ppg_{2 * ITERATION}_steps" / "manifest.json").exists()
+            assert list((folder / "checkpoints").rglob(".*tmp*"))
+    (folder / "final_params.npz").unlink(missing_ok=True)
+    assert run_child(folder) == 0
+    final = dict(np.load(folder / "final_params.npz"))
+    assert final.keys() == reference.keys()
+    for name in final:
+        assert np.array_equal(final[name], reference[name]), name
+
+    # Every checkpoint left is readable, and nothing half-written is left
+    checkpoints = sorted((folder / "checkpoints").glob("ppg_*_steps"))
+    assert len(checkpoints) == 3
+    for directory in checkpoints:
+        PPG.load_checkpoint(directory, env=make_env())
+    assert not list((folder / "checkpoints").rglob(".*tmp*"))
