@@ -4,6 +4,7 @@ import io
 import os
 import pathlib
 import warnings
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch as th
@@ -37,6 +38,9 @@ class PPGBase(OnPolicyAlgorithm):
     aux_optimizer: th.optim.Optimizer | None
     value_optimizer: th.optim.Optimizer | None
     _auto_batch_size: bool
+    _n_aux_phases: int
+    _compute_old_distributions: Callable[[], None]
+    _train_aux_phase: Callable[[], None]
     max_grad_norm: float | None  # type: ignore[assignment]
 
     def _make_aux_buffer(self) -> AuxiliaryBuffer | None:
@@ -82,6 +86,26 @@ class PPGBase(OnPolicyAlgorithm):
             if hasattr(child, "on_rollout_boundary"):
                 child.on_rollout_boundary()
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _run_aux_phase(self) -> None:
+        """
+        Compute the old policy on the full auxiliary buffer, run the auxiliary phase and empty the buffer. When the
+        phase is interrupted (an exception, Ctrl-C) the buffer stays full, so that the model stays usable: the
+        next ``train()`` runs the phase again, and the error says how to resume.
+        """
+        try:
+            self._compute_old_distributions()
+            self._train_aux_phase()
+        except BaseException as error:
+            if hasattr(error, "add_note"):
+                error.add_note(
+                    f"PPG: interrupted during the auxiliary phase at timestep {self.num_timesteps} (auxiliary phase "
+                    f"{self._n_aux_phases + 1}). The model stays usable: learn() again reruns that phase from its start. "
+                    "To resume exactly instead, load the last checkpoint written by PPGCheckpointCallback with "
+                    "PPG.load_checkpoint(); it is left intact."
+                )
+            raise
+        self.aux_buffer.reset()  # type: ignore[union-attr]
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
         """Check the loss, backpropagate it, clip the gradients, step and clear them."""

@@ -1,6 +1,7 @@
 """Phasic Policy Gradient (Cobbe et al., 2021) as a Stable-Baselines3 on-policy algorithm."""
 
 import time
+import warnings
 from collections import defaultdict
 from typing import Any, ClassVar
 
@@ -226,11 +227,16 @@ class PPG(PPGBase):
             self.rollout_buffer.advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         self._train_policy_phase()
         if self.aux_buffer is not None:
+            if self.aux_buffer.full():
+                # An auxiliary phase was interrupted (exception, Ctrl-C) and its rollouts kept: run it from its start
+                warnings.warn(
+                    "The last auxiliary phase was interrupted: it runs again from its start on the stored rollouts "
+                    "(the updates it had made are kept) before this iteration's rollout is stored."
+                )
+                self._run_aux_phase()
             self.aux_buffer.add(self.rollout_buffer)
             if self.aux_buffer.full():
-                self._compute_old_distributions()
-                self._train_aux_phase()
-                self.aux_buffer.reset()
+                self._run_aux_phase()
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
 
     def _train_policy_phase(self) -> None:

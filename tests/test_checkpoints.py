@@ -206,3 +206,33 @@ def test_sigkill_anywhere_then_resume(tmp_path):
     for directory in checkpoints:
         PPG.load_checkpoint(directory, env=make_env())
     assert not list((folder / "checkpoints").rglob(".*tmp*"))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, FloatingPointError])
+def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeypatch, error):
+    model = make_model(make_env(), **RUN)
+    callback = PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg")
+    calls = []
+    original = PPG._aux_loss
+
+    def failing_aux_loss(self, batch, stats):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error("interrupted")
+        return original(self, batch, stats)
+
+    monkeypatch.setattr(PPG, "_aux_loss", failing_aux_loss)
+    with pytest.raises(error) as info:
+        model.learn(TOTAL, callback=callback)
+    assert "learn() again reruns that phase" in "".join(getattr(info.value, "__notes__", []))
+    assert model.aux_buffer.full() and model._n_aux_phases == 0
+    # The last checkpoint (before the interrupted iteration) is intact
+    assert PPG.load_checkpoint(tmp_path, env=make_env()).num_timesteps == 2 * ITERATION
+    # The buffer can be saved and loaded while full; learn() again reruns the phase
+    model.save_aux_buffer(tmp_path / "buffer.npz")
+    other = make_model(make_env(), **RUN)
+    other.load_aux_buffer(tmp_path / "buffer.npz")
+    for agent in (model, other):
+        with pytest.warns(UserWarning, match="interrupted"):
+            agent.learn(ITERATION, reset_num_timesteps=False)
+        assert agent._n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
