@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
-from sb3_ppg.validation import resolve_batch_size
+from sb3_ppg.validation import resolve_batch_size, schedule_value
 
 SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
 
@@ -119,6 +119,25 @@ class PPGBase(OnPolicyAlgorithm):
         finally:
             self.policy.compute_dtype = self._phase_dtypes["rollout"]
         self.aux_buffer.reset()  # type: ignore[union-attr]
+
+    def _schedule_value(self, name: str, progress_remaining: float) -> float | None:
+        """
+        The value of a schedule at ``progress_remaining``, checked (see ``validation.schedule_value``).
+
+        :param name: ``"learning_rate"``, ``"aux_learning_rate"`` (the learning rate's when None), ``"clip_range"``
+            or ``"clip_range_vf"``
+        :param progress_remaining: the remaining progress (from 1 to 0)
+        :return: the value, or None for a clip range that is None
+        """
+        schedule = self.lr_schedule if name == "learning_rate" else getattr(self, name)
+        if name == "aux_learning_rate" and schedule is None:
+            name, schedule = "learning_rate", self.lr_schedule
+        return None if schedule is None else schedule_value(schedule, name, progress_remaining)
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's learning-rate update, after checking the schedule's value (a ``ValueError`` names a bad one)."""
+        self._schedule_value("learning_rate", self._current_progress_remaining)
+        super()._update_learning_rate(optimizers)
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
         """Check the loss, backpropagate it, clip the gradients, step and clear them."""

@@ -1,8 +1,11 @@
 """Checks of PPG's hyperparameters, each failing with a ``ValueError`` that names the problem and the fix."""
 
+import math
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch as th
 
 if TYPE_CHECKING:
@@ -13,55 +16,123 @@ PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
 PHASES = ("rollout", "policy", "aux")
 
 
+def is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer (a Python or NumPy one; bools are not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is a real number (a Python or NumPy int or float; bools are not)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+class _Checker:
+    """Collects the problems of a model's hyperparameters; each check looks at the type first, so none raises."""
+
+    def __init__(self, model: "PPG") -> None:
+        self.model = model
+        self.errors: list[str] = []
+
+    def check(self, condition: bool, message: str) -> None:
+        if not condition:
+            self.errors.append(message)
+
+    def type_error(self, name: str, expected: str) -> None:
+        value = getattr(self.model, name)
+        self.errors.append(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+
+    def integer(self, name: str, minimum: int, hint: str = "") -> bool:
+        """An integer >= ``minimum`` (a NumPy integer becomes a Python int); whether it is valid."""
+        value = getattr(self.model, name)
+        if not is_integer(value):
+            self.type_error(name, "an integer")
+            return False
+        setattr(self.model, name, int(value))
+        self.check(value >= minimum, f"{name} must be >= {minimum}{hint}, got {value}")
+        return value >= minimum
+
+    def number(self, name: str, minimum: float, positive: bool = False, optional: bool = False, hint: str = "") -> None:
+        """A finite number >= ``minimum`` (> with ``positive``), or None when ``optional``."""
+        value = getattr(self.model, name)
+        if value is None and optional:
+            return
+        if not is_number(value):
+            self.type_error(name, "a number" + " or None" * optional)
+            return
+        in_range = value > minimum if positive else value >= minimum
+        self.check(
+            math.isfinite(value) and in_range,
+            f"{name} must be a number {'>' if positive else '>='} {minimum}, got {value}{hint}",
+        )
+
+    def number_or_schedule(self, name: str, positive: bool = False, optional: bool = False, hint: str = "") -> None:
+        """A number (see ``number``) or a schedule, whose values are checked when it is evaluated (``schedule_value``)."""
+        value = getattr(self.model, name)
+        if callable(value):
+            return
+        if (value is None and optional) or is_number(value):
+            self.number(name, 0, positive=positive, optional=optional, hint=hint)
+        else:
+            self.type_error(name, "a number, a schedule (a function of the remaining progress)" + " or None" * optional)
+
+
 def check_hyperparameters(model: "PPG") -> None:
     """
-    Raise one ``ValueError`` listing every invalid hyperparameter that does not depend on the env.
+    Raise one ``ValueError`` listing every invalid hyperparameter that does not depend on the env. Integer
+    hyperparameters given as NumPy integers are converted to Python ints.
 
     :param model: the PPG model, its hyperparameters set but its networks not built yet
     """
-    errors = []
-
-    def check(condition: bool, message: str) -> None:
-        if not condition:
-            errors.append(message)
-
-    check(model.n_steps >= 1, f"n_steps must be >= 1, got {model.n_steps}")
-    check(model.batch_size is None or model.batch_size >= 1, f"batch_size must be >= 1 (or None), got {model.batch_size}")
-    check(model.n_epochs >= 1, f"n_epochs must be >= 1, got {model.n_epochs}")
-    check(model.n_value_epochs >= 0, f"n_value_epochs must be >= 0 (or None), got {model.n_value_epochs}")
-    check(0.0 <= model.gamma <= 1.0, f"gamma must be in [0, 1], got {model.gamma}")
-    check(0.0 <= model.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {model.gae_lambda}")
-    check(
-        model.normalize_advantage in ADVANTAGE_NORMALIZATIONS,
+    checker = _Checker(model)
+    checker.integer("n_steps", 1)
+    if model.batch_size is not None:
+        checker.integer("batch_size", 1, " (or None)")
+    checker.integer("n_epochs", 1)
+    checker.integer("n_value_epochs", 0, " (or None)")
+    for name in ("gamma", "gae_lambda"):
+        value = getattr(model, name)
+        checker.check(is_number(value) and 0.0 <= value <= 1.0, f"{name} must be in [0, 1], got {value!r}")
+    checker.check(
+        isinstance(model.normalize_advantage, str) and model.normalize_advantage in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {model.normalize_advantage!r}",
     )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
-        value = getattr(model, name)
-        check(isinstance(value, (int, float)) and value >= 0, f"{name} must be a number >= 0, got {value!r}")
+        checker.number(name, 0)
+    checker.number_or_schedule("learning_rate")
+    checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):
-        value = getattr(model, name)
-        if isinstance(value, (int, float)):
-            check(value > 0, f"{name} must be > 0, got {value}: pass None to disable clipping")
-    check(
-        model.max_grad_norm is None or model.max_grad_norm > 0,
-        f"max_grad_norm must be > 0, got {model.max_grad_norm}: pass None to disable gradient clipping",
-    )
-    check(model.target_kl is None or model.target_kl > 0, f"target_kl must be > 0 (or None), got {model.target_kl}")
-    check(model.n_aux_epochs >= 0, f"n_aux_epochs must be >= 0 (0 disables the auxiliary phase), got {model.n_aux_epochs}")
-    if model.n_aux_epochs > 0:
-        check(
-            model.n_policy_iters >= 1,
-            f"n_policy_iters must be >= 1 when n_aux_epochs > 0, got {model.n_policy_iters} "
-            "(set n_aux_epochs=0 for plain PPO)",
-        )
-        check(model.aux_batch_rollouts >= 1, f"aux_batch_rollouts must be >= 1, got {model.aux_batch_rollouts}")
-        check(model.n_aux_grad_accum >= 1, f"n_aux_grad_accum must be >= 1, got {model.n_aux_grad_accum}")
+        checker.number_or_schedule(name, positive=True, optional=True, hint=": pass None to disable clipping")
+    checker.number("max_grad_norm", 0, positive=True, optional=True, hint=": pass None to disable gradient clipping")
+    checker.number("target_kl", 0, positive=True, optional=True, hint=" (or None for no limit)")
+    if checker.integer("n_aux_epochs", 0, " (0 disables the auxiliary phase)") and model.n_aux_epochs > 0:
+        checker.integer("n_policy_iters", 1, " when n_aux_epochs > 0 (set n_aux_epochs=0 for plain PPO)")
+        checker.integer("aux_batch_rollouts", 1)
+        checker.integer("n_aux_grad_accum", 1)
     try:
         resolve_precision(model.precision)
     except ValueError as error:
-        errors.append(str(error))
-    if errors:
-        raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(errors))
+        checker.errors.append(str(error))
+    if checker.errors:
+        raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(checker.errors))
+
+
+def schedule_value(schedule: Callable[[float], float], name: str, progress_remaining: float) -> float:
+    """
+    Evaluate a schedule (a learning rate or a clip range), checking its value.
+
+    :param schedule: the schedule
+    :param name: the hyperparameter it was given as, for the message
+    :param progress_remaining: the remaining progress (from 1 to 0)
+    :return: the schedule's value
+    :raises ValueError: when the value is negative or not finite
+    """
+    value = schedule(progress_remaining)
+    if not (is_number(value) and math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"The {name} schedule returned {value!r} at progress_remaining={progress_remaining:.6g}: a schedule must "
+            f"return a finite number >= 0 for every progress_remaining from 1 to 0. Fix the function passed as {name}."
+        )
+    return value
 
 
 def resolve_batch_size(model: "PPG", n_envs: int) -> int:
