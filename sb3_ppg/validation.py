@@ -1,4 +1,4 @@
-"""Checks of PPG's hyperparameters, each failing with a ``ValueError`` that names the problem and the fix."""
+"""Checks of PPG's hyperparameters and policy architecture, each failing with a ``ValueError`` that names the fix."""
 
 import math
 import warnings
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
 PHASES = ("rollout", "policy", "aux")
+NET_ARCH_KEYS = ("pi", "vf")
 
 
 def is_integer(value: object) -> bool:
@@ -192,3 +193,52 @@ def resolve_precision(precision: str | dict[str, str]) -> dict[str, th.dtype]:
         if name not in PRECISIONS:
             raise ValueError(f"precision {name!r} (phase {phase!r}) is not one of {list(PRECISIONS)}.")
     return {phase: PRECISIONS[name] for phase, name in per_phase.items()}
+
+
+def check_net_arch(net_arch: object) -> list[int] | dict[str, list[int]] | None:
+    """
+    Check a policy's ``net_arch`` and return it as a list of layer sizes or a dict with the keys ``"pi"`` and
+    ``"vf"`` (layer sizes as Python ints). SB3's old format ``[dict(pi=..., vf=...)]`` is accepted with SB3's
+    warning; any entry next to the dict (the shared layers that SB3 removed in v1.8.0) is an error, never dropped.
+
+    :param net_arch: the ``net_arch`` given to the policy (None: the policy's default)
+    :return: the same architecture
+    :raises ValueError: naming the problem and the expected format
+    """
+    if net_arch is None:
+        return None
+    if isinstance(net_arch, (list, tuple)) and any(isinstance(entry, dict) for entry in net_arch):
+        if len(net_arch) > 1:
+            raise ValueError(
+                f"net_arch={net_arch!r} mixes layer sizes and a dict (SB3's format before v1.8.0, whose shared layers "
+                "SB3 removed): the other entries would be dropped. Pass a dict of separate networks, e.g. "
+                "net_arch=dict(pi=[64, 64], vf=[64, 64]), or a list of layer sizes with policy_kwargs=dict("
+                "arch='shared') (or 'detach') for one network shared by the policy and the value function."
+            )
+        warnings.warn(
+            "As shared layers in the mlp_extractor are removed since SB3 v1.8.0, you should now pass directly a "
+            "dictionary and not a list (net_arch=dict(pi=..., vf=...) instead of net_arch=[dict(pi=..., vf=...)])"
+        )
+        net_arch = net_arch[0]
+    if isinstance(net_arch, dict):
+        unknown = [key for key in net_arch if key not in NET_ARCH_KEYS]
+        if unknown:
+            raise ValueError(
+                f"net_arch has unknown keys {unknown}: the valid keys are 'pi' (the policy network) and 'vf' (the value "
+                "network), e.g. net_arch=dict(pi=[64, 64], vf=[64, 64])."
+            )
+        return {key: _layer_sizes(layers, f"net_arch[{key!r}]") for key, layers in net_arch.items()}
+    return _layer_sizes(net_arch, "net_arch")
+
+
+def _layer_sizes(layers: object, where: str) -> list[int]:
+    """The hidden-layer sizes of one network, checked (a list or tuple of positive integers)."""
+    if not isinstance(layers, (list, tuple)):
+        raise ValueError(
+            f"{where} must be a list of layer sizes (positive ints, e.g. [64, 64]) or, for net_arch, a dict "
+            f"dict(pi=[...], vf=[...]); got {layers!r} ({type(layers).__name__})."
+        )
+    invalid = [size for size in layers if not (is_integer(size) and size >= 1)]
+    if invalid:
+        raise ValueError(f"{where}={layers!r} holds invalid layer sizes {invalid!r}: each must be a positive int.")
+    return [int(size) for size in layers]

@@ -66,7 +66,7 @@ def test_schedule_with_bad_value_stops_at_phase_start(make_model, name, bad):
         model.learn(4 * 16)
     if name != "aux_learning_rate":
         # Stopped at the start of the policy phase, before any update with the bad value
-        assert all(th.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+        assert all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
 
 
 def test_schedules_reaching_zero_are_fine(make_model):
@@ -77,3 +77,78 @@ def test_valid_integer_and_float_types_still_train(make_model):
     model = make_model(gamma=np.float32(0.99), ent_coef=0, learning_rate=np.float64(1e-3), n_aux_epochs=np.int32(1))
     model.learn(32)
     assert gym is not None
+
+
+OBS_SPACE = gym.spaces.Box(-1, 1, (4,), np.float32)
+
+
+def make_policy(**kwargs):
+    from sb3_ppg.policies import PPGPolicy
+
+    return PPGPolicy(OBS_SPACE, gym.spaces.Discrete(2), lambda _: 1e-3, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "net_arch, message",
+    [
+        (dict(pi=[64], qf=[64]), r"unknown keys \['qf'\]: the valid keys are 'pi' .* and 'vf'"),
+        (dict(pii=[64]), r"unknown keys \['pii'\]"),
+        ([64, "64"], r"net_arch=\[64, '64'\] holds invalid layer sizes \['64'\]: each must be a positive int"),
+        ([64, -8], r"invalid layer sizes \[-8\]"),
+        ([0], r"invalid layer sizes \[0\]"),
+        ([64.0], r"invalid layer sizes \[64.0\]"),
+        ([[64, 64]], r"invalid layer sizes \[\[64, 64\]\]"),
+        (dict(pi=64), r"net_arch\['pi'\] must be a list of layer sizes"),
+        (dict(pi=[64], vf=[True]), r"net_arch\['vf'\]=\[True\] holds invalid layer sizes"),
+        (64, "net_arch must be a list of layer sizes"),
+        ("64,64", "net_arch must be a list of layer sizes"),
+        ([64, dict(pi=[32])], r"mixes layer sizes and a dict .* would be dropped"),
+        ([dict(pi=[32]), 64], r"mixes layer sizes and a dict .* would be dropped"),
+        ([dict(pi=[32]), dict(vf=[32])], r"mixes layer sizes and a dict"),
+    ],
+)
+def test_malformed_net_arch_is_refused(net_arch, message):
+    with pytest.raises(ValueError, match=message):
+        make_policy(net_arch=net_arch)
+
+
+def test_old_net_arch_format_warns_like_ppo_and_keeps_the_dict():
+    with pytest.warns(UserWarning, match="shared layers in the mlp_extractor are removed since SB3 v1.8.0"):
+        policy = make_policy(net_arch=[dict(pi=[8], vf=[4])])
+    assert policy.mlp_extractor.latent_dim_pi == 8 and policy.mlp_extractor.latent_dim_vf == 4
+
+
+def test_valid_net_arch_forms():
+    assert make_policy(net_arch=(np.int64(8), 4)).net_arch == [8, 4]
+    assert make_policy(net_arch=dict(vf=[8])).mlp_extractor.latent_dim_pi == 4  # no policy layers: the features
+    assert make_policy(net_arch=[]).mlp_extractor.latent_dim_vf == 4
+
+
+@pytest.mark.parametrize(
+    "share, arch, expected",
+    [
+        (None, None, "dual"),
+        (False, None, "dual"),
+        (True, None, "shared"),
+        (True, "detach", "detach"),
+        (None, "shared", "shared"),
+    ],
+)
+def test_share_features_extractor_selects_the_arch_like_ppo(share, arch, expected):
+    policy = make_policy(share_features_extractor=share, arch=arch)
+    assert policy.arch == expected
+    assert policy.share_features_extractor == (expected != "dual")
+
+
+def test_share_features_extractor_contradicting_arch_is_an_error():
+    with pytest.raises(ValueError, match="share_features_extractor=False contradicts arch='shared'"):
+        make_policy(share_features_extractor=False, arch="shared")
+    with pytest.raises(ValueError, match=r"(?s)would be unused.*share_features_extractor=False"):
+        make_policy(share_features_extractor=True, net_arch=dict(pi=[8], vf=[8]))
+
+
+def test_shared_extractor_model_saves_and_loads(tmp_path, make_model):
+    model = make_model(policy_kwargs=dict(share_features_extractor=True, net_arch=[8]))
+    assert model.policy.arch == "shared"
+    model.save(tmp_path / "model")
+    assert PPG.load(tmp_path / "model").policy.arch == "shared"
