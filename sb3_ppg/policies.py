@@ -18,7 +18,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_ppg.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
-from sb3_ppg.validation import check_net_arch
+from sb3_ppg.validation import check_finite_observations, check_net_arch
 
 ARCHS = ("dual", "detach", "shared")
 
@@ -265,9 +265,10 @@ class PPGPolicy(ActorCriticPolicy):
         """
         The current policy's action distribution for the observations (the policy network only).
 
-        :param obs: Observation
+        :param obs: Observation (NaN or inf values raise a ``ValueError``)
         :return: the action distribution
         """
+        check_finite_observations(obs)
         latent_pi = self.mlp_extractor.forward_actor(self._features(obs, self.pi_features_extractor))
         return self._get_action_dist_from_latent(latent_pi)
 
@@ -279,10 +280,11 @@ class PPGPolicy(ActorCriticPolicy):
         """
         Forward pass in all the networks (actor and critic).
 
-        :param obs: Observation
+        :param obs: Observation (NaN or inf values raise a ``ValueError``)
         :param deterministic: Whether to sample or use deterministic actions
         :return: action, value and log probability of the action
         """
+        check_finite_observations(obs)
         latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
         values = self.value_net(latent_vf)
         distribution = self._get_action_dist_from_latent(latent_pi)

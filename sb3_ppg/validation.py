@@ -242,3 +242,21 @@ def _layer_sizes(layers: object, where: str) -> list[int]:
     if invalid:
         raise ValueError(f"{where}={layers!r} holds invalid layer sizes {invalid!r}: each must be a positive int.")
     return [int(size) for size in layers]
+
+
+def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
+    """
+    Refuse observations holding NaN or inf before they reach the networks (integer observations, such as uint8
+    images, cannot hold them and are not looked at).
+
+    :param obs: an observation tensor, or a dict of them
+    :raises ValueError: naming the fix
+    """
+    for key, tensor in obs.items() if isinstance(obs, dict) else [(None, obs)]:
+        if tensor.is_floating_point() and not th.isfinite(tensor).all():
+            where = f"Observation key {key!r}" if key is not None else "The observation"
+            raise ValueError(
+                f"{where} holds NaN or inf values: the policy cannot act on them. Check the environment (wrap it in "
+                "VecCheckNan(env, raise_exception=True) to find the step that produces them), and scale unbounded "
+                "observations (e.g. VecNormalize, which also clips them)."
+            )

@@ -152,3 +152,45 @@ def test_shared_extractor_model_saves_and_loads(tmp_path, make_model):
     assert model.policy.arch == "shared"
     model.save(tmp_path / "model")
     assert PPG.load(tmp_path / "model").policy.arch == "shared"
+
+
+class BadObservationEnv(gym.ObservationWrapper):
+    """Observations become ``value`` (NaN or inf) from the ``after``-th one on."""
+
+    def __init__(self, env: gym.Env, value: float, after: int = 5):
+        super().__init__(env)
+        self.value, self.after, self.count = value, after, 0
+
+    def observation(self, obs):
+        self.count += 1
+        return np.full_like(obs, self.value) if self.count > self.after else obs
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_non_finite_observations_name_the_fix(make_model, env_id, value):
+    model = make_model(BadObservationEnv(gym.make(env_id), value))
+    with pytest.raises(ValueError, match=r"The observation holds NaN or inf values.*VecCheckNan"):
+        model.learn(64)
+    with pytest.raises(ValueError, match=r"The observation holds NaN or inf values.*VecCheckNan"):
+        model.predict(np.full(model.observation_space.shape, value, np.float32))
+
+
+def test_non_finite_dict_observation_names_the_key():
+    from sb3_ppg.validation import check_finite_observations
+
+    obs = {"image": th.zeros(2, 3, 4, 4, dtype=th.uint8), "vector": th.tensor([[0.0, np.nan]])}
+    with pytest.raises(ValueError, match="Observation key 'vector' holds NaN or inf"):
+        check_finite_observations(obs)
+    check_finite_observations({"image": obs["image"], "vector": th.zeros(2, 2)})
+
+
+def test_integer_observations_are_not_scanned(monkeypatch):
+    from sb3_ppg import validation
+
+    calls = []
+    monkeypatch.setattr(validation.th, "isfinite", lambda tensor: calls.append(tensor) or th.ones((), dtype=th.bool))
+    validation.check_finite_observations(th.zeros(8, 3, 64, 64, dtype=th.uint8))
+    assert calls == []
+    validation.check_finite_observations(th.zeros(8, 4))
+    assert len(calls) == 1
