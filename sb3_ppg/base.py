@@ -140,17 +140,42 @@ class PPGBase(OnPolicyAlgorithm):
         super()._update_learning_rate(optimizers)
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
-        """Check the loss, backpropagate it, clip the gradients, step and clear them."""
+        """Check the loss, backpropagate it, check and clip the gradients, step and clear them."""
         self._check_finite(loss, phase)
         loss.backward()
-        self._clip_gradients()
+        self._clip_gradients(phase)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def _clip_gradients(self) -> None:
-        """Clip the global gradient norm to ``max_grad_norm`` (no-op when it is None)."""
+    def _clip_gradients(self, phase: str) -> None:
+        """
+        Clip the global gradient norm to ``max_grad_norm`` (when set), after checking that the gradients are
+        finite: a finite loss can still have inf or NaN gradients, which must not reach the weights.
+
+        :param phase: "policy" or "auxiliary", for the message
+        :raises FloatingPointError: when the gradients' global norm is not finite (the gradients are cleared)
+        """
         if self.max_grad_norm is not None:
-            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+            total_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        else:
+            gradients = [parameter.grad for parameter in self.policy.parameters() if parameter.grad is not None]
+            if not gradients:
+                return
+            # th.nn.utils.get_total_norm from torch 2.6 on (one fused pass); the same norm before
+            get_total_norm = getattr(th.nn.utils, "get_total_norm", None)
+            if get_total_norm is not None:
+                total_norm = get_total_norm(gradients)
+            else:
+                total_norm = th.linalg.vector_norm(th.stack([th.linalg.vector_norm(grad) for grad in gradients]))
+        if not th.isfinite(total_norm).item():
+            self.policy.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"PPG's {phase}-phase gradients have a non-finite norm ({total_norm.item()}) at timestep "
+                f"{self.num_timesteps} although the loss is finite: training stopped before the weights were updated "
+                "with them. Common causes: a learning rate that is too high (lower learning_rate / "
+                "aux_learning_rate), observations or rewards on a huge scale (use VecNormalize), or a custom network "
+                "or features extractor whose gradient is not finite somewhere (e.g. sqrt or log at 0)."
+            )
 
     def _check_finite(self, loss: th.Tensor, phase: str) -> None:
         """

@@ -395,7 +395,7 @@ class PPG(PPGBase):
                 group_size = min(accum, n_batches - group_start)
                 (loss / group_size).backward()
                 if batch_index - group_start == group_size - 1:
-                    self._clip_gradients()
+                    self._clip_gradients("auxiliary")
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     self._n_aux_updates += 1

@@ -194,3 +194,20 @@ def test_integer_observations_are_not_scanned(monkeypatch):
     assert calls == []
     validation.check_finite_observations(th.zeros(8, 4))
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.5])
+@pytest.mark.parametrize("phase, head", [("policy", "action_net"), ("auxiliary", "aux_value_net")])
+def test_non_finite_gradients_of_a_finite_loss_never_reach_the_weights(make_model, max_grad_norm, phase, head):
+    model = make_model(max_grad_norm=max_grad_norm)
+    # The aux value head only learns in the auxiliary phase: its gradient turns NaN there, the action head's at once
+    getattr(model.policy, head).weight.register_hook(lambda grad: grad * float("nan"))
+    before = {name: param.detach().clone() for name, param in model.policy.named_parameters()}
+    with pytest.raises(FloatingPointError, match=rf"{phase}-phase gradients have a non-finite norm \(nan\) at timestep"):
+        model.learn(4 * 16)
+    after = dict(model.policy.named_parameters())
+    if phase == "policy":
+        assert all(th.equal(before[name], after[name]) for name in before)
+    assert all(th.isfinite(param).all() for param in after.values())
+    # The bad gradients are cleared: nothing leaks into a later step
+    assert all(param.grad is None for param in after.values())
