@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
-from sb3_ppg.validation import resolve_batch_size, schedule_value
+from sb3_ppg.validation import check_aux_buffer_memory, resolve_batch_size, schedule_value
 
 SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
 
@@ -44,8 +44,21 @@ class PPGBase(OnPolicyAlgorithm):
     _train_aux_phase: Callable[[], None]
     max_grad_norm: float | None  # type: ignore[assignment]
 
-    def _make_aux_buffer(self) -> AuxiliaryBuffer | None:
-        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off)."""
+    def _check_aux_buffer_memory(self, n_envs: int) -> None:
+        """
+        Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it: a ``ValueError``
+        when it cannot, a warning when it exceeds the memory available now.
+        """
+        if self.n_aux_epochs > 0:
+            nbytes = AuxiliaryBuffer.estimate_nbytes(
+                self.n_policy_iters, self.n_steps, n_envs, self.observation_space, self.action_space
+            )
+            check_aux_buffer_memory(nbytes, n_policy_iters=self.n_policy_iters, n_envs=n_envs, n_steps=self.n_steps)
+
+    def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
+        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
+        if check_memory:
+            self._check_aux_buffer_memory(self.n_envs)
         if self.n_aux_epochs == 0:
             return None
         return AuxiliaryBuffer(
@@ -280,6 +293,7 @@ class PPGBase(OnPolicyAlgorithm):
             return
         # Check everything before changing anything
         check_for_correct_spaces(env, self.observation_space, self.action_space)
+        self._check_aux_buffer_memory(env.num_envs)
         self.batch_size = resolve_batch_size(self, env.num_envs)
         if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
             warnings.warn(
@@ -299,7 +313,7 @@ class PPGBase(OnPolicyAlgorithm):
             n_envs=self.n_envs,
             **self.rollout_buffer_kwargs,
         )
-        self.aux_buffer = self._make_aux_buffer()
+        self.aux_buffer = self._make_aux_buffer(check_memory=False)
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """

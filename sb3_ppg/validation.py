@@ -260,3 +260,54 @@ def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
                 "VecCheckNan(env, raise_exception=True) to find the step that produces them), and scale unbounded "
                 "observations (e.g. VecNormalize, which also clips them)."
             )
+
+
+def memory_info() -> tuple[int | None, int | None]:
+    """
+    The memory available now and the memory this process can have in all, in bytes (None where unknown):
+    ``MemAvailable`` and ``MemTotal`` of ``/proc/meminfo``, the total capped by a cgroup memory limit.
+    """
+    values = {}
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    total = values.get("MemTotal")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as file:
+                limit = int(file.read().strip())
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            continue
+        total = limit if total is None else min(total, limit)
+    return values.get("MemAvailable"), total
+
+
+def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_steps: int) -> None:
+    """
+    Check, before allocating it, that the auxiliary buffer fits in memory: warn when it exceeds the memory
+    available now, raise when it exceeds the memory this process can have in all.
+
+    :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``)
+    :param n_policy_iters: N_pi, for the message
+    :param n_envs: the number of envs, for the message
+    :param n_steps: the rollout length, for the message
+    :raises ValueError: when the buffer cannot fit
+    """
+    available, total = memory_info()
+    gib = 1024**3
+    size = (
+        f"The auxiliary buffer needs {nbytes / gib:.3g} GiB (n_policy_iters * n_envs * n_steps = {n_policy_iters} * "
+        f"{n_envs} * {n_steps} steps of {nbytes // max(1, n_policy_iters * n_envs * n_steps)} bytes)"
+    )
+    fix = "reduce n_policy_iters, n_steps or the number of envs (or the observations' size)"
+    if total is not None and nbytes > total:
+        raise ValueError(f"{size}, more than this machine's {total / gib:.3g} GiB of memory: {fix}.")
+    if available is not None and nbytes > available:
+        warnings.warn(
+            f"{size}, more than the {available / gib:.3g} GiB of memory available now: the machine may swap or the "
+            f"process be killed. If so, {fix}."
+        )

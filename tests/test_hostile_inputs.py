@@ -211,3 +211,66 @@ def test_non_finite_gradients_of_a_finite_loss_never_reach_the_weights(make_mode
     assert all(th.isfinite(param).all() for param in after.values())
     # The bad gradients are cleared: nothing leaks into a later step
     assert all(param.grad is None for param in after.values())
+
+
+@pytest.mark.parametrize(
+    "observation_space, action_space",
+    [
+        (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), gym.spaces.Discrete(15)),
+        (gym.spaces.Box(-1, 1, (5,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)),
+        (gym.spaces.Discrete(4), gym.spaces.MultiBinary(3)),
+        (
+            gym.spaces.Dict(a=gym.spaces.Box(-1, 1, (2, 3)), b=gym.spaces.MultiDiscrete([2, 3])),
+            gym.spaces.MultiDiscrete([2, 4]),
+        ),
+    ],
+)
+def test_aux_buffer_memory_estimate_is_exact(observation_space, action_space):
+    from sb3_ppg.buffers import AuxiliaryBuffer
+
+    buffer = AuxiliaryBuffer(3, 5, 2, observation_space, action_space, device="cpu")
+    assert AuxiliaryBuffer.estimate_nbytes(3, 5, 2, observation_space, action_space) == buffer.nbytes
+
+
+def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
+    from sb3_ppg.validation import memory_info
+
+    if memory_info()[1] is None:
+        pytest.skip("the machine's memory is unknown here (no /proc/meminfo)")
+    # About 400 TiB: never allocated (numpy would fail with a MemoryError naming no hyperparameter)
+    with pytest.raises(
+        ValueError,
+        match=r"auxiliary buffer needs .* GiB \(n_policy_iters \* n_envs \* n_steps = "
+        r"1000000000000 \* 1 \* 16 steps of 28 bytes\), more than this machine's .*reduce n_policy_iters",
+    ):
+        make_model(n_policy_iters=10**12)
+
+
+def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
+    from sb3_ppg import validation
+
+    # CartPole, 16 steps, N_pi 2: 2 * 16 * 28 = 896 bytes
+    monkeypatch.setattr(validation, "memory_info", lambda: (800, 10_000))
+    with pytest.warns(UserWarning, match="more than the .* GiB of memory available now"):
+        make_model()
+    monkeypatch.setattr(validation, "memory_info", lambda: (800, 800))
+    with pytest.raises(ValueError, match="more than this machine's"):
+        make_model()
+    monkeypatch.setattr(validation, "memory_info", lambda: (None, None))
+    make_model()
+    # set_env with more envs is checked before anything changes
+    monkeypatch.setattr(validation, "memory_info", lambda: (None, 1000))
+    model = make_model()
+    from stable_baselines3.common.env_util import make_vec_env
+
+    with pytest.raises(ValueError, match=r"n_policy_iters \* n_envs \* n_steps = 2 \* 2 \* 16"):
+        model.set_env(make_vec_env("CartPole-v1", n_envs=2))
+    assert model.n_envs == 1 and model.aux_buffer.n_envs == 1
+
+
+def test_memory_info_reads_this_machine():
+    from sb3_ppg.validation import memory_info
+
+    available, total = memory_info()
+    if total is not None:
+        assert total > 0 and (available is None or 0 < available)
