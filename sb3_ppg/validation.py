@@ -147,8 +147,11 @@ def resolve_batch_size(model: "PPG", n_envs: int) -> int:
     """
     rollout_size = model.n_steps * n_envs
     batch_size = max(1, rollout_size // 8) if model._auto_batch_size else model.batch_size
-    if rollout_size < 2:
-        raise ValueError(f"n_steps * n_envs must be > 1 (one rollout needs at least 2 samples), got {rollout_size}")
+    if rollout_size < 2 and model.normalize_advantage != "none":
+        raise ValueError(
+            f"n_steps * n_envs must be > 1 with normalize_advantage={model.normalize_advantage!r} (the advantages of "
+            f"one sample normalize to 0), got {rollout_size}: collect more steps or pass normalize_advantage='none'."
+        )
     assert batch_size is not None
     if batch_size > rollout_size:
         raise ValueError(
@@ -168,7 +171,8 @@ def resolve_batch_size(model: "PPG", n_envs: int) -> int:
     if rollout_size % batch_size != 0:
         warnings.warn(
             f"The rollout size (n_steps * n_envs = {rollout_size}) is not a multiple of batch_size={batch_size}: "
-            f"the last minibatch of each epoch holds {rollout_size % batch_size} samples."
+            f"there will be a truncated mini-batch of size {rollout_size % batch_size} in each epoch. We recommend "
+            "a batch_size that divides n_steps * n_envs."
         )
     return batch_size
 

@@ -274,3 +274,10 @@ def test_memory_info_reads_this_machine():
     available, total = memory_info()
     if total is not None:
         assert total > 0 and (available is None or 0 < available)
+
+
+def test_one_sample_rollouts_need_no_advantage_normalization():
+    with pytest.raises(ValueError, match=r"n_steps \* n_envs must be > 1 with normalize_advantage='batch'"):
+        PPG("MlpPolicy", "Pendulum-v1", n_steps=1)
+    # As SB3's PPO: allowed without advantage normalization
+    PPG("MlpPolicy", "Pendulum-v1", n_steps=1, batch_size=1, normalize_advantage=False, n_policy_iters=4).learn(8)
