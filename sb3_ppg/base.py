@@ -3,13 +3,18 @@
 import io
 import pathlib
 import warnings
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import torch as th
+from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.utils import check_for_correct_spaces
+from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_ppg import distributed
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.policies import PPGPolicy
 from sb3_ppg.validation import resolve_batch_size
@@ -65,10 +70,63 @@ class PPGBase(OnPolicyAlgorithm):
             progress_bar=progress_bar,
         )
 
+    # ------------------------------------------------------------------------------------------------------------
+    # Data-parallel training (torchrun): hooks into sb3_ppg.distributed, which do nothing in a single process
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        if distributed.is_active():
+            distributed.prepare_learn(self, total_timesteps, reset_num_timesteps)
+        return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        if distributed.is_active():
+            return super()._init_callback(distributed.wrap_callback(callback, progress_bar))
+        return super()._init_callback(callback, progress_bar)
+
+    def collect_rollouts(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """SB3's rollout collection; in data-parallel training, the ranks then share its outcome (steps, statistics)."""
+        if distributed.is_active():
+            return distributed.collect_rollouts(
+                self, lambda: super(PPGBase, self).collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            )
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
+        if seed is not None and distributed.is_active():
+            seed += distributed.get_rank() * self.n_envs
+        super().set_random_seed(seed)
+
+    def save(
+        self,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """SB3's ``save``; in data-parallel training only rank 0 writes (every rank holds the same model)."""
+        if distributed.get_rank() == 0:
+            super().save(path, exclude=exclude, include=include)
+
+    def _average_gradients(self) -> None:
+        """Average the gradients over the ranks before a step (data-parallel training only)."""
+        if distributed.is_active():
+            distributed.average_gradients(self.policy.parameters())
+
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
-        """Check the loss, backpropagate it, clip the gradients, step and clear them."""
+        """Check the loss, backpropagate it, average the gradients over the ranks, clip them, step and clear them."""
         self._check_finite(loss, phase)
         loss.backward()
+        self._average_gradients()
         self._clip_gradients()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -128,7 +186,7 @@ class PPGBase(OnPolicyAlgorithm):
         super()._maybe_recommend_cpu(mlp_class_name)
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "aux_buffer", "aux_optimizer", "value_optimizer"]
+        return [*super()._excluded_save_params(), "aux_buffer", "aux_optimizer", "value_optimizer", "_distributed_stats_base"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"]

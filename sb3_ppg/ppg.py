@@ -15,7 +15,7 @@ from stable_baselines3.common.utils import (
     update_learning_rate,
 )
 
-from sb3_ppg import losses
+from sb3_ppg import distributed, losses
 from sb3_ppg.base import PPGBase
 from sb3_ppg.buffers import AuxiliaryBufferSamples
 from sb3_ppg.distributions import get_distribution_params
@@ -161,7 +161,7 @@ class PPG(PPGBase):
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,
             verbose=verbose,
-            device=device,
+            device=distributed.auto_init(device),
             seed=seed,
             _init_setup_model=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary),
@@ -223,7 +223,11 @@ class PPG(PPGBase):
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
             advantages = self.rollout_buffer.advantages
-            self.rollout_buffer.advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            if distributed.is_active():  # over all ranks' samples
+                mean, std = distributed.global_mean_std(advantages)
+            else:
+                mean, std = advantages.mean(), advantages.std()
+            self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
         self._train_policy_phase()
         if self.aux_buffer is not None:
             self.aux_buffer.add(self.rollout_buffer)
@@ -312,8 +316,15 @@ class PPG(PPGBase):
         return loss
 
     def _below_target_kl(self, stats: dict[str, list[th.Tensor]]) -> bool:
-        """Whether the last minibatch's approx KL allows its update (SB3's PPO: stop before 1.5 * target_kl)."""
-        return self.target_kl is None or stats["approx_kl"][-1].item() <= 1.5 * self.target_kl
+        """
+        Whether the last minibatch's approx KL allows its update (SB3's PPO: stop before 1.5 * target_kl). In
+        data-parallel training it is the ranks' mean, so that every rank decides the same.
+        """
+        if self.target_kl is None:
+            return True
+        if distributed.is_active():
+            stats["approx_kl"][-1] = distributed.all_reduce_mean(stats["approx_kl"][-1])
+        return stats["approx_kl"][-1].item() <= 1.5 * self.target_kl
 
     def _value_loss(
         self,
@@ -387,6 +398,7 @@ class PPG(PPGBase):
                 group_size = min(accum, n_batches - group_start)
                 (loss / group_size).backward()
                 if batch_index - group_start == group_size - 1:
+                    self._average_gradients()
                     self._clip_gradients()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
