@@ -123,8 +123,9 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
         aux_batch_rollouts=2,
         seed=0,
         policy_kwargs=dict(net_arch=[16]),
+        tensorboard_log=os.path.join(out_dir, "tensorboard"),
     )
-    model.learn(4 * 16 * GLOBAL_ENVS)
+    model.learn(4 * 16 * GLOBAL_ENVS, progress_bar=True)
     model.save(os.path.join(out_dir, f"model_rank{distributed.get_rank()}"))  # a no-op on rank 1
     return dict(
         final=parameters(model),

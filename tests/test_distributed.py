@@ -202,6 +202,8 @@ def test_torchrun_end_to_end(tmp_path):
     assert rank0["ret_rms"][2] == pytest.approx(1e-4 + 4 * 16 * 4)
     assert rank0["episodes"] == rank1["episodes"] > 0
     assert (tmp_path / "model_rank0.zip").exists() and not (tmp_path / "model_rank1.zip").exists()
+    assert [path.name for path in (tmp_path / "tensorboard").iterdir()] == ["PPG_1"]  # rank 0's run only
+    assert len(list((tmp_path / "tensorboard" / "PPG_1").iterdir())) == 1
     model = PPG.load(tmp_path / "model_rank0", env=make_vec_env("CartPole-v1", n_envs=1))
     assert model.num_timesteps == 4 * 16 * 4
     assert_identical({name: value.cpu() for name, value in model.policy.state_dict().items()}, rank0["final"])
