@@ -7,6 +7,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import (
     BaseFeaturesExtractor,
     CombinedExtractor,
@@ -108,6 +109,8 @@ class PPGPolicy(ActorCriticPolicy):
         if optimizer_kwargs is None and optimizer_class == th.optim.Adam:
             optimizer_kwargs = {"eps": 1e-8}
         # Set before the parent constructor, which calls _build()
+        # The precision of the features extractors: float32, or bfloat16 autocast (set by PPG for each phase)
+        self.compute_dtype = th.float32
         self.arch = arch
         self.detach_value_in_aux = detach_value_in_aux
         self.normed_init = normed_init
@@ -205,6 +208,36 @@ class PPGPolicy(ActorCriticPolicy):
         )
         return data
 
+    def _features(self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor) -> th.Tensor:
+        """
+        Preprocess the observation and run one features extractor, under autocast to ``compute_dtype`` when that is
+        not float32 (the heads, the distributions and the losses always stay in float32).
+
+        :param obs: Observation
+        :param features_extractor: The features extractor to run
+        :return: The features, in float32
+        """
+        preprocessed_obs = preprocess_obs(obs, self.observation_space, normalize_images=self.normalize_images)
+        if self.compute_dtype == th.float32:
+            return features_extractor(preprocessed_obs)
+        with th.autocast(device_type=self.device.type, dtype=self.compute_dtype):
+            features = features_extractor(preprocessed_obs)
+        return features.float()
+
+    def extract_features(  # type: ignore[override]
+        self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor | None = None
+    ) -> th.Tensor | tuple[th.Tensor, th.Tensor]:
+        """
+        Preprocess the observation and extract features (see ``_features`` for the precision).
+
+        :param obs: Observation
+        :param features_extractor: The features extractor to use with a shared extractor (default: the policy's)
+        :return: The features; for ``arch="dual"`` a tuple with the policy network's and the value network's
+        """
+        if self.share_features_extractor:
+            return self._features(obs, self.features_extractor if features_extractor is None else features_extractor)
+        return self._features(obs, self.pi_features_extractor), self._features(obs, self.vf_features_extractor)
+
     def _get_latents(self, obs: PyTorchObs, detach_value: bool) -> tuple[th.Tensor, th.Tensor]:
         """
         One pass through the networks.
@@ -218,6 +251,16 @@ class PPGPolicy(ActorCriticPolicy):
             return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
         latent_pi = self.mlp_extractor.forward_actor(self.extract_features(obs))
         return latent_pi, latent_pi.detach() if detach_value else latent_pi
+
+    def get_distribution(self, obs: PyTorchObs) -> Distribution:
+        """
+        The current policy's action distribution for the observations (the policy network only).
+
+        :param obs: Observation
+        :return: the action distribution
+        """
+        latent_pi = self.mlp_extractor.forward_actor(self._features(obs, self.pi_features_extractor))
+        return self._get_action_dist_from_latent(latent_pi)
 
     @property
     def _detach_value_in_policy_phase(self) -> bool:
@@ -261,7 +304,7 @@ class PPGPolicy(ActorCriticPolicy):
         :return: the estimated values.
         """
         if self.arch == "dual":
-            return super().predict_values(obs)
+            return self.value_net(self.mlp_extractor.forward_critic(self._features(obs, self.vf_features_extractor)))
         _, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
         return self.value_net(latent_vf)
 

@@ -20,7 +20,7 @@ from sb3_ppg.base import PPGBase
 from sb3_ppg.buffers import AuxiliaryBufferSamples
 from sb3_ppg.distributions import get_distribution_params
 from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
-from sb3_ppg.validation import check_hyperparameters, resolve_batch_size
+from sb3_ppg.validation import check_hyperparameters, resolve_batch_size, resolve_precision
 
 
 class PPG(PPGBase):
@@ -77,6 +77,9 @@ class PPG(PPGBase):
         paper's code) or share the policy phase's optimizer (False, as CleanRL)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step (a memory
         knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
+    :param precision: ``"fp32"`` (default) or ``"bf16"``: the features extractors run under bfloat16 autocast (the
+        heads, distributions, losses and optimizer stay in float32); or a dict choosing per phase, e.g.
+        ``{"rollout": "bf16", "policy": "fp32", "aux": "bf16"}`` (missing phases are ``"fp32"``)
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: only at rollout start)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
@@ -130,6 +133,7 @@ class PPG(PPGBase):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
+        precision: str | dict[str, str] = "fp32",
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         rollout_buffer_class: type[RolloutBuffer] | None = None,
@@ -186,6 +190,7 @@ class PPG(PPGBase):
         self.aux_learning_rate = aux_learning_rate
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
+        self.precision = precision
         # Cumulative counters: saved with the model
         self._n_aux_phases = 0
         self._n_aux_updates = 0
@@ -203,6 +208,9 @@ class PPG(PPGBase):
         if self.aux_learning_rate is not None:
             self.aux_learning_rate = FloatSchedule(self.aux_learning_rate)
         self.batch_size = resolve_batch_size(self, self.n_envs)
+        # The features extractors' precision in each phase; between train() calls (rollouts, predict) the rollouts'
+        self._phase_dtypes = resolve_precision(self.precision)
+        self.policy.compute_dtype = self._phase_dtypes["rollout"]
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
         # The auxiliary phase's own Adam (the paper's code), unless it shares the policy phase's (CleanRL)
@@ -228,13 +236,16 @@ class PPG(PPGBase):
             else:
                 mean, std = advantages.mean(), advantages.std()
             self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
+        self.policy.compute_dtype = self._phase_dtypes["policy"]
         self._train_policy_phase()
         if self.aux_buffer is not None:
             self.aux_buffer.add(self.rollout_buffer)
             if self.aux_buffer.full():
+                self.policy.compute_dtype = self._phase_dtypes["aux"]
                 self._compute_old_distributions()
                 self._train_aux_phase()
                 self.aux_buffer.reset()
+        self.policy.compute_dtype = self._phase_dtypes["rollout"]
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
 
     def _train_policy_phase(self) -> None:

@@ -3,10 +3,14 @@
 import warnings
 from typing import TYPE_CHECKING
 
+import torch as th
+
 if TYPE_CHECKING:
     from sb3_ppg.ppg import PPG
 
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
+PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
+PHASES = ("rollout", "policy", "aux")
 
 
 def check_hyperparameters(model: "PPG") -> None:
@@ -52,6 +56,10 @@ def check_hyperparameters(model: "PPG") -> None:
         )
         check(model.aux_batch_rollouts >= 1, f"aux_batch_rollouts must be >= 1, got {model.aux_batch_rollouts}")
         check(model.n_aux_grad_accum >= 1, f"n_aux_grad_accum must be >= 1, got {model.n_aux_grad_accum}")
+    try:
+        resolve_precision(model.precision)
+    except ValueError as error:
+        errors.append(str(error))
     if errors:
         raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(errors))
 
@@ -91,3 +99,25 @@ def resolve_batch_size(model: "PPG", n_envs: int) -> int:
             f"the last minibatch of each epoch holds {rollout_size % batch_size} samples."
         )
     return batch_size
+
+
+def resolve_precision(precision: str | dict[str, str]) -> dict[str, th.dtype]:
+    """
+    The compute dtype of the features extractors in each phase.
+
+    :param precision: ``"fp32"`` / ``"bf16"`` for every phase, or a dict from phase (``"rollout"``, ``"policy"``,
+        ``"aux"``) to one of those (missing phases: ``"fp32"``)
+    :return: a dtype for each phase
+    """
+    per_phase = dict.fromkeys(PHASES, precision) if isinstance(precision, str) else dict.fromkeys(PHASES, "fp32")
+    if isinstance(precision, dict):
+        unknown = sorted(set(precision) - set(PHASES))
+        if unknown:
+            raise ValueError(f"precision has unknown phases {unknown}: use the keys {list(PHASES)}.")
+        per_phase.update(precision)
+    elif not isinstance(precision, str):
+        raise ValueError(f"precision must be 'fp32', 'bf16' or a dict of those per phase, got {precision!r}")
+    for phase, name in per_phase.items():
+        if name not in PRECISIONS:
+            raise ValueError(f"precision {name!r} (phase {phase!r}) is not one of {list(PRECISIONS)}.")
+    return {phase: PRECISIONS[name] for phase, name in per_phase.items()}

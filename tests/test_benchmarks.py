@@ -1,6 +1,7 @@
 """The benchmark scripts run, and compute what their reports say."""
 
 import importlib.util
+import json
 import os
 
 import numpy as np
@@ -52,3 +53,23 @@ def test_env_throughput_runs(tmp_path):
     assert f"keeps **{ratio:.1%}** of raw procgen's throughput (paired; 95% bootstrap interval" in report
     assert "this run meets" in report or "this run does NOT meet" in report or "this run cannot tell" in report
     assert "Command: `python benchmarks/env_throughput.py --n-envs 4" in report
+
+
+def test_throughput_runs(tmp_path):
+    """benchmarks/throughput.py in a tiny configuration: both modes, the compute bound and the report."""
+    throughput = load_script("throughput")
+    output, json_path = tmp_path / "throughput.md", tmp_path / "throughput.json"
+    args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--n-policy-iters", "2", "--n-aux-epochs", "1"]
+    args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1"]
+    results = throughput.main([*args, "--output", str(output), "--json", str(json_path)])
+    assert [result["mode"] for result in results] == ["optimized", "reference"]
+    for result in results:
+        assert result["env_steps"] == 2 * 2 * 8
+        for key in ("end_to_end_env_steps_per_s", "rollout_env_steps_per_s", "bound_env_steps_per_s", "peak_rss_mib"):
+            assert result[key] > 0
+        assert 0 < result["end_to_end_over_bound"] < 10
+    assert results[0]["channels_last"] and not results[1]["channels_last"]
+    report = output.read_text()
+    assert "| optimized | fp32 | True | False |" in report and "| reference | fp32 | False | False |" in report
+    assert "Optimized / reference end-to-end:" in report
+    assert json.loads(json_path.read_text())[0]["mode"] == "optimized"

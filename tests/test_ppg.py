@@ -332,3 +332,62 @@ def test_continuous_actions_and_single_network_archs_run(make_model):
         model.learn(2 * 16)
         assert model._n_aux_phases == 1
         assert model.aux_buffer.old_distribution_params.shape[-1] == 2  # mean and log std of 1 action
+
+
+def test_channels_last_and_nchw_train_to_the_same_parameters():
+    """The optimized memory format computes what the reference NCHW one does (float tolerance)."""
+    trained = []
+    for channels_last in (True, False):
+        env = FakeImageEnv(screen_height=16, screen_width=16, n_channels=3, discrete=True)
+        env.observation_space.seed(0)
+        model = PPG(
+            "ProcgenCnn",
+            env,
+            n_steps=16,
+            batch_size=8,
+            n_policy_iters=1,
+            n_aux_epochs=2,
+            aux_batch_rollouts=1,
+            policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4, 8), channels_last=channels_last)),
+            seed=0,
+        )
+        # One iteration (the same rollout: same initial weights), its policy phase and an aux phase
+        model.learn(16)
+        assert model._n_aux_phases == 1
+        trained.append(params_of(model.policy))
+    # Adam turns float-level gradient differences of near-zero gradients into steps of up to learning_rate (5e-4):
+    # a few such elements may differ by a couple of learning rates; everything else agrees to float precision
+    for a, b in zip(*trained, strict=True):
+        th.testing.assert_close(a, b, rtol=1e-3, atol=2e-3)
+    close = sum(int(th.isclose(a, b, rtol=1e-4, atol=1e-5).sum()) for a, b in zip(*trained, strict=True))
+    assert close >= 0.99 * sum(a.numel() for a in trained[0])
+
+
+@pytest.mark.parametrize("precision", ["bf16", {"rollout": "bf16"}, {"aux": "bf16", "policy": "fp32"}])
+def test_bf16_precision_trains_and_stays_close(make_model, precision):
+    """bf16 autocast runs the features extractor only: outputs stay float32 and close to fp32's."""
+    reference = make_model(n_aux_epochs=1)
+    model = make_model(n_aux_epochs=1, precision=precision)
+    obs = th.as_tensor(np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32))
+    model.policy.compute_dtype = th.bfloat16
+    with th.no_grad():
+        values = model.policy.predict_values(obs)
+        distribution = model.policy.get_distribution(obs)
+        expected = reference.policy.predict_values(obs)
+    assert values.dtype == th.float32 and distribution.distribution.logits.dtype == th.float32
+    th.testing.assert_close(values, expected, rtol=0.05, atol=0.05)
+    model.learn(32)
+    assert model._n_aux_phases == 1
+    # Between train() calls (rollouts, predict) the policy runs at the rollout precision
+    expected_dtype = th.bfloat16 if precision == "bf16" or precision.get("rollout") == "bf16" else th.float32
+    assert model.policy.compute_dtype == expected_dtype
+    assert all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+@pytest.mark.parametrize(
+    "precision, message",
+    [("fp16", "'fp16' .* is not one of"), ({"rollouts": "bf16"}, "unknown phases"), (16, "must be 'fp32', 'bf16'")],
+)
+def test_invalid_precision(make_model, precision, message):
+    with pytest.raises(ValueError, match=message):
+        make_model(precision=precision)

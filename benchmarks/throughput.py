@@ -1,0 +1,362 @@
+"""
+Training throughput of PPG on a real Procgen game, against the network's own compute bound and a reference mode.
+
+For one configuration (policy, arch, n_envs, n_steps, N_pi, E_aux, minibatches, device, precision, compile), each
+mode runs in a fresh subprocess (so that peak memory is its own) and reports:
+
+- rollout env steps/s (time in ``collect_rollouts``: env + policy forward), policy-phase samples/s, auxiliary-phase
+  samples/s (old-policy pass included), end-to-end env steps/s, peak resident memory (and peak device memory on
+  CUDA);
+- the **compute bound**: the same network alone, timed on random images at the batch sizes training uses (forward
+  at the rollout batch of ``n_envs``; forward + backward + optimizer step at the policy and auxiliary minibatch
+  sizes; forward at the old-policy chunk size), in the same precision and memory format. The bound is the env steps
+  per second that training would reach if it spent time only on those network calls; ``end-to-end / bound`` says
+  how close training comes to it.
+
+Modes: ``optimized`` (the package's defaults plus the options given: ``--precision``, ``--compile``) and
+``reference`` (every optimization off: fp32, NCHW convolutions, no compile). The report prints optimized /
+reference. Results go to ``--json`` and a Markdown table to ``--output`` (machine, date, versions, command).
+
+Usage, from the repository root with sb3_ppg installed:
+``python benchmarks/throughput.py --game starpilot --n-envs 32 --n-steps 128 --arch detach --n-policy-iters 4``
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+MODES = ("optimized", "reference")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """
+    :param argv: Command-line arguments (``None``: ``sys.argv[1:]``)
+    :return: The parsed arguments
+    """
+    parser = argparse.ArgumentParser(description="PPG training throughput vs the network's compute bound")
+    parser.add_argument("--game", default="starpilot", help="Procgen game (easy mode)")
+    parser.add_argument("--policy", default="ProcgenCnn", help="PPG policy")
+    parser.add_argument("--arch", default="detach", choices=("dual", "detach", "shared"), help="PPG architecture")
+    parser.add_argument("--n-envs", type=int, default=32)
+    parser.add_argument("--n-steps", type=int, default=128)
+    parser.add_argument("--n-minibatches", type=int, default=8, help="Policy-phase minibatches per epoch")
+    parser.add_argument("--n-policy-iters", type=int, default=4, help="N_pi")
+    parser.add_argument("--n-aux-epochs", type=int, default=2, help="E_aux")
+    parser.add_argument("--aux-batch-rollouts", type=int, default=4, help="Whole rollouts per aux minibatch")
+    parser.add_argument("--n-cycles", type=int, default=1, help="Timed N_pi cycles (each ends with an aux phase)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", help="Optimized mode's precision: fp32, bf16, or JSON per phase")
+    parser.add_argument("--compile", action="store_true", help="Optimized mode: torch.compile the features extractors")
+    parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--bound-repeats", type=int, default=3, help="Timed repeats of each network call")
+    parser.add_argument("--modes", default="optimized,reference", help="Comma-separated modes to run")
+    parser.add_argument("--json", default=None, help="Write the results as JSON to this file")
+    parser.add_argument("--output", default=os.path.join("docs", "throughput.md"), help="Markdown file to write")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def _precision(text: str) -> str | dict[str, str]:
+    """The ``precision`` argument of PPG from the command line (a name, or a JSON dict per phase)."""
+    return json.loads(text) if text.strip().startswith("{") else text
+
+
+def build_model(args: argparse.Namespace, mode: str) -> Any:
+    """
+    The PPG model of a mode, on a ``make_procgen_env`` env.
+
+    :param args: The benchmark's arguments
+    :param mode: ``"optimized"`` or ``"reference"``
+    :return: The model
+    """
+    import torch as th
+
+    from sb3_ppg import PPG, make_procgen_env
+
+    optimized = mode == "optimized"
+    env = make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode="easy", seed=0)
+    policy_kwargs: dict[str, Any] = dict(arch=args.arch)
+    if args.policy == "ProcgenCnn":
+        policy_kwargs["features_extractor_kwargs"] = dict(channels_last=optimized)
+    rollout_size = args.n_steps * args.n_envs
+    model = PPG(
+        args.policy,
+        env,
+        n_steps=args.n_steps,
+        batch_size=rollout_size // args.n_minibatches,
+        n_policy_iters=args.n_policy_iters,
+        n_aux_epochs=args.n_aux_epochs,
+        aux_batch_rollouts=args.aux_batch_rollouts,
+        precision=_precision(args.precision) if optimized else "fp32",
+        policy_kwargs=policy_kwargs,
+        device=args.device,
+        seed=0,
+    )
+    if optimized and args.compile:
+        for name in ("features_extractor", "pi_features_extractor", "vf_features_extractor"):
+            extractor = getattr(model.policy, name, None)
+            if extractor is not None:
+                extractor.forward = th.compile(extractor.forward)
+    return model
+
+
+class PhaseTimer:
+    """Wall-clock seconds spent in some of a model's methods (wrapped on the instance)."""
+
+    def __init__(self, model: Any, names: tuple[str, ...], synchronize: Any) -> None:
+        self.seconds = dict.fromkeys(names, 0.0)
+        self.calls = dict.fromkeys(names, 0)
+        for name in names:
+            setattr(model, name, self._timed(name, getattr(model, name), synchronize))
+
+    def _timed(self, name: str, method: Any, synchronize: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            synchronize()
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            synchronize()
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+            return result
+
+        return timed
+
+
+def time_call(function: Any, repeats: int, synchronize: Any) -> float:
+    """Median seconds of ``function()`` after one untimed warm-up call."""
+    function()
+    synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dict[str, float]:
+    """
+    Time the network alone at training's batch sizes and derive the env steps per second that training would reach
+    if it only ran those calls.
+
+    :param model: A model built like the trained one (its weights and optimizer are used, then discarded)
+    :param args: The benchmark's arguments
+    :param synchronize: Waits for the device
+    :return: Seconds per call and the bound in env steps per second
+    """
+    import torch as th
+
+    policy = model.policy
+    dtypes = model._phase_dtypes
+    shape = model.observation_space.shape
+    device = model.device
+
+    def images(n: int) -> th.Tensor:
+        return th.randint(0, 256, (n, *shape), dtype=th.uint8, device=device)
+
+    rollout_obs = images(args.n_envs)
+    batch_size = model.batch_size
+    policy_obs = images(batch_size)
+    aux_obs = images(args.aux_batch_rollouts * args.n_steps)
+    actions = th.randint(0, model.action_space.n, (batch_size,), device=device)
+    optimizer = model.policy.optimizer
+
+    def rollout_forward() -> None:
+        policy.compute_dtype = dtypes["rollout"]
+        with th.no_grad():
+            policy(rollout_obs)
+
+    def policy_step() -> None:
+        policy.compute_dtype = dtypes["policy"]
+        values, log_prob, entropy = policy.evaluate_actions(policy_obs, actions)
+        (values.mean() + log_prob.mean() + entropy.mean()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def old_policy_forward() -> None:
+        policy.compute_dtype = dtypes["aux"]
+        with th.inference_mode():
+            policy.get_distribution(aux_obs)
+
+    def aux_step() -> None:
+        policy.compute_dtype = dtypes["aux"]
+        distribution, values, aux_values = policy.forward_aux(aux_obs)
+        (distribution.entropy().mean() + values.mean() + aux_values.mean()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    seconds = {
+        "rollout_forward_s": time_call(rollout_forward, args.bound_repeats, synchronize),
+        "policy_step_s": time_call(policy_step, args.bound_repeats, synchronize),
+        "old_policy_forward_s": time_call(old_policy_forward, args.bound_repeats, synchronize),
+        "aux_step_s": time_call(aux_step, args.bound_repeats, synchronize),
+    }
+    rollout_size = args.n_steps * args.n_envs
+    n_minibatches = -(-rollout_size // batch_size)
+    n_rollouts = args.n_policy_iters * args.n_envs
+    n_aux_minibatches = -(-n_rollouts // args.aux_batch_rollouts)
+    cycle_s = args.n_policy_iters * (
+        args.n_steps * seconds["rollout_forward_s"] + model.n_epochs * n_minibatches * seconds["policy_step_s"]
+    )
+    cycle_s += n_aux_minibatches * (seconds["old_policy_forward_s"] + args.n_aux_epochs * seconds["aux_step_s"])
+    seconds["bound_env_steps_per_s"] = args.n_policy_iters * rollout_size / cycle_s
+    return seconds
+
+
+def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """
+    Train one mode for ``n_cycles`` N_pi cycles (after one untimed iteration) and measure it.
+
+    :param args: The benchmark's arguments
+    :param mode: ``"optimized"`` or ``"reference"``
+    :return: The measurements
+    """
+    import torch as th
+
+    if args.torch_threads > 0:
+        th.set_num_threads(args.torch_threads)
+    cuda = args.device.startswith("cuda")
+
+    def synchronize() -> None:
+        if cuda:
+            th.cuda.synchronize()
+
+    rollout_size = args.n_steps * args.n_envs
+    model = build_model(args, mode)
+    # Warm-up: one policy iteration (allocations, oneDNN primitives, compilation), then a fresh N_pi cycle
+    model.learn(rollout_size)
+    model.aux_buffer.reset()
+    if cuda:
+        th.cuda.reset_peak_memory_stats()
+    timer = PhaseTimer(
+        model, ("collect_rollouts", "_train_policy_phase", "_compute_old_distributions", "_train_aux_phase"), synchronize
+    )
+    total = args.n_cycles * args.n_policy_iters * rollout_size
+    start = time.perf_counter()
+    model.learn(total, reset_num_timesteps=False)
+    synchronize()
+    wall_s = time.perf_counter() - start
+    n_aux_samples = args.n_cycles * args.n_aux_epochs * args.n_policy_iters * rollout_size
+    aux_s = timer.seconds["_compute_old_distributions"] + timer.seconds["_train_aux_phase"]
+    result: dict[str, Any] = {
+        "mode": mode,
+        "env_steps": total,
+        "wall_s": wall_s,
+        "end_to_end_env_steps_per_s": total / wall_s,
+        "rollout_env_steps_per_s": total / timer.seconds["collect_rollouts"],
+        "policy_phase_samples_per_s": total * model.n_epochs / timer.seconds["_train_policy_phase"],
+        "aux_phase_samples_per_s": n_aux_samples / aux_s,
+        "seconds": timer.seconds,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "aux_buffer_mib": model.aux_buffer.nbytes / 2**20,
+        "precision": args.precision if mode == "optimized" else "fp32",
+        "channels_last": mode == "optimized",
+        "compile": bool(args.compile and mode == "optimized"),
+    }
+    if cuda:
+        result["peak_device_mib"] = th.cuda.max_memory_allocated() / 2**20
+    result.update(compute_bound(model, args, synchronize))
+    result["end_to_end_over_bound"] = result["end_to_end_env_steps_per_s"] / result["bound_env_steps_per_s"]
+    model.env.close()
+    return result
+
+
+def machine() -> str:
+    """One line describing the machine and the versions."""
+    import numpy as np
+    import stable_baselines3
+    import torch as th
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as file:
+            cpu = next(line.split(":", 1)[1].strip() for line in file if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f", GPU {th.cuda.get_device_name()}" if th.cuda.is_available() else ""
+    return (
+        f"{cpu}, {os.cpu_count()} cores{gpu}; Python {platform.python_version()}, torch {th.__version__}, "
+        f"SB3 {stable_baselines3.__version__}, numpy {np.__version__}"
+    )
+
+
+def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
+    """The report as Markdown."""
+    lines = [
+        "# PPG training throughput",
+        "",
+        "Written by `benchmarks/throughput.py`; do not edit by hand.",
+        "",
+        f"- Date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- Machine: {machine()}",
+        f"- Command: `{command}`",
+        f"- Config: {args.game} (easy), `{args.policy}` arch `{args.arch}`, {args.n_envs} envs x {args.n_steps} steps, "
+        f"{args.n_minibatches} policy minibatches, N_pi {args.n_policy_iters}, E_aux {args.n_aux_epochs}, "
+        f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi cycle(s)",
+        "",
+        "| mode | precision | channels_last | compile | end-to-end env steps/s | rollout env steps/s | policy samples/s "
+        "| aux samples/s | compute bound env steps/s | end-to-end / bound | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        lines.append(
+            f"| {result['mode']} | {result['precision']} | {result['channels_last']} | {result['compile']} "
+            f"| {result['end_to_end_env_steps_per_s']:.1f} | {result['rollout_env_steps_per_s']:.1f} "
+            f"| {result['policy_phase_samples_per_s']:.1f} | {result['aux_phase_samples_per_s']:.1f} "
+            f"| {result['bound_env_steps_per_s']:.1f} | {result['end_to_end_over_bound']:.0%} | {result['peak_rss_mib']:.0f} |"
+        )
+    by_mode = {result["mode"]: result for result in results}
+    if "optimized" in by_mode and "reference" in by_mode:
+        speedup = by_mode["optimized"]["end_to_end_env_steps_per_s"] / by_mode["reference"]["end_to_end_env_steps_per_s"]
+        lines += ["", f"Optimized / reference end-to-end: **{speedup:.2f}x**."]
+    lines += ["", f"Aux buffer: {results[0]['aux_buffer_mib']:.0f} MiB.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """
+    Run the benchmark (each mode in a subprocess) and write the reports.
+
+    :param argv: Command-line arguments
+    :return: The results of the modes
+    """
+    args = parse_args(argv)
+    if args.child is not None:
+        print("RESULT " + json.dumps(run_mode(args, args.child)))
+        return []
+    argv = sys.argv[1:] if argv is None else argv
+    results = []
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            raise SystemExit(f"Unknown mode {mode!r}: choose from {MODES}")
+        process = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *argv, "--child", mode], capture_output=True, text=True, check=False
+        )
+        if process.returncode != 0:
+            raise SystemExit(f"The {mode} run failed:\n{process.stderr[-4000:]}")
+        line = next(line for line in process.stdout.splitlines() if line.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT ") :]))
+        print(json.dumps(results[-1], indent=2))
+    command = "python benchmarks/throughput.py " + " ".join(argv)
+    report = markdown(results, args, command)
+    print(report)
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as file:
+            file.write(report)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(results, file, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()
