@@ -146,6 +146,26 @@ def mismatch() -> dict[str, Any]:
     return dict(error=None)
 
 
+def resync() -> dict[str, Any]:
+    """
+    A second learn() after rank 1's parameters, Adam state and reward statistics were changed: every rank starts it
+    from rank 0's. The learning rate is a lambda (each process has its own function object: compared by value).
+    """
+    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=0), norm_obs=False)
+    model = PPG("MlpPolicy", env, n_steps=16, learning_rate=lambda progress: 1e-3 * progress, n_aux_epochs=0, seed=0)
+    model.learn(64)
+    if distributed.get_rank() == 1:
+        with th.no_grad():
+            for parameter in model.policy.parameters():
+                parameter.add_(1.0)
+        for state in model.policy.optimizer.state.values():
+            state["exp_avg"].add_(1.0)
+        env.ret_rms.var = env.ret_rms.var * 10
+    model.learn(64, reset_num_timesteps=False)
+    adam = [state[key].clone() for state in model.policy.optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
+    return dict(final=parameters(model), adam=adam, ret_rms=(float(env.ret_rms.var), float(env.ret_rms.count)))
+
+
 def dies(how: str, out_dir: str) -> dict[str, Any]:
     """
     After its first iteration, rank 1 dies ("dies") or stops answering ("stuck", after writing its pid to
@@ -183,6 +203,7 @@ def main() -> None:
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
         result["mismatch"] = mismatch()
+        result["resync"] = resync()
     else:
         raise ValueError(scenario)
     th.save(result, os.path.join(out_dir, f"rank{distributed.get_rank()}.pt"))

@@ -133,7 +133,7 @@ def equality_runs(tmp_path_factory) -> tuple[list[dict[str, Any]], dict[str, Any
     out_dir = tmp_path_factory.mktemp("equality")
     processes = start_ranks("equality", out_dir)
     reference = {name: distributed_worker.equality(name) for name in distributed_worker.EQUALITY_CONFIGS}
-    # (the ranks then run the mismatch scenario)
+    # (the ranks then run the mismatch and resync scenarios)
     wait_all(processes, out_dir)
     return results(out_dir), reference
 
@@ -164,6 +164,14 @@ def test_mismatched_hyperparameters(equality_runs):
     errors = [result["mismatch"]["error"] for result in equality_runs[0]]
     assert errors[0] == errors[1]
     assert "the ranks disagree" in errors[0] and "n_epochs: rank 0 has 1, rank 1 has 2" in errors[0]
+
+
+def test_learn_starts_from_rank_0(equality_runs):
+    """Parameters, Adam moments and VecNormalize statistics changed on rank 1 are rank 0's again at learn()."""
+    rank0, rank1 = (result["resync"] for result in equality_runs[0])
+    assert_identical(rank0["final"], rank1["final"])
+    assert all(th.equal(first, second) for first, second in zip(rank0["adam"], rank1["adam"], strict=True))
+    assert rank0["ret_rms"] == rank1["ret_rms"]
 
 
 @pytest.mark.parametrize("how", ["dies", "stuck"])
