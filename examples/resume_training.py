@@ -16,10 +16,10 @@ model = PPG("MlpPolicy", env, n_steps=64, n_policy_iters=4, seed=0)
 model.learn(total_timesteps=args.timesteps // 2)
 print(f"stopping with {model.aux_buffer.n_iterations} of {model.n_policy_iters} iterations in the aux buffer")
 model.save(args.output)
-model.save_aux_buffer(f"{args.output}_aux_buffer.pkl")  # not part of the zip: it can be many GB
+model.save_aux_buffer(f"{args.output}_aux_buffer.npz")  # not part of the zip: it can be many GB
 
 model = PPG.load(args.output, env=env)
-model.load_aux_buffer(f"{args.output}_aux_buffer.pkl")
+model.load_aux_buffer(f"{args.output}_aux_buffer.npz")
 print(f"resuming with {model.aux_buffer.n_iterations} iterations in the aux buffer")
 model.learn(total_timesteps=args.timesteps // 2, reset_num_timesteps=False)
 print(f"done: {model.num_timesteps} steps, {model._n_aux_phases} auxiliary phases")

@@ -3,6 +3,7 @@
 import os
 
 from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.callbacks import PPGCheckpointCallback
 from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs
@@ -22,6 +23,7 @@ __all__ = [
     "CnnPolicy",
     "MlpPolicy",
     "MultiInputPolicy",
+    "PPGCheckpointCallback",
     "PPGPolicy",
     "ProcgenCnn",
     "ProcgenCnnPolicy",

@@ -1,9 +1,10 @@
 """``PPGBase``: what PPG needs around its training loop: optimizer steps, save/load, set_env, the aux buffer on disk."""
 
 import io
+import os
 import pathlib
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch as th
@@ -16,6 +17,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg import distributed
 from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
 from sb3_ppg.validation import resolve_batch_size
 
@@ -37,6 +39,10 @@ class PPGBase(OnPolicyAlgorithm):
     aux_optimizer: th.optim.Optimizer | None
     value_optimizer: th.optim.Optimizer | None
     _auto_batch_size: bool
+    _phase_dtypes: dict[str, th.dtype]
+    _n_aux_phases: int
+    _compute_old_distributions: Callable[[], None]
+    _train_aux_phase: Callable[[], None]
     max_grad_norm: float | None  # type: ignore[assignment]
 
     def _make_aux_buffer(self) -> AuxiliaryBuffer | None:
@@ -91,16 +97,6 @@ class PPGBase(OnPolicyAlgorithm):
             return super()._init_callback(distributed.wrap_callback(callback, progress_bar))
         return super()._init_callback(callback, progress_bar)
 
-    def collect_rollouts(
-        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
-    ) -> bool:
-        """SB3's rollout collection; in data-parallel training, the ranks then share its outcome (steps, statistics)."""
-        if distributed.is_active():
-            return distributed.collect_rollouts(
-                self, lambda: super(PPGBase, self).collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-            )
-        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
-
     def set_random_seed(self, seed: int | None = None) -> None:
         """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
         if seed is not None and distributed.is_active():
@@ -121,6 +117,55 @@ class PPGBase(OnPolicyAlgorithm):
         """Average the gradients over the ranks before a step (data-parallel training only)."""
         if distributed.is_active():
             distributed.average_gradients(self.policy.parameters())
+
+    def collect_rollouts(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``PPGCheckpointCallback``) that
+        this is a rollout boundary: ``train()`` has consumed the previous rollout and nothing of the next one has
+        been drawn yet. In data-parallel training, the ranks then share its outcome (steps, statistics).
+        """
+        for child in iter_callbacks(callback):
+            if hasattr(child, "on_rollout_boundary"):
+                child.on_rollout_boundary()
+        if distributed.is_active():
+            return distributed.collect_rollouts(
+                self, lambda: super(PPGBase, self).collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            )
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _finish_interrupted_aux_phase(self) -> None:
+        """Run an auxiliary phase that an exception (or Ctrl-C) interrupted, from its start, if there is one."""
+        if self.aux_buffer is not None and self.aux_buffer.full():
+            warnings.warn(
+                "The last auxiliary phase was interrupted: it runs again from its start on the stored rollouts "
+                "(the updates it had made are kept) before this iteration's rollout is stored."
+            )
+            self._run_aux_phase()
+
+    def _run_aux_phase(self) -> None:
+        """
+        Compute the old policy on the full auxiliary buffer, run the auxiliary phase and empty the buffer. When the
+        phase is interrupted (an exception, Ctrl-C) the buffer stays full, so that the model stays usable: the
+        next ``train()`` runs the phase again, and the error says how to resume.
+        """
+        self.policy.compute_dtype = self._phase_dtypes["aux"]
+        try:
+            self._compute_old_distributions()
+            self._train_aux_phase()
+        except BaseException as error:
+            if hasattr(error, "add_note"):
+                error.add_note(
+                    f"PPG: interrupted during the auxiliary phase at timestep {self.num_timesteps} (auxiliary phase "
+                    f"{self._n_aux_phases + 1}). The model stays usable: learn() again reruns that phase from its start. "
+                    "To resume exactly instead, load the last checkpoint written by PPGCheckpointCallback with "
+                    "PPG.load_checkpoint(); it is left intact."
+                )
+            raise
+        finally:
+            self.policy.compute_dtype = self._phase_dtypes["rollout"]
+        self.aux_buffer.reset()  # type: ignore[union-attr]
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
         """Check the loss, backpropagate it, average the gradients over the ranks, clip them, step and clear them."""
@@ -182,6 +227,34 @@ class PPGBase(OnPolicyAlgorithm):
                 raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
             raise
 
+    @classmethod
+    def load_checkpoint(
+        cls: type[SelfPPGBase],
+        path: str | os.PathLike,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        **kwargs: Any,
+    ) -> SelfPPGBase:
+        """
+        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run:
+        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (SB3 counts the steps of
+        ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
+        bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
+        Checkpoints hold pickles (the model zip, the envs of a ``DummyVecEnv``): load only trusted ones.
+
+        :param path: a checkpoint folder, or the folder of the callback's ``save_path`` (its newest complete
+            checkpoint is used)
+        :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
+            of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
+            could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
+        :param device: the device of the model
+        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``)
+        :return: the model
+        :raises FileNotFoundError: when ``path`` holds no complete checkpoint
+        :raises ValueError: when the checkpoint is damaged (naming the previous complete one) or does not fit ``env``
+        """
+        return load_checkpoint(cls, path, env=env, device=device, **kwargs)  # type: ignore[return-value]
+
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
         super()._maybe_recommend_cpu(mlp_class_name)
 
@@ -235,9 +308,12 @@ class PPGBase(OnPolicyAlgorithm):
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
         Save the auxiliary buffer, so that a run can resume mid-phase without losing data. It is not part of the
-        model zip because it can be many GB.
+        model zip because it can be many GB. The file holds plain arrays (``.npz`` with JSON metadata and a checksum
+        of every array), written atomically; nothing is pickled. For resuming a run exactly, prefer the checkpoints
+        of :class:`~sb3_ppg.PPGCheckpointCallback`.
 
-        :param path: Path to the file where the buffer should be saved; ".pkl" is appended to a str path without it
+        :param path: Path to the file where the buffer should be saved; ".npz" is appended to a str path without
+            a suffix
         """
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): there is nothing to save.")
@@ -246,7 +322,8 @@ class PPGBase(OnPolicyAlgorithm):
     def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
         Load an auxiliary buffer saved by ``save_aux_buffer``; the rollouts it holds count toward the next
-        auxiliary phase.
+        auxiliary phase. The file is checked completely (checksums, layout, spaces) before the model's buffer is
+        replaced; a pickle or any other file gives a ``ValueError`` and nothing in it is executed.
 
         :param path: Path to the saved buffer
         """

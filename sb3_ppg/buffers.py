@@ -3,17 +3,19 @@
 import io
 import pathlib
 from collections.abc import Generator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
-from stable_baselines3.common.save_util import load_from_pkl, save_to_pkl
 from stable_baselines3.common.utils import get_device, obs_as_tensor
 
+from sb3_ppg.array_files import read_array_file, space_from_json, space_to_json, write_array_file
 from sb3_ppg.distributions import distribution_param_dim
+
+AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
 
 ObsArray = np.ndarray | dict[str, np.ndarray]
 TensorObs = th.Tensor | dict[str, th.Tensor]
@@ -87,6 +89,8 @@ class AuxiliaryBuffer:
         self.returns = np.zeros((self.buffer_size, n_steps), dtype=np.float32)
         self.old_distribution_params = np.zeros((self.buffer_size, n_steps, self.n_distribution_params), dtype=np.float32)
         self.pos = 0
+        # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
+        self.saved_rollout_files: dict[int, str] = {}
 
     @property
     def n_rollouts(self) -> int:
@@ -105,6 +109,7 @@ class AuxiliaryBuffer:
     def reset(self) -> None:
         """Forget the stored rollouts (the arrays are reused)."""
         self.pos = 0
+        self.saved_rollout_files = {}
 
     @property
     def nbytes(self) -> int:
@@ -199,14 +204,88 @@ class AuxiliaryBuffer:
                 rollout_indices=rows,
             )
 
+    def layout_metadata(self) -> dict[str, Any]:
+        """The buffer's layout and spaces, in JSON: what a saved buffer must match to be loaded."""
+        return {
+            "n_policy_iters": self.n_policy_iters,
+            "n_steps": self.n_steps,
+            "n_envs": self.n_envs,
+            "n_distribution_params": self.n_distribution_params,
+            "observation_space": space_to_json(self.observation_space),
+            "action_space": space_to_json(self.action_space),
+        }
+
+    def iteration_arrays(self, iteration: int, with_old_distributions: bool = False) -> dict[str, np.ndarray]:
+        """
+        The arrays of one stored policy iteration (its ``n_envs`` rows), as plain arrays by name.
+
+        :param iteration: index of the iteration in the buffer, below ``n_iterations``
+        :param with_old_distributions: include the old-policy distribution parameters (only meaningful during an
+            auxiliary phase: they are recomputed right before each one)
+        """
+        return self._rows_arrays(slice(iteration * self.n_envs, (iteration + 1) * self.n_envs), with_old_distributions)
+
+    def _rows_arrays(self, rows: slice, with_old_distributions: bool) -> dict[str, np.ndarray]:
+        if isinstance(self.observations, dict):
+            arrays = {f"observations.{key}": array[rows] for key, array in self.observations.items()}
+        else:
+            arrays = {"observations": self.observations[rows]}
+        arrays["returns"] = self.returns[rows]
+        if with_old_distributions:
+            arrays["old_distribution_params"] = self.old_distribution_params[rows]
+        return arrays
+
+    def _set_rows_arrays(self, start: int, arrays: dict[str, np.ndarray], source: object) -> int:
+        """Copy arrays made by ``_rows_arrays`` into the rows from ``start``; return the number of rows."""
+        expected = self._rows_arrays(slice(0, 0), "old_distribution_params" in arrays)
+        if set(arrays) != set(expected):
+            raise ValueError(f"{source!r} holds arrays {sorted(arrays)}, expected {sorted(expected)}.")
+        n_rows = len(arrays["returns"])
+        if start + n_rows > self.buffer_size:
+            raise ValueError(f"{source!r} holds {n_rows} rollouts: more than fit in the auxiliary buffer.")
+        for name, target in expected.items():
+            array = arrays[name]
+            if array.dtype != target.dtype or array.shape[1:] != target.shape[1:] or len(array) != n_rows:
+                raise ValueError(
+                    f"Array {name!r} of {source!r} is {array.dtype} {array.shape}, expected {target.dtype} "
+                    f"({n_rows}, {', '.join(map(str, target.shape[1:]))})."
+                )
+        rows = slice(start, start + n_rows)
+        if isinstance(self.observations, dict):
+            for key, array in self.observations.items():
+                array[rows] = arrays[f"observations.{key}"]
+        else:
+            self.observations[rows] = arrays["observations"]
+        self.returns[rows] = arrays["returns"]
+        if "old_distribution_params" in arrays:
+            self.old_distribution_params[rows] = arrays["old_distribution_params"]
+        return n_rows
+
+    def set_iteration_arrays(self, iteration: int, arrays: dict[str, np.ndarray], source: object) -> None:
+        """
+        Put back one policy iteration saved from ``iteration_arrays`` (rows are checked, ``pos`` is not changed).
+
+        :param iteration: index of the iteration in the buffer
+        :param arrays: the arrays
+        :param source: where they came from, for error messages
+        """
+        if self._set_rows_arrays(iteration * self.n_envs, arrays, source) != self.n_envs:
+            raise ValueError(f"{source!r} does not hold one policy iteration of {self.n_envs} envs.")
+
     def save(self, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> None:
         """
-        Save the buffer (as a pickle file).
+        Save the stored rollouts as plain arrays: an ``.npz`` archive with JSON metadata (layout, spaces, position,
+        the checksum of every array), written atomically. Nothing is pickled.
 
-        :param path: Path to the file; ".pkl" is appended to a str path without it
-        :param verbose: Verbosity level of SB3's ``save_to_pkl``
+        :param path: Path to the file; ".npz" is appended to a str path without a suffix
+        :param verbose: print where the buffer was saved when >= 2
         """
-        save_to_pkl(path, self, verbose)
+        if isinstance(path, str) and not pathlib.Path(path).suffix:
+            path = path + ".npz"
+        metadata = {"format": AUX_BUFFER_FORMAT, "version": 1, **self.layout_metadata(), "pos": self.pos}
+        write_array_file(path, self._rows_arrays(slice(0, self.pos), with_old_distributions=True), metadata)  # type: ignore[arg-type]
+        if verbose >= 2:
+            print(f"Saved the auxiliary buffer ({self.n_iterations} policy iterations) to {path}")
 
     def check_compatible(self, other: "AuxiliaryBuffer", source: object) -> None:
         """
@@ -227,20 +306,34 @@ class AuxiliaryBuffer:
     @classmethod
     def load(cls, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> "AuxiliaryBuffer":
         """
-        Load a buffer saved by ``save``.
+        Load a buffer saved by ``save``. Every array is checked against its checksum and the layout; a pickle or any
+        other file is refused with a ``ValueError`` (nothing in it is executed).
 
         :param path: Path to the file
-        :param verbose: Verbosity level of SB3's ``load_from_pkl``
-        :return: the buffer
+        :param verbose: print where the buffer was loaded from when >= 2
+        :return: the buffer (on the CPU device; the model moves it)
         """
+        metadata, arrays = read_array_file(path, AUX_BUFFER_FORMAT)  # type: ignore[arg-type]
         try:
-            buffer = load_from_pkl(path, verbose)
-        except FileNotFoundError:
-            raise
-        except Exception as error:
-            raise ValueError(
-                f"Could not read an auxiliary buffer from {path!r} (corrupt or not a pickle file): {error}"
-            ) from error
-        if not isinstance(buffer, cls):
-            raise ValueError(f"{path!r} does not hold a PPG AuxiliaryBuffer but a {type(buffer).__name__}.")
+            if metadata.get("version") != 1:
+                raise ValueError(f"unsupported version {metadata.get('version')!r}")
+            buffer = cls(
+                int(metadata["n_policy_iters"]),
+                int(metadata["n_steps"]),
+                int(metadata["n_envs"]),
+                space_from_json(metadata["observation_space"]),
+                space_from_json(metadata["action_space"]),
+                device="cpu",
+            )
+            pos = metadata["pos"]
+            if not isinstance(pos, int) or not 0 <= pos <= buffer.buffer_size or pos % buffer.n_envs != 0:
+                raise ValueError(f"position {pos!r} is not a multiple of n_envs in [0, {buffer.buffer_size}]")
+            if len(arrays.get("returns", ())) != pos:
+                raise ValueError(f"position {pos} does not match the {len(arrays.get('returns', ()))} stored rollouts")
+            buffer._set_rows_arrays(0, arrays, path)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{path!r} is not a valid auxiliary buffer file: {error}.") from error
+        buffer.pos = pos
+        if verbose >= 2:
+            print(f"Loaded an auxiliary buffer ({buffer.n_iterations} policy iterations) from {path}")
         return buffer

@@ -239,13 +239,10 @@ class PPG(PPGBase):
         self.policy.compute_dtype = self._phase_dtypes["policy"]
         self._train_policy_phase()
         if self.aux_buffer is not None:
+            self._finish_interrupted_aux_phase()
             self.aux_buffer.add(self.rollout_buffer)
             if self.aux_buffer.full():
-                self.policy.compute_dtype = self._phase_dtypes["aux"]
-                self._compute_old_distributions()
-                self._train_aux_phase()
-                self.aux_buffer.reset()
-        self.policy.compute_dtype = self._phase_dtypes["rollout"]
+                self._run_aux_phase()
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
 
     def _train_policy_phase(self) -> None:

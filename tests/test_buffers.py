@@ -1,5 +1,7 @@
 """AuxiliaryBuffer: layout (whole per-env rollouts), dtype and memory, shuffling, old-policy storage."""
 
+import json
+
 import numpy as np
 import pytest
 import torch as th
@@ -141,3 +143,40 @@ def test_dict_observations():
     rows = batch.rollout_indices
     expected_vector = aux_buffer.observations["vector"][rows].reshape(-1, 3)
     np.testing.assert_array_equal(batch.observations["vector"].numpy(), expected_vector)
+
+
+@pytest.mark.parametrize(
+    "observation_space, action_space",
+    [
+        (IMAGE_SPACE, ACTION_SPACE),
+        (spaces.Dict({"image": IMAGE_SPACE, "vector": spaces.Box(-np.inf, np.inf, (3,), np.float32)}), ACTION_SPACE),
+        (IMAGE_SPACE, spaces.Box(np.array([-1.0, -2.0], np.float32), np.array([1.0, np.inf], np.float32), dtype=np.float32)),
+        (IMAGE_SPACE, spaces.MultiDiscrete([3, 4])),
+        (IMAGE_SPACE, spaces.MultiBinary(3)),
+    ],
+)
+def test_save_load_plain_arrays(tmp_path, observation_space, action_space):
+    """The buffer on disk: plain arrays and JSON (spaces included), read back exactly, with a checksum per array."""
+    aux_buffer = AuxiliaryBuffer(3, N_STEPS, N_ENVS, observation_space, action_space, device="cpu")
+    for iteration in range(2):
+        aux_buffer.add(filled_rollout_buffer(iteration, observation_space))
+    aux_buffer.old_distribution_params[:] = np.random.default_rng(0).normal(size=aux_buffer.old_distribution_params.shape)
+    aux_buffer.save(tmp_path / "buffer.npz")
+    with np.load(tmp_path / "buffer.npz", allow_pickle=False) as archive:
+        metadata = json.loads(archive["metadata.json"])
+        assert metadata["pos"] == 2 * N_ENVS and metadata["n_policy_iters"] == 3 and metadata["n_envs"] == N_ENVS
+        assert all(len(info["sha256"]) == 64 for info in metadata["arrays"].values())
+    loaded = AuxiliaryBuffer.load(tmp_path / "buffer.npz")
+    assert loaded.observation_space == observation_space and loaded.action_space == action_space
+    assert loaded.pos == aux_buffer.pos and loaded.n_policy_iters == 3
+    obs_keys = observation_space.spaces if isinstance(observation_space, spaces.Dict) else [None]
+    for key in obs_keys:
+        original = aux_buffer.observations[key] if key else aux_buffer.observations
+        restored = loaded.observations[key] if key else loaded.observations
+        assert restored.dtype == original.dtype
+        np.testing.assert_array_equal(restored, original)
+    np.testing.assert_array_equal(loaded.returns, aux_buffer.returns)
+    np.testing.assert_array_equal(loaded.old_distribution_params[:6], aux_buffer.old_distribution_params[:6])
+    loaded.check_compatible(aux_buffer, "test")
+    # No temporary file left behind
+    assert [path.name for path in tmp_path.iterdir()] == ["buffer.npz"]

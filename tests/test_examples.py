@@ -28,7 +28,7 @@ def test_resume_example(tmp_path):
     stdout = run_example("resume_training.py", "--timesteps", "2048", "--output", "model", cwd=str(tmp_path))
     # 1024 steps = 4 iterations of 4 x 64 -> one full phase, then 0 in the buffer; check the buffer survives the reload
     assert "resuming with" in stdout and "done: 2048 steps, 2 auxiliary phases" in stdout
-    assert (tmp_path / "model_aux_buffer.pkl").exists()
+    assert (tmp_path / "model_aux_buffer.npz").exists()
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """Saving and loading PPG models, policies, optimizers and the auxiliary buffer."""
 
+import functools
+import hashlib
 import json
 import pickle
 import warnings
@@ -299,10 +301,11 @@ def test_aux_buffer_round_trip(tmp_path, use_str_path, make_model):
     model.learn(2 * 32)
     assert model.aux_buffer.n_iterations == 2
     model.save(tmp_path / "model.zip")
-    # A str path without suffix gets ".pkl", as SB3's save_replay_buffer
-    buffer_path = str(tmp_path / "aux_buffer") if use_str_path else tmp_path / "aux_buffer.pkl"
+    # A str path without suffix gets ".npz", as numpy's savez
+    buffer_path = str(tmp_path / "aux_buffer") if use_str_path else tmp_path / "aux_buffer.npz"
     model.save_aux_buffer(buffer_path)
-    assert (tmp_path / "aux_buffer.pkl").is_file()
+    assert (tmp_path / "aux_buffer.npz").is_file()
+    buffer_path = tmp_path / "aux_buffer.npz"
 
     resumed = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
     assert resumed.aux_buffer.n_rollouts == 0
@@ -326,7 +329,7 @@ def test_aux_buffer_round_trip(tmp_path, use_str_path, make_model):
 def test_load_aux_buffer_errors(tmp_path, make_model):
     model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
     model.learn(32)
-    model.save_aux_buffer(tmp_path / "buffer.pkl")
+    model.save_aux_buffer(tmp_path / "buffer.npz")
 
     def check_rejected(other: PPG, path, match: str) -> None:
         n_rollouts = other.aux_buffer.n_rollouts
@@ -338,33 +341,128 @@ def test_load_aux_buffer_errors(tmp_path, make_model):
         assert other.aux_buffer.n_rollouts == n_rollouts
 
     # Wrong shape: different n_envs, n_steps or n_policy_iters
-    check_rejected(make_model(make_env("CartPole-v1", n_envs=3), n_policy_iters=3), tmp_path / "buffer.pkl", "n_envs")
-    check_rejected(make_model(make_env("CartPole-v1"), n_policy_iters=3, n_steps=32), tmp_path / "buffer.pkl", "n_steps")
-    check_rejected(make_model(make_env("CartPole-v1"), n_policy_iters=4), tmp_path / "buffer.pkl", "n_policy_iters")
+    check_rejected(make_model(make_env("CartPole-v1", n_envs=3), n_policy_iters=3), tmp_path / "buffer.npz", "n_envs")
+    check_rejected(make_model(make_env("CartPole-v1"), n_policy_iters=3, n_steps=32), tmp_path / "buffer.npz", "n_steps")
+    check_rejected(make_model(make_env("CartPole-v1"), n_policy_iters=4), tmp_path / "buffer.npz", "n_policy_iters")
     # Same shapes, other env
-    check_rejected(make_model(make_env("Acrobot-v1"), n_policy_iters=3), tmp_path / "buffer.pkl", "space")
-    # A pickle that is not a buffer
-    with open(tmp_path / "not_a_buffer.pkl", "wb") as file:
-        pickle.dump({"observations": np.zeros(3)}, file)
-    check_rejected(model, tmp_path / "not_a_buffer.pkl", "does not hold a PPG AuxiliaryBuffer")
+    check_rejected(make_model(make_env("Acrobot-v1"), n_policy_iters=3), tmp_path / "buffer.npz", "space")
+    # A pickle (even of a real buffer) is refused
+    with open(tmp_path / "buffer.pkl", "wb") as file:
+        pickle.dump(model.aux_buffer, file)
+    check_rejected(model, tmp_path / "buffer.pkl", "looks like a pickle")
+    # An npz of other arrays
+    np.savez(tmp_path / "other.npz", observations=np.zeros(3))
+    check_rejected(model, tmp_path / "other.npz", "no metadata")
     # Corrupt and truncated files
-    (tmp_path / "garbage.pkl").write_bytes(b"\x00\xff not a pickle" * 10)
-    check_rejected(model, tmp_path / "garbage.pkl", "corrupt")
-    raw = (tmp_path / "buffer.pkl").read_bytes()
-    (tmp_path / "truncated.pkl").write_bytes(raw[: len(raw) // 2])
-    check_rejected(model, tmp_path / "truncated.pkl", "corrupt")
+    (tmp_path / "garbage.npz").write_bytes(b"\x00\xff not a buffer" * 10)
+    check_rejected(model, tmp_path / "garbage.npz", "not a sb3_ppg.aux_buffer file")
+    raw = (tmp_path / "buffer.npz").read_bytes()
+    for fraction in (0.3, 0.6, 0.95):
+        (tmp_path / "truncated.npz").write_bytes(raw[: int(len(raw) * fraction)])
+        check_rejected(model, tmp_path / "truncated.npz", "truncated or damaged|not a valid")
     # A missing file stays a FileNotFoundError
     with pytest.raises(FileNotFoundError):
-        model.load_aux_buffer(tmp_path / "missing.pkl")
+        model.load_aux_buffer(tmp_path / "missing.npz")
+
+
+class _Marker:
+    """Unpickling this creates a file: the proof that a pickle's code ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_aux_buffer_pickle_never_executed(tmp_path, make_model):
+    """A crafted pickle where an aux buffer file belongs is refused, and the code it carries never runs."""
+    model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
+    marker = tmp_path / "marker"
+    payload = pickle.dumps(_Marker(str(marker)))
+    for name in ("aux_buffer.pkl", "aux_buffer.npz", "aux_buffer"):
+        (tmp_path / name).write_bytes(payload)
+        with pytest.raises(ValueError, match="pickle"):
+            model.load_aux_buffer(tmp_path / name)
+    # The same payload inside an npz member (np.load would unpickle it with allow_pickle=True)
+    with zipfile.ZipFile(tmp_path / "inside.npz", "w") as archive:
+        archive.writestr("metadata.json", json.dumps({"format": "sb3_ppg.aux_buffer"}))
+        archive.writestr("observations.npy", payload)
+    with pytest.raises(ValueError):
+        model.load_aux_buffer(tmp_path / "inside.npz")
+    assert not marker.exists()
+    # Sanity check: the payload does run when unpickled
+    pickle.loads(payload).close()
+    assert marker.exists()
+
+
+def _rewrite_member(path, name: str, transform) -> None:
+    """Rewrite one member of an npz archive (as a tool editing the file would)."""
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: archive.read(info.filename) for info in archive.infolist()}
+    members[name] = transform(members[name])
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in members.items():
+            archive.writestr(member, data)
+
+
+def test_aux_buffer_damage_detected(tmp_path, make_model):
+    model = make_model(make_env("CartPole-v1"), n_policy_iters=3)
+    model.learn(64)
+    path = tmp_path / "buffer.npz"
+    model.save_aux_buffer(path)
+    raw = path.read_bytes()
+    observations, returns = model.aux_buffer.observations.copy(), model.aux_buffer.returns.copy()
+
+    # A flipped byte inside the observations (the zip's own CRC is rewritten: only our checksum can tell)
+    (tmp_path / "flipped.npz").write_bytes(raw)
+    _rewrite_member(tmp_path / "flipped.npz", "observations.npy", lambda data: data[:-5] + bytes([data[-5] ^ 1]) + data[-4:])
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        model.load_aux_buffer(tmp_path / "flipped.npz")
+
+    # A flipped byte anywhere in the file
+    for offset in range(0, len(raw), max(1, len(raw) // 25)):
+        damaged = bytearray(raw)
+        damaged[offset] ^= 0x10
+        (tmp_path / "damaged.npz").write_bytes(bytes(damaged))
+        try:
+            model.load_aux_buffer(tmp_path / "damaged.npz")
+        except ValueError:
+            continue
+        # Only bytes the reader never uses (e.g. a zip header's timestamp) may change without an error
+        np.testing.assert_array_equal(model.aux_buffer.observations[:4], observations[:4])
+        np.testing.assert_array_equal(model.aux_buffer.returns[:4], returns[:4])
+
+    # A tampered position, with or without a matching metadata checksum
+    def set_pos(data: bytes, pos: int, fix_checksum: bool) -> bytes:
+        metadata = json.loads(data)
+        metadata["pos"] = pos
+        if fix_checksum:
+            del metadata["checksum"]
+            metadata["checksum"] = hashlib.sha256(json.dumps(metadata, sort_keys=True).encode()).hexdigest()
+        return json.dumps(metadata).encode()
+
+    for pos, fix_checksum, match in (
+        (6, False, "checksum"),
+        (6, True, "position 6"),
+        (3, True, "position 3"),
+        (-2, True, "position"),
+    ):
+        (tmp_path / "tampered.npz").write_bytes(raw)
+        _rewrite_member(
+            tmp_path / "tampered.npz", "metadata.json", functools.partial(set_pos, pos=pos, fix_checksum=fix_checksum)
+        )
+        with pytest.raises(ValueError, match=match):
+            model.load_aux_buffer(tmp_path / "tampered.npz")
 
 
 def test_no_aux_buffer_to_save_or_load(tmp_path, make_model):
     model = make_model(make_env("CartPole-v1"), n_aux_epochs=0)
     assert model.aux_buffer is None
     with pytest.raises(ValueError, match="n_aux_epochs=0"):
-        model.save_aux_buffer(tmp_path / "buffer.pkl")
+        model.save_aux_buffer(tmp_path / "buffer.npz")
     with pytest.raises(ValueError, match="n_aux_epochs=0"):
-        model.load_aux_buffer(tmp_path / "buffer.pkl")
+        model.load_aux_buffer(tmp_path / "buffer.npz")
 
 
 def test_load_corrupt_model_zip(tmp_path, make_model):

@@ -1,0 +1,161 @@
+"""The state of a VecEnv chain (wrappers' statistics, the envs' own states) for checkpoints, and putting it back."""
+
+import pickle
+import warnings
+from typing import Any
+
+import cloudpickle
+import numpy as np
+from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.vec_env import (
+    DummyVecEnv,
+    VecCheckNan,
+    VecEnv,
+    VecEnvWrapper,
+    VecExtractDictObs,
+    VecFrameStack,
+    VecMonitor,
+    VecNormalize,
+    VecTransposeImage,
+)
+
+# Wrappers whose behaviour depends on nothing but their settings
+STATELESS_WRAPPERS = (VecTransposeImage, VecCheckNan, VecExtractDictObs)
+
+
+def vec_env_chain(venv: VecEnv) -> list[VecEnv]:
+    """The VecEnv and the wrapped ones, outermost first, the base VecEnv last."""
+    chain = [venv]
+    while isinstance(chain[-1], VecEnvWrapper):
+        chain.append(chain[-1].venv)
+    return chain
+
+
+def _type_name(venv: VecEnv) -> str:
+    return f"{type(venv).__module__}.{type(venv).__qualname__}"
+
+
+def _rms_arrays(prefix: str, rms: RunningMeanStd | dict[str, RunningMeanStd]) -> dict[str, np.ndarray]:
+    if isinstance(rms, dict):
+        arrays: dict[str, np.ndarray] = {}
+        for key, sub in rms.items():
+            arrays.update(_rms_arrays(f"{prefix}.{key}", sub))
+        return arrays
+    return {
+        f"{prefix}.mean": np.asarray(rms.mean),
+        f"{prefix}.var": np.asarray(rms.var),
+        f"{prefix}.count": np.asarray(rms.count),
+    }
+
+
+def _set_rms(prefix: str, rms: RunningMeanStd | dict[str, RunningMeanStd], arrays: dict[str, np.ndarray]) -> None:
+    if isinstance(rms, dict):
+        for key, sub in rms.items():
+            _set_rms(f"{prefix}.{key}", sub, arrays)
+        return
+    for name in ("mean", "var"):
+        value = arrays[f"{prefix}.{name}"]
+        if np.shape(value) != np.shape(getattr(rms, name)):
+            raise ValueError(f"{prefix}.{name} has shape {np.shape(value)}, the env's has {np.shape(getattr(rms, name))}")
+        setattr(rms, name, value.copy())
+    rms.count = float(arrays[f"{prefix}.count"])
+
+
+def get_vec_env_state(venv: VecEnv) -> tuple[dict[str, Any], dict[str, np.ndarray], bytes | None]:
+    """
+    Everything a VecEnv chain needs to continue exactly where it is: the statistics of ``VecNormalize``,
+    ``VecMonitor`` and ``VecFrameStack`` as plain arrays, and the envs' states. A ``DummyVecEnv``'s envs are
+    pickled (with their random generators); a VecEnv with ``get_env_states()`` (e.g. Procgen's native env)
+    gives its own. Where no state can be had (``SubprocVecEnv``, an env that cannot be pickled) the description
+    says why, and resuming will restart the episodes.
+
+    :param venv: the model's VecEnv
+    :return: (JSON description, arrays, pickled envs or None)
+    """
+    layers: list[dict[str, Any]] = []
+    arrays: dict[str, np.ndarray] = {}
+    pickled_envs = None
+    for index, layer in enumerate(vec_env_chain(venv)):
+        prefix = f"env{index}"
+        description: dict[str, Any] = {"type": _type_name(layer)}
+        if isinstance(layer, VecNormalize):
+            if layer.norm_obs:
+                arrays.update(_rms_arrays(f"{prefix}.obs_rms", layer.obs_rms))
+            arrays.update(_rms_arrays(f"{prefix}.ret_rms", layer.ret_rms))
+            arrays[f"{prefix}.returns"] = np.asarray(layer.returns)
+        elif isinstance(layer, VecMonitor):
+            arrays[f"{prefix}.episode_returns"] = np.asarray(layer.episode_returns)
+            arrays[f"{prefix}.episode_lengths"] = np.asarray(layer.episode_lengths)
+            description["episode_count"] = int(layer.episode_count)
+        elif isinstance(layer, VecFrameStack) and isinstance(layer.stacked_obs.stacked_obs, np.ndarray):
+            arrays[f"{prefix}.stacked_obs"] = layer.stacked_obs.stacked_obs
+        elif isinstance(layer, VecEnvWrapper) and not isinstance(layer, STATELESS_WRAPPERS):
+            description["unsaved"] = "its state is not saved (unknown wrapper)"
+        elif not isinstance(layer, VecEnvWrapper):
+            if hasattr(layer, "get_env_states"):
+                for env_index, state in enumerate(layer.get_env_states()):
+                    arrays[f"{prefix}.state{env_index}"] = np.frombuffer(bytes(state), dtype=np.uint8)
+                description["native_states"] = True
+            elif isinstance(layer, DummyVecEnv):
+                try:
+                    pickled_envs = cloudpickle.dumps({"envs": layer.envs, "seeds": layer._seeds, "options": layer._options})
+                except Exception as error:
+                    description["unsaved"] = f"its envs cannot be pickled ({type(error).__name__}: {error})"
+            else:
+                description["unsaved"] = "its envs' states cannot be read (they run elsewhere)"
+        layers.append(description)
+    return {"layers": layers}, arrays, pickled_envs
+
+
+def set_vec_env_state(
+    venv: VecEnv, description: dict[str, Any], arrays: dict[str, np.ndarray], pickled_envs: bytes | None
+) -> bool:
+    """
+    Put back a state from ``get_vec_env_state`` into a VecEnv chain of the same wrappers (the envs of a
+    ``DummyVecEnv`` are replaced by their saved copies).
+
+    :return: whether the envs' own states were restored (False: the episodes restart, the caller warns)
+    """
+    chain = vec_env_chain(venv)
+    layers = description["layers"]
+    saved_types = [layer["type"] for layer in layers]
+    if saved_types != [_type_name(layer) for layer in chain]:
+        raise ValueError(
+            f"The env's VecEnv wrappers {[_type_name(layer) for layer in chain]} differ from the checkpoint's "
+            f"{saved_types}: pass an env built the same way as the one of the run."
+        )
+    restored = True
+    for index, (layer, saved) in enumerate(zip(chain, layers, strict=True)):
+        prefix = f"env{index}"
+        if isinstance(layer, VecNormalize):
+            if layer.norm_obs:
+                _set_rms(f"{prefix}.obs_rms", layer.obs_rms, arrays)
+            _set_rms(f"{prefix}.ret_rms", layer.ret_rms, arrays)
+            layer.returns = arrays[f"{prefix}.returns"].copy()
+        elif isinstance(layer, VecMonitor):
+            layer.episode_returns = arrays[f"{prefix}.episode_returns"].copy()
+            layer.episode_lengths = arrays[f"{prefix}.episode_lengths"].copy()
+            layer.episode_count = saved["episode_count"]
+        elif isinstance(layer, VecFrameStack) and f"{prefix}.stacked_obs" in arrays:
+            layer.stacked_obs.stacked_obs = arrays[f"{prefix}.stacked_obs"].copy()
+        elif "unsaved" in saved and isinstance(layer, VecEnvWrapper):
+            warnings.warn(f"The state of the wrapper {saved['type']} was not saved: it restarts from its current state.")
+        elif not isinstance(layer, VecEnvWrapper):
+            if saved.get("native_states"):
+                layer.set_env_states([arrays[f"{prefix}.state{i}"].tobytes() for i in range(layer.num_envs)])  # type: ignore[attr-defined]
+            elif pickled_envs is not None and isinstance(layer, DummyVecEnv):
+                state = pickle.loads(pickled_envs)
+                if len(state["envs"]) != layer.num_envs:
+                    raise ValueError(f"The checkpoint holds {len(state['envs'])} envs, the env has {layer.num_envs}.")
+                for env_index, env in enumerate(state["envs"]):
+                    layer.envs[env_index].close()
+                    layer.envs[env_index] = env
+                layer._seeds, layer._options = state["seeds"], state["options"]
+            else:
+                restored = False
+    return restored
+
+
+def unsaved_parts(description: dict[str, Any]) -> list[str]:
+    """Messages naming the parts of a VecEnv chain whose state ``get_vec_env_state`` could not save."""
+    return [f"{layer['type']}: {layer['unsaved']}" for layer in description["layers"] if "unsaved" in layer]

@@ -1,0 +1,238 @@
+"""PPGCheckpointCallback and PPG.load_checkpoint: a run cut anywhere and resumed ends bit-identical to an uninterrupted one."""
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
+
+from sb3_ppg import PPG, PPGCheckpointCallback
+
+N_ENVS, N_STEPS = 2, 16
+ITERATION = N_ENVS * N_STEPS  # env steps per iteration
+TOTAL = 8 * ITERATION  # aux phases after iterations 3 and 6
+RUN = dict(n_policy_iters=3, n_steps=N_STEPS)
+
+
+def make_env(seed: int = 0, normalize: bool = False):
+    env = make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=seed)
+    return VecNormalize(env, gamma=0.99) if normalize else env
+
+
+def parameters(model: PPG) -> dict[str, th.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
+
+
+def assert_identical(params_a: dict[str, th.Tensor], params_b: dict[str, th.Tensor]) -> None:
+    assert params_a.keys() == params_b.keys()
+    for name in params_a:
+        assert th.equal(params_a[name], params_b[name]), f"{name} differs"
+
+
+def checkpoint_dir(folder: pathlib.Path, steps: int) -> pathlib.Path:
+    return folder / f"ppg_{steps}_steps"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run (a checkpoint every iteration), and the same run without callback."""
+    folder = tmp_path_factory.mktemp("reference")
+    from tests.conftest import small_ppg
+
+    runs = {}
+    for normalize in (False, True):
+        model = small_ppg(make_env(normalize=normalize), **RUN)
+        callback = PPGCheckpointCallback(N_STEPS, str(folder / str(normalize)), name_prefix="ppg")
+        model.learn(TOTAL, callback=callback)
+        plain = small_ppg(make_env(normalize=normalize), **RUN).learn(TOTAL)
+        runs[normalize] = (folder / str(normalize), parameters(model), parameters(plain), model)
+    return runs
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_checkpoints_do_not_change_training(reference, normalize):
+    folder, params, plain_params, model = reference[normalize]
+    assert_identical(params, plain_params)
+    assert model._n_aux_phases == 2
+    steps = sorted(int(path.name.split("_")[1]) for path in folder.glob("ppg_*_steps"))
+    assert steps == list(range(ITERATION, TOTAL + 1, ITERATION))
+    manifest = json.loads((checkpoint_dir(folder, 4 * ITERATION) / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"model.zip", "run_state.npz", "env_states.pkl"}
+    assert len(manifest["aux_rollout_files"]) == 1
+
+
+# 2 * ITERATION: just before an aux phase (2 of 3 iterations stored); 3 *: just after one; 4 *, 5 *: inside a cycle
+@pytest.mark.parametrize("cut", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_resume_bit_identical(reference, tmp_path, cut, normalize):
+    folder, params, _, _ = reference[normalize]
+    # A fresh env, seeded otherwise: its envs' states come from the checkpoint
+    resumed = PPG.load_checkpoint(checkpoint_dir(folder, cut * ITERATION), env=make_env(seed=123, normalize=normalize))
+    assert resumed.num_timesteps == cut * ITERATION
+    assert resumed.aux_buffer.n_iterations == cut % 3
+    callback = PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg")
+    resumed.learn(TOTAL - resumed.num_timesteps, reset_num_timesteps=False, callback=callback)
+    assert resumed.num_timesteps == TOTAL and resumed._n_aux_phases == 2
+    assert_identical(params, parameters(resumed))
+    # The resumed run writes its checkpoints at the same steps, with the same rollouts
+    assert checkpoint_dir(tmp_path, TOTAL).is_dir()
+    manifest = json.loads((checkpoint_dir(tmp_path, TOTAL) / "manifest.json").read_text())
+    reference_manifest = json.loads((checkpoint_dir(folder, TOTAL) / "manifest.json").read_text())
+    assert manifest["aux_rollout_files"] == reference_manifest["aux_rollout_files"]
+
+
+def test_load_newest_in_folder_and_damage(reference, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(reference[False][0], folder)
+    model = PPG.load_checkpoint(folder, env=make_env())
+    assert model.num_timesteps == TOTAL
+    # An incomplete checkpoint (no manifest) is ignored
+    (checkpoint_dir(folder, TOTAL) / "manifest.json").unlink()
+    assert PPG.load_checkpoint(folder, env=make_env()).num_timesteps == TOTAL - ITERATION
+    # A damaged one is detected, and the previous complete one is named
+    newest = checkpoint_dir(folder, TOTAL - ITERATION)
+    raw = bytearray((newest / "run_state.npz").read_bytes())
+    raw[len(raw) // 2] ^= 1
+    (newest / "run_state.npz").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=r"damaged.*ppg_192_steps"):
+        PPG.load_checkpoint(folder, env=make_env())
+    # A damaged stored rollout, too
+    older = checkpoint_dir(folder, 5 * ITERATION)
+    rollout = folder / "ppg_rollouts" / json.loads((older / "manifest.json").read_text())["aux_rollout_files"][0]
+    rollout.write_bytes(rollout.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"ppg_160_steps.*damaged.*ppg_128_steps"):
+        PPG.load_checkpoint(older, env=make_env())
+    # Nothing to load
+    with pytest.raises(FileNotFoundError):
+        PPG.load_checkpoint(tmp_path / "empty")
+    # Another number of envs
+    with pytest.raises(ValueError, match="2 envs"):
+        PPG.load_checkpoint(checkpoint_dir(folder, 4 * ITERATION), env=make_vec_env("CartPole-v1", n_envs=3))
+
+
+def test_keep_last_prunes_checkpoints_and_rollouts(tmp_path, make_model):
+    model = make_model(make_env(), **RUN)
+    callback = PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg", keep_last=2)
+    model.learn(TOTAL, callback=callback)
+    assert sorted(path.name for path in tmp_path.glob("ppg_*_steps")) == ["ppg_224_steps", "ppg_256_steps"]
+    # Iteration 7 and 8 are in the buffer: one file each, nothing else
+    assert len(list((tmp_path / "ppg_rollouts").iterdir())) == 2
+    assert not list(tmp_path.rglob(".*tmp*"))
+
+
+def test_save_freq_counts_env_steps(tmp_path, make_model):
+    model = make_model(make_env(), **RUN)
+    # Every 3 iterations' worth of steps (48 calls): written at the boundary after the 48th, 96th call
+    model.learn(TOTAL, callback=PPGCheckpointCallback(3 * N_STEPS, str(tmp_path), name_prefix="ppg"))
+    assert sorted(int(path.name.split("_")[1]) for path in tmp_path.glob("ppg_*_steps")) == [96, 192]
+    with pytest.raises(ValueError, match="keep_last"):
+        PPGCheckpointCallback(1, str(tmp_path), keep_last=0)
+
+
+def test_unsaveable_env_states_warn(tmp_path, make_model):
+    env = make_vec_env(
+        "CartPole-v1", n_envs=N_ENVS, seed=0, vec_env_cls=SubprocVecEnv, vec_env_kwargs=dict(start_method="fork")
+    )
+    model = make_model(env, **RUN)
+    with pytest.warns(UserWarning, match="restarts its episodes"):
+        model.learn(2 * ITERATION, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg"))
+    with pytest.warns(UserWarning, match="episodes restart"):
+        resumed = PPG.load_checkpoint(tmp_path, env=env)
+    assert resumed._last_obs is None
+    resumed.learn(ITERATION, reset_num_timesteps=False)
+    assert resumed.num_timesteps == 3 * ITERATION and resumed._n_aux_phases == 1
+    env.close()
+
+
+def run_child(folder: pathlib.Path, kill_at: str = "", kill_after: float | None = None) -> int:
+    """Run tests/checkpoint_child.py; kill it with SIGKILL ``kill_after`` seconds after it starts training."""
+    env = {**os.environ, "KILL_AT": kill_at, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    child = subprocess.Popen(
+        [sys.executable, str(pathlib.Path(__file__).with_name("checkpoint_child.py")), str(folder), str(KILL_TOTAL)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    if kill_after is not None:
+        assert child.stdout is not None
+        child.stdout.readline()  # "started" / "resumed at ..."
+        time.sleep(kill_after)
+        child.send_signal(signal.SIGKILL)
+    return child.wait(timeout=120)
+
+
+KILL_TOTAL = 24 * ITERATION
+
+
+@pytest.mark.slow
+def test_sigkill_anywhere_then_resume(tmp_path):
+    """Killed with SIGKILL during a checkpoint write, during an aux phase and at random moments, resumed each time."""
+    assert run_child(tmp_path / "reference") == 0
+    reference = dict(np.load(tmp_path / "reference" / "final_params.npz"))
+
+    folder = tmp_path / "killed"
+    rng = random.Random(0)
+    # Inside the 6th file write (the second checkpoint's), inside the 5th aux minibatch, then 3 random moments
+    kills = [("write:6", None), ("aux:5", None)] + [("", rng.uniform(0.05, 1.0)) for _ in range(3)]
+    for kill_at, kill_after in kills:
+        returncode = run_child(folder, kill_at, kill_after)
+        # The planned kills happen; a random one may come after the end of training (then nothing is left to do)
+        assert returncode == -signal.SIGKILL or (kill_after is not None and returncode == 0)
+        if kill_at == "write:6":
+            # The second checkpoint is incomplete (no manifest), a temporary file is left: the first one is loaded
+            assert not (folder / "checkpoints" / f"ppg_{2 * ITERATION}_steps" / "manifest.json").exists()
+            assert list((folder / "checkpoints").rglob(".*tmp*"))
+    (folder / "final_params.npz").unlink(missing_ok=True)
+    assert run_child(folder) == 0
+    final = dict(np.load(folder / "final_params.npz"))
+    assert final.keys() == reference.keys()
+    for name in final:
+        assert np.array_equal(final[name], reference[name]), name
+
+    # Every checkpoint left is readable, and nothing half-written is left
+    checkpoints = sorted((folder / "checkpoints").glob("ppg_*_steps"))
+    assert len(checkpoints) == 3
+    for directory in checkpoints:
+        PPG.load_checkpoint(directory, env=make_env())
+    assert not list((folder / "checkpoints").rglob(".*tmp*"))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, FloatingPointError])
+def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeypatch, error):
+    model = make_model(make_env(), **RUN)
+    callback = PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg")
+    calls = []
+    original = PPG._aux_loss
+
+    def failing_aux_loss(self, batch, stats):
+        calls.append(1)
+        if len(calls) == 2:
+            raise error("interrupted")
+        return original(self, batch, stats)
+
+    monkeypatch.setattr(PPG, "_aux_loss", failing_aux_loss)
+    with pytest.raises(error) as info:
+        model.learn(TOTAL, callback=callback)
+    assert "learn() again reruns that phase" in "".join(getattr(info.value, "__notes__", []))
+    assert model.aux_buffer.full() and model._n_aux_phases == 0
+    # The last checkpoint (before the interrupted iteration) is intact
+    assert PPG.load_checkpoint(tmp_path, env=make_env()).num_timesteps == 2 * ITERATION
+    # The buffer can be saved and loaded while full; learn() again reruns the phase
+    model.save_aux_buffer(tmp_path / "buffer.npz")
+    other = make_model(make_env(), **RUN)
+    other.load_aux_buffer(tmp_path / "buffer.npz")
+    for agent in (model, other):
+        with pytest.warns(UserWarning, match="interrupted"):
+            agent.learn(ITERATION, reset_num_timesteps=False)
+        assert agent._n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
