@@ -12,10 +12,10 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
-from stable_baselines3.common.utils import check_for_correct_spaces
+from stable_baselines3.common.utils import check_for_correct_spaces, explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg import distributed
+from sb3_ppg import data_parallel, distributed
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
@@ -89,12 +89,12 @@ class PPGBase(OnPolicyAlgorithm):
         progress_bar: bool = False,
     ) -> tuple[int, BaseCallback]:
         if distributed.is_active():
-            distributed.prepare_learn(self, total_timesteps, reset_num_timesteps)
+            data_parallel.prepare_learn(self, total_timesteps, reset_num_timesteps)
         return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         if distributed.is_active():
-            return super()._init_callback(distributed.wrap_callback(callback, progress_bar))
+            return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
         return super()._init_callback(callback, progress_bar)
 
     def set_random_seed(self, seed: int | None = None) -> None:
@@ -130,7 +130,7 @@ class PPGBase(OnPolicyAlgorithm):
             if hasattr(child, "on_rollout_boundary"):
                 child.on_rollout_boundary()
         if distributed.is_active():
-            return distributed.collect_rollouts(
+            return data_parallel.collect_rollouts(
                 self, lambda: super(PPGBase, self).collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
             )
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
@@ -166,6 +166,31 @@ class PPGBase(OnPolicyAlgorithm):
         finally:
             self.policy.compute_dtype = self._phase_dtypes["rollout"]
         self.aux_buffer.reset()  # type: ignore[union-attr]
+
+    def _log_policy_phase(
+        self,
+        stats: dict[str, list[th.Tensor]],
+        loss: th.Tensor,
+        clip_range: float | None,
+        clip_range_vf: float | None,
+        continue_training: bool,
+    ) -> None:
+        """Record the policy phase's diagnostics (means over its minibatches; approx_kl over the last epoch)."""
+        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
+            if stats.get(name):
+                self.logger.record(f"train/{name}", th.stack(stats[name]).mean().item())
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        self.logger.record("train/loss", loss.item())
+        self.logger.record("train/explained_variance", explained_var)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if clip_range is not None:
+            self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+        if not continue_training and self.verbose >= 1:
+            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
         """Check the loss, backpropagate it, average the gradients over the ranks, clip them, step and clear them."""

@@ -11,7 +11,6 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, RolloutBufferSamples, Schedule
 from stable_baselines3.common.utils import (
     FloatSchedule,
-    explained_variance,
     update_learning_rate,
 )
 
@@ -345,31 +344,6 @@ class PPG(PPGBase):
         loss, diagnostics = losses.value_loss(values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf)
         losses.append_diagnostics(stats, diagnostics)
         return loss
-
-    def _log_policy_phase(
-        self,
-        stats: dict[str, list[th.Tensor]],
-        loss: th.Tensor,
-        clip_range: float | None,
-        clip_range_vf: float | None,
-        continue_training: bool,
-    ) -> None:
-        """Record the policy phase's diagnostics (means over its minibatches; approx_kl over the last epoch)."""
-        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
-            if stats.get(name):
-                self.logger.record(f"train/{name}", th.stack(stats[name]).mean().item())
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/loss", loss.item())
-        self.logger.record("train/explained_variance", explained_var)
-        if hasattr(self.policy, "log_std"):
-            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        if clip_range is not None:
-            self.logger.record("train/clip_range", clip_range)
-        if clip_range_vf is not None:
-            self.logger.record("train/clip_range_vf", clip_range_vf)
-        if not continue_training and self.verbose >= 1:
-            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")
 
     def _compute_old_distributions(self) -> None:
         """
