@@ -4,7 +4,7 @@ import io
 import os
 import pathlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch as th
@@ -12,13 +12,14 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
-from stable_baselines3.common.utils import check_for_correct_spaces
+from stable_baselines3.common.utils import check_for_correct_spaces, explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
+from sb3_ppg import data_parallel, distributed
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
-from sb3_ppg.validation import check_aux_buffer_memory, resolve_batch_size, schedule_value
+from sb3_ppg.validation import check_aux_buffer_memory, gradient_norm, resolve_batch_size, schedule_value
 
 SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
 
@@ -45,15 +46,11 @@ class PPGBase(OnPolicyAlgorithm):
     max_grad_norm: float | None  # type: ignore[assignment]
 
     def _check_aux_buffer_memory(self, n_envs: int) -> None:
-        """
-        Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it: a ``ValueError``
-        when it cannot, a warning when it exceeds the memory available now.
-        """
+        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
         if self.n_aux_epochs > 0:
-            nbytes = AuxiliaryBuffer.estimate_nbytes(
-                self.n_policy_iters, self.n_steps, n_envs, self.observation_space, self.action_space
-            )
-            check_aux_buffer_memory(nbytes, n_policy_iters=self.n_policy_iters, n_envs=n_envs, n_steps=self.n_steps)
+            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+            check_aux_buffer_memory(AuxiliaryBuffer.estimate_nbytes(**args, **spaces), **args)
 
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
@@ -88,17 +85,63 @@ class PPGBase(OnPolicyAlgorithm):
             progress_bar=progress_bar,
         )
 
+    # ------------------------------------------------------------------------------------------------------------
+    # Data-parallel training (torchrun): hooks into sb3_ppg.distributed, which do nothing in a single process
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        if distributed.is_active():
+            data_parallel.prepare_learn(self, total_timesteps, reset_num_timesteps)
+        return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        if distributed.is_active():
+            return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
+        return super()._init_callback(callback, progress_bar)
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
+        if seed is not None and distributed.is_active():
+            seed += distributed.get_rank() * self.n_envs
+        super().set_random_seed(seed)
+
+    def save(
+        self,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """SB3's ``save``; in data-parallel training only rank 0 writes (every rank holds the same model)."""
+        if distributed.get_rank() == 0:
+            super().save(path, exclude=exclude, include=include)
+
+    def _average_gradients(self) -> None:
+        """Average the gradients over the ranks before a step (data-parallel training only)."""
+        if distributed.is_active():
+            distributed.average_gradients(self.policy.parameters())
+
     def collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
         SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``PPGCheckpointCallback``) that
         this is a rollout boundary: ``train()`` has consumed the previous rollout and nothing of the next one has
-        been drawn yet.
+        been drawn yet. In data-parallel training, the ranks then share its outcome (steps, statistics).
         """
         for child in iter_callbacks(callback):
             if hasattr(child, "on_rollout_boundary"):
                 child.on_rollout_boundary()
+        if distributed.is_active():
+            return data_parallel.collect_rollouts(
+                self, lambda: super(PPGBase, self).collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            )
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     def _finish_interrupted_aux_phase(self) -> None:
@@ -133,14 +176,35 @@ class PPGBase(OnPolicyAlgorithm):
             self.policy.compute_dtype = self._phase_dtypes["rollout"]
         self.aux_buffer.reset()  # type: ignore[union-attr]
 
+    def _log_policy_phase(
+        self,
+        stats: dict[str, list[th.Tensor]],
+        loss: th.Tensor,
+        clip_range: float | None,
+        clip_range_vf: float | None,
+        continue_training: bool,
+    ) -> None:
+        """Record the policy phase's diagnostics (means over its minibatches; approx_kl over the last epoch)."""
+        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
+            if stats.get(name):
+                self.logger.record(f"train/{name}", th.stack(stats[name]).mean().item())
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        self.logger.record("train/loss", loss.item())
+        self.logger.record("train/explained_variance", explained_var)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if clip_range is not None:
+            self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+        if not continue_training and self.verbose >= 1:
+            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")
+
     def _schedule_value(self, name: str, progress_remaining: float) -> float | None:
         """
-        The value of a schedule at ``progress_remaining``, checked (see ``validation.schedule_value``).
-
-        :param name: ``"learning_rate"``, ``"aux_learning_rate"`` (the learning rate's when None), ``"clip_range"``
-            or ``"clip_range_vf"``
-        :param progress_remaining: the remaining progress (from 1 to 0)
-        :return: the value, or None for a clip range that is None
+        The value at ``progress_remaining`` of the schedule ``name`` (``"learning_rate"``, ``"aux_learning_rate"``,
+        the learning rate's when None, ``"clip_range"``, ``"clip_range_vf"``), checked; None for a clip range of None.
         """
         schedule = self.lr_schedule if name == "learning_rate" else getattr(self, name)
         if name == "aux_learning_rate" and schedule is None:
@@ -153,9 +217,13 @@ class PPGBase(OnPolicyAlgorithm):
         super()._update_learning_rate(optimizers)
 
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
-        """Check the loss, backpropagate it, check and clip the gradients, step and clear them."""
+        """
+        Check the loss, backpropagate it, average the gradients over the ranks, check and clip them, step and clear
+        them.
+        """
         self._check_finite(loss, phase)
         loss.backward()
+        self._average_gradients()
         self._clip_gradients(phase)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -171,15 +239,7 @@ class PPGBase(OnPolicyAlgorithm):
         if self.max_grad_norm is not None:
             total_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
         else:
-            gradients = [parameter.grad for parameter in self.policy.parameters() if parameter.grad is not None]
-            if not gradients:
-                return
-            # th.nn.utils.get_total_norm from torch 2.6 on (one fused pass); the same norm before
-            get_total_norm = getattr(th.nn.utils, "get_total_norm", None)
-            if get_total_norm is not None:
-                total_norm = get_total_norm(gradients)
-            else:
-                total_norm = th.linalg.vector_norm(th.stack([th.linalg.vector_norm(grad) for grad in gradients]))
+            total_norm = gradient_norm(self.policy.parameters())
         if not th.isfinite(total_norm).item():
             self.policy.zero_grad(set_to_none=True)
             raise FloatingPointError(
@@ -268,7 +328,7 @@ class PPGBase(OnPolicyAlgorithm):
         super()._maybe_recommend_cpu(mlp_class_name)
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "aux_buffer", "aux_optimizer", "value_optimizer"]
+        return [*super()._excluded_save_params(), "aux_buffer", "aux_optimizer", "value_optimizer", "_distributed_stats_base"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"]

@@ -11,11 +11,10 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, RolloutBufferSamples, Schedule
 from stable_baselines3.common.utils import (
     FloatSchedule,
-    explained_variance,
     update_learning_rate,
 )
 
-from sb3_ppg import losses
+from sb3_ppg import distributed, losses
 from sb3_ppg.base import PPGBase
 from sb3_ppg.buffers import AuxiliaryBufferSamples
 from sb3_ppg.distributions import get_distribution_params
@@ -165,7 +164,7 @@ class PPG(PPGBase):
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,
             verbose=verbose,
-            device=device,
+            device=distributed.auto_init(device),
             seed=seed,
             _init_setup_model=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary),
@@ -231,7 +230,11 @@ class PPG(PPGBase):
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
             advantages = self.rollout_buffer.advantages
-            self.rollout_buffer.advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            if distributed.is_active():  # over all ranks' samples
+                mean, std = distributed.global_mean_std(advantages)
+            else:
+                mean, std = advantages.mean(), advantages.std()
+            self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
         self.policy.compute_dtype = self._phase_dtypes["policy"]
         self._train_policy_phase()
         if self.aux_buffer is not None:
@@ -320,8 +323,15 @@ class PPG(PPGBase):
         return loss
 
     def _below_target_kl(self, stats: dict[str, list[th.Tensor]]) -> bool:
-        """Whether the last minibatch's approx KL allows its update (SB3's PPO: stop before 1.5 * target_kl)."""
-        return self.target_kl is None or stats["approx_kl"][-1].item() <= 1.5 * self.target_kl
+        """
+        Whether the last minibatch's approx KL allows its update (SB3's PPO: stop before 1.5 * target_kl). In
+        data-parallel training it is the ranks' mean, so that every rank decides the same.
+        """
+        if self.target_kl is None:
+            return True
+        if distributed.is_active():
+            stats["approx_kl"][-1] = distributed.all_reduce_mean(stats["approx_kl"][-1])
+        return stats["approx_kl"][-1].item() <= 1.5 * self.target_kl
 
     def _value_loss(
         self,
@@ -334,31 +344,6 @@ class PPG(PPGBase):
         loss, diagnostics = losses.value_loss(values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf)
         losses.append_diagnostics(stats, diagnostics)
         return loss
-
-    def _log_policy_phase(
-        self,
-        stats: dict[str, list[th.Tensor]],
-        loss: th.Tensor,
-        clip_range: float | None,
-        clip_range_vf: float | None,
-        continue_training: bool,
-    ) -> None:
-        """Record the policy phase's diagnostics (means over its minibatches; approx_kl over the last epoch)."""
-        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
-            if stats.get(name):
-                self.logger.record(f"train/{name}", th.stack(stats[name]).mean().item())
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/loss", loss.item())
-        self.logger.record("train/explained_variance", explained_var)
-        if hasattr(self.policy, "log_std"):
-            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        if clip_range is not None:
-            self.logger.record("train/clip_range", clip_range)
-        if clip_range_vf is not None:
-            self.logger.record("train/clip_range_vf", clip_range_vf)
-        if not continue_training and self.verbose >= 1:
-            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")
 
     def _compute_old_distributions(self) -> None:
         """
@@ -395,6 +380,7 @@ class PPG(PPGBase):
                 group_size = min(accum, n_batches - group_start)
                 (loss / group_size).backward()
                 if batch_index - group_start == group_size - 1:
+                    self._average_gradients()
                     self._clip_gradients("auxiliary")
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)

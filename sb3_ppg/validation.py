@@ -2,7 +2,7 @@
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -315,3 +315,20 @@ def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_ste
             f"{size}, more than the {available / gib:.3g} GiB of memory available now: the machine may swap or the "
             f"process be killed. If so, {fix}."
         )
+
+
+def gradient_norm(parameters: Iterable[th.nn.Parameter]) -> th.Tensor:
+    """
+    The global L2 norm of the parameters' gradients (the norm ``clip_grad_norm_`` computes), without clipping.
+
+    :param parameters: the parameters (those without a gradient are skipped)
+    :return: a 0-d tensor (0 when no parameter has a gradient)
+    """
+    gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    if not gradients:
+        return th.zeros(())
+    # th.nn.utils.get_total_norm from torch 2.6 on (one fused pass); the same norm before
+    get_total_norm = getattr(th.nn.utils, "get_total_norm", None)
+    if get_total_norm is not None:
+        return get_total_norm(gradients)
+    return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(gradient) for gradient in gradients]))

@@ -73,3 +73,19 @@ def test_throughput_runs(tmp_path):
     assert "| optimized | fp32 | True | False |" in report and "| reference | fp32 | False | False |" in report
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
+
+
+def test_procgen_learning_resumes_in_chunks(tmp_path):
+    """benchmarks/procgen_learning.py: a chunk limit stops each invocation after one rollout; the next resumes it."""
+    learning = load_script("procgen_learning")
+    args = ["--algos", "ppg", "--seeds", "0", "--total-timesteps", "128", "--n-envs", "2", "--n-steps", "32"]
+    args += ["--n-policy-iters", "2", "--n-aux-epochs", "1", "--channels", "2,2,2", "--chunk-minutes", "0"]
+    args += ["--folder", str(tmp_path / "runs"), "--output", str(tmp_path / "report.md")]
+    assert not learning.main(args)
+    curve = learning.read_curve(str(tmp_path / "runs" / "starpilot_ppg_seed0" / "curve.csv"))
+    assert curve[:, 0].tolist() == [64]
+    assert learning.main(args)
+    curve = learning.read_curve(str(tmp_path / "runs" / "starpilot_ppg_seed0" / "curve.csv"))
+    assert curve[:, 0].tolist() == [64, 128]
+    report = (tmp_path / "report.md").read_text()
+    assert "| PPG | 1 |" in report and (tmp_path / "procgen_learning_starpilot.png").stat().st_size > 0

@@ -1,0 +1,252 @@
+"""
+PPG's data-parallel hooks: the start-of-``learn()`` checks and broadcasts, the callback wrappers and the rollout-end
+merges that ``PPGBase`` calls when :func:`sb3_ppg.distributed.is_active` (see :mod:`sb3_ppg.distributed`).
+"""
+
+import inspect
+import re
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import stable_baselines3
+import torch as th
+import torch.distributed as dist
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback, ProgressBarCallback
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.type_aliases import MaybeCallback
+from stable_baselines3.common.vec_env import VecNormalize
+
+if TYPE_CHECKING:
+    from sb3_ppg.base import PPGBase
+
+from sb3_ppg.distributed import (
+    RunningStats,
+    all_gather_object,
+    broadcast_object,
+    broadcast_tensors,
+    get_rank,
+    get_world_size,
+    merge_running_stats,
+)
+
+
+def _running_stats(vec_normalize: VecNormalize) -> dict[str, RunningMeanStd]:
+    """The running statistics a VecNormalize updates: the returns' and the normalized observations'."""
+    stats: dict[str, RunningMeanStd] = {}
+    if vec_normalize.norm_reward:
+        stats["ret_rms"] = vec_normalize.ret_rms
+    if vec_normalize.norm_obs:
+        if isinstance(vec_normalize.obs_rms, dict):
+            stats.update({f"obs_rms/{key}": rms for key, rms in vec_normalize.obs_rms.items()})
+        else:
+            stats["obs_rms"] = vec_normalize.obs_rms
+    return stats
+
+
+def _read_stats(vec_normalize: VecNormalize | None) -> dict[str, RunningStats]:
+    if vec_normalize is None:
+        return {}
+    return {
+        name: (np.array(rms.mean, dtype=np.float64), np.array(rms.var, dtype=np.float64), float(rms.count))
+        for name, rms in _running_stats(vec_normalize).items()
+    }
+
+
+def _write_stats(vec_normalize: VecNormalize | None, values: dict[str, RunningStats]) -> None:
+    if vec_normalize is None:
+        return
+    for name, rms in _running_stats(vec_normalize).items():
+        mean, var, count = values[name]
+        rms.mean, rms.var, rms.count = np.array(mean, dtype=np.float64), np.array(var, dtype=np.float64), count
+
+
+# Constructor arguments that may differ between ranks
+_PER_RANK_ARGUMENTS = {"self", "policy", "env", "seed", "verbose", "tensorboard_log", "device", "_init_setup_model"}
+
+
+def _stable_repr(value: Any) -> str:
+    """A representation that is the same in every process for equal settings (schedules by their values)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key!r}: {_stable_repr(item)}" for key, item in sorted(value.items(), key=str)) + "}"
+    if callable(value) and not isinstance(value, type):
+        try:
+            return "schedule" + repr([float(value(progress)) for progress in (1.0, 0.75, 0.5, 0.25, 0.0)])
+        except Exception:
+            return getattr(value, "__qualname__", type(value).__qualname__)
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def fingerprint(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool) -> dict[str, str]:
+    """What must be equal on every rank for the ranks to run the same number of identical updates."""
+    hyperparameters = [name for name in inspect.signature(type(model).__init__).parameters if name not in _PER_RANK_ARGUMENTS]
+    values: dict[str, Any] = {name: getattr(model, name) for name in hyperparameters if hasattr(model, name)}
+    values.update(
+        algorithm=type(model).__qualname__,
+        policy_class=model.policy_class.__qualname__,
+        observation_space=model.observation_space,
+        action_space=model.action_space,
+        n_envs=model.n_envs,
+        batch_size=model.batch_size,
+        parameters=[(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in model.policy.state_dict().items()],
+        optimizers=[_optimizer_layout(optimizer) for optimizer in _optimizers(model)],
+        aux_buffer_rollouts=model.aux_buffer.n_rollouts if model.aux_buffer is not None else None,
+        vec_normalize=_vec_normalize_settings(model.get_vec_normalize_env()),
+        total_timesteps=total_timesteps,
+        start_timesteps=0 if reset_num_timesteps else model.num_timesteps,
+        device_type=model.device.type,
+        versions=(stable_baselines3.__version__, th.__version__),
+    )
+    return {name: _stable_repr(value) for name, value in values.items()}
+
+
+def _vec_normalize_settings(vec_normalize: VecNormalize | None) -> Any:
+    if vec_normalize is None:
+        return None
+    return dict(
+        norm_obs=vec_normalize.norm_obs,
+        norm_reward=vec_normalize.norm_reward,
+        training=vec_normalize.training,
+        gamma=vec_normalize.gamma,
+        clip_obs=vec_normalize.clip_obs,
+        clip_reward=vec_normalize.clip_reward,
+        stats={name: (np.shape(rms.mean),) for name, rms in _running_stats(vec_normalize).items()},
+    )
+
+
+def _optimizers(model: "PPGBase") -> list[th.optim.Optimizer]:
+    return [opt for opt in (model.policy.optimizer, model.aux_optimizer, model.value_optimizer) if opt is not None]
+
+
+def _optimizer_state_tensors(optimizer: th.optim.Optimizer) -> list[th.Tensor]:
+    tensors = []
+    for index in sorted(optimizer.state_dict()["state"]):
+        state = optimizer.state_dict()["state"][index]
+        tensors.extend(state[key] for key in sorted(state) if isinstance(state[key], th.Tensor))
+    return tensors
+
+
+def _optimizer_layout(optimizer: th.optim.Optimizer) -> Any:
+    return type(optimizer).__qualname__, [(tuple(t.shape), str(t.dtype)) for t in _optimizer_state_tensors(optimizer)]
+
+
+def check_consistency(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool) -> None:
+    """
+    Gather every rank's :func:`fingerprint` and raise the same ``ValueError`` on every rank when they differ.
+    """
+    fingerprints = all_gather_object(fingerprint(model, total_timesteps, reset_num_timesteps))
+    reference = fingerprints[0]
+    differences = []
+    for rank, other in enumerate(fingerprints[1:], start=1):
+        for name in sorted(set(reference) | set(other)):
+            if reference.get(name) != other.get(name):
+                differences.append(f"  {name}: rank 0 has {reference.get(name)}, rank {rank} has {other.get(name)}")
+    if differences:
+        raise ValueError(
+            "Data-parallel PPG: the ranks disagree on settings that must be the same on every rank (every rank needs "
+            "the same hyperparameters, spaces, number of envs, learn() arguments and model state):\n" + "\n".join(differences)
+        )
+
+
+def broadcast_training_state(model: "PPGBase") -> None:
+    """Give every rank rank 0's parameters, optimizer states and VecNormalize statistics."""
+    tensors = list(model.policy.state_dict().values())
+    for optimizer in _optimizers(model):
+        tensors.extend(_optimizer_state_tensors(optimizer))
+    broadcast_tensors(tensors)
+    vec_normalize = model.get_vec_normalize_env()
+    stats = broadcast_object(_read_stats(vec_normalize))
+    _write_stats(vec_normalize, stats)
+    model._distributed_stats_base = stats
+
+
+def prepare_learn(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool) -> None:
+    """
+    At the start of ``learn()`` (before SB3 sets up the logger): check that the ranks agree, give them rank 0's state,
+    and silence the logger of every rank but 0.
+    """
+    check_consistency(model, total_timesteps, reset_num_timesteps)
+    if dist.get_backend() == "nccl" and model.device.type != "cuda":
+        raise ValueError("Data-parallel PPG with the NCCL backend needs the model on a GPU (device='auto' or 'cuda').")
+    broadcast_training_state(model)
+    if get_rank() != 0:
+        model.set_logger(Logger(folder=None, output_formats=[]))
+
+
+class GlobalTimestepsCallback(BaseCallback):
+    """Counts every rank's env steps in ``num_timesteps``: SB3 adds this rank's, this adds the other ranks'."""
+
+    def _on_step(self) -> bool:
+        self.model.num_timesteps += (get_world_size() - 1) * self.training_env.num_envs
+        return True
+
+
+class GlobalProgressBarCallback(ProgressBarCallback):
+    """SB3's progress bar, advanced by the env steps of all ranks."""
+
+    def _on_step(self) -> bool:
+        self.pbar.update(self.training_env.num_envs * get_world_size())
+        return True
+
+
+def wrap_callback(callback: MaybeCallback, progress_bar: bool) -> CallbackList:
+    """The callbacks of a data-parallel ``learn()``: the global step counter first, the progress bar on rank 0 only."""
+    callbacks: list[BaseCallback] = [GlobalTimestepsCallback()]
+    if isinstance(callback, list):
+        callbacks.extend(callback)
+    elif isinstance(callback, BaseCallback):
+        callbacks.append(callback)
+    elif callback is not None:
+        callbacks.append(ConvertCallback(callback))
+    if progress_bar and get_rank() == 0:
+        callbacks.append(GlobalProgressBarCallback())
+    return CallbackList(callbacks)
+
+
+def collect_rollouts(model: "PPGBase", collect: Callable[[], bool]) -> bool:
+    """
+    Run ``collect`` (SB3's rollout collection on this rank), then :func:`finish_rollout`.
+
+    :return: whether every rank collected a full rollout (False when a callback stopped training on any rank)
+    """
+    start = model.num_timesteps
+    episodes, successes = model.ep_info_buffer, model.ep_success_buffer
+    model.ep_info_buffer, model.ep_success_buffer = deque(maxlen=episodes.maxlen), deque(maxlen=successes.maxlen)
+    try:
+        complete = collect()
+    finally:
+        new_episodes, new_successes = list(model.ep_info_buffer), list(model.ep_success_buffer)
+        model.ep_info_buffer, model.ep_success_buffer = episodes, successes
+    return finish_rollout(model, complete, start, new_episodes, new_successes)
+
+
+def finish_rollout(
+    model: "PPGBase", complete: bool, start_timesteps: int, new_episodes: list[Any], new_successes: list[Any]
+) -> bool:
+    """
+    Share the rollout's outcome: ``num_timesteps`` becomes the total over the ranks, every rank's new episodes go into
+    every rank's episode statistics (in rank order), the VecNormalize statistics are merged, and training stops on
+    every rank when it stopped on one.
+    """
+    vec_normalize = model.get_vec_normalize_env()
+    world_size = get_world_size()
+    payload = dict(
+        complete=complete,
+        # GlobalTimestepsCallback counted world_size * n_envs per step of this rank
+        steps=(model.num_timesteps - start_timesteps) // world_size,
+        episodes=new_episodes,
+        successes=new_successes,
+        stats=_read_stats(vec_normalize),
+    )
+    gathered = all_gather_object(payload)
+    model.num_timesteps = start_timesteps + sum(item["steps"] for item in gathered)
+    for item in gathered:
+        model.ep_info_buffer.extend(item["episodes"])
+        model.ep_success_buffer.extend(item["successes"])
+    base = model._distributed_stats_base
+    merged = {name: merge_running_stats(base[name], [item["stats"][name] for item in gathered]) for name in base}
+    _write_stats(vec_normalize, merged)
+    model._distributed_stats_base = merged
+    return all(item["complete"] for item in gathered)

@@ -1,0 +1,293 @@
+"""
+Data-parallel PPG over ``torch.distributed`` (launched with ``torchrun``).
+
+Every rank (process) runs its own envs and holds a full copy of the model. PPG trains data-parallel whenever the default
+process group is initialized with more than one rank; a PPG built in a process that ``torchrun`` started initializes
+that group itself (:func:`auto_init`; set ``SB3_PPG_DISTRIBUTED=0`` to opt out). What the ranks share:
+
+* at the start of every ``learn()``: a check that all ranks agree (hyperparameters, spaces, env counts, parameter
+  shapes, timesteps: :func:`check_consistency`), then the parameters, optimizer states and VecNormalize statistics of
+  rank 0 (:func:`broadcast_training_state`);
+* at every optimizer step (policy phase, value epochs, auxiliary phase): the gradients are averaged over the ranks
+  (:func:`average_gradients`) before clipping and stepping, so the parameters stay identical on every rank;
+* before the policy phase: the advantages are normalized with the mean and population std of all ranks' samples
+  (:func:`global_mean_std`); with ``target_kl``, the approx KL that decides early stopping is the ranks' mean;
+* at every rollout end (:func:`finish_rollout`): the env-step count (``num_timesteps`` counts the steps of all ranks),
+  the episode statistics, the VecNormalize running statistics (merged as if one process had seen all ranks' data:
+  :func:`merge_running_stats`) and whether a callback stopped training on any rank.
+
+The rollout buffer, the old-policy pass and the auxiliary buffer stay local to each rank. Rank 0 alone logs, shows the
+progress bar and saves. A collective that fails (a rank died, or did not arrive within the process group's timeout)
+raises :class:`DistributedError` on the ranks still alive.
+
+This module holds only what ``torch.distributed`` needs (process group, collectives, merging running statistics);
+the hooks that apply them to a PPG model are in :mod:`sb3_ppg.data_parallel`. Single-process training never calls
+into either beyond :func:`is_active` and :func:`get_rank`.
+"""
+
+import datetime
+import os
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch as th
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    pass
+
+#: Set to "0" to keep PPG from initializing torch.distributed in a process started by torchrun
+AUTO_INIT_VARIABLE = "SB3_PPG_DISTRIBUTED"
+#: Collective timeout in seconds for :func:`init_from_torchrun` (default ``DEFAULT_TIMEOUT_S``)
+TIMEOUT_VARIABLE = "SB3_PPG_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600.0
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+# The timeout given to init_process_group by init_from_torchrun, for error messages
+_timeout: datetime.timedelta | None = None
+
+
+class DistributedError(RuntimeError):
+    """A collective operation failed: a rank died, or it did not arrive within the process group's timeout."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Process group
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def is_active() -> bool:
+    """Whether PPG trains data-parallel: the default process group is initialized with more than one rank."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def get_rank() -> int:
+    """This process's rank (0 when torch.distributed is not initialized)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    """The number of ranks (1 when torch.distributed is not initialized)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun's environment variables are set for a job of more than one process."""
+    return all(name in os.environ for name in TORCHRUN_VARIABLES) and int(os.environ["WORLD_SIZE"]) > 1
+
+
+def _timeout_from_environment() -> datetime.timedelta:
+    value = os.environ.get(TIMEOUT_VARIABLE)
+    seconds = DEFAULT_TIMEOUT_S if value is None else float(value)
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_VARIABLE}={value!r}: the collective timeout must be a positive number of seconds.")
+    return datetime.timedelta(seconds=seconds)
+
+
+def init_from_torchrun(backend: str | None = None, timeout: datetime.timedelta | float | None = None) -> int:
+    """
+    Initialize the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``). With NCCL, this process's GPU becomes ``cuda:LOCAL_RANK``.
+
+    :param backend: "nccl" or "gloo"; None: NCCL when CUDA is available, else gloo
+    :param timeout: how long a collective waits for the other ranks (a ``timedelta`` or seconds) before failing, which
+        bounds how long the ranks still alive wait after one dies; None: ``$SB3_PPG_DIST_TIMEOUT`` seconds, else 600 s.
+        It must exceed the longest time between two collectives: a rollout plus whatever rank 0 does in callbacks
+        (evaluation, saving).
+    :return: this process's rank
+    """
+    global _timeout
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"init_from_torchrun(): {', '.join(missing)} not set; start the script with torchrun.")
+    if dist.is_initialized():
+        raise RuntimeError("init_from_torchrun(): torch.distributed is already initialized.")
+    if timeout is None:
+        timeout = _timeout_from_environment()
+    elif not isinstance(timeout, datetime.timedelta):
+        timeout = datetime.timedelta(seconds=float(timeout))
+    if backend is None:
+        backend = "nccl" if th.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    if backend == "nccl":
+        th.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+    _timeout = timeout
+    return dist.get_rank()
+
+
+def auto_init(device: th.device | str) -> th.device | str:
+    """
+    Called by PPG's constructor. In a process started by torchrun (more than one process; unless
+    ``SB3_PPG_DISTRIBUTED=0``), initialize the default process group if nobody has (:func:`init_from_torchrun`).
+    When training data-parallel on a machine with GPUs, ``device="auto"`` or ``"cuda"`` becomes this rank's GPU,
+    ``cuda:LOCAL_RANK``.
+
+    :param device: the device PPG was given
+    :return: the device to use
+    """
+    if not dist.is_available():
+        return device
+    if not dist.is_initialized() and launched_by_torchrun() and os.environ.get(AUTO_INIT_VARIABLE, "1") != "0":
+        init_from_torchrun()
+    if is_active() and str(device) in ("auto", "cuda") and th.cuda.is_available():
+        local_rank = os.environ.get("LOCAL_RANK")
+        return th.device("cuda", int(local_rank) if local_rank is not None else th.cuda.current_device())
+    return device
+
+
+def local_n_envs(global_n_envs: int) -> int:
+    """
+    The number of envs of this rank when ``global_n_envs`` envs are split over the ranks.
+
+    :param global_n_envs: the total number of envs of the job
+    :return: ``global_n_envs // world_size``, where the world size is torchrun's when PPG has not initialized the
+        process group yet (envs are usually built before the model)
+    :raises ValueError: (on every rank) when the world size does not divide ``global_n_envs``
+    """
+    world_size = get_world_size()
+    if not dist.is_initialized() and launched_by_torchrun() and os.environ.get(AUTO_INIT_VARIABLE, "1") != "0":
+        world_size = int(os.environ["WORLD_SIZE"])
+    if global_n_envs % world_size != 0:
+        raise ValueError(
+            f"{global_n_envs} envs cannot be split evenly over {world_size} ranks: choose a multiple of the world size "
+            "(every rank must hold the same number of envs)."
+        )
+    return global_n_envs // world_size
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Collectives with clear errors
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _collective(what: str):
+    try:
+        yield
+    except (RuntimeError, dist.DistError) as error:
+        timeout = f"{_timeout.total_seconds():g} s" if _timeout is not None else "the process group's timeout"
+        raise DistributedError(
+            f"Data-parallel PPG: {what} failed on rank {get_rank()} of {get_world_size()}. Another rank has probably "
+            f"died (see its error) or did not reach the same point within {timeout}; this rank stops too. "
+            f"Cause: {error}"
+        ) from error
+
+
+def _comm_device() -> th.device:
+    """Where tensors must be for the default group's backend: this rank's GPU for NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return th.device("cuda", th.cuda.current_device())
+    return th.device("cpu")
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order."""
+    gathered: list[Any] = [None] * get_world_size()
+    with _collective("gathering objects"):
+        dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` (picklable) on every rank."""
+    objects = [obj]
+    with _collective("broadcasting an object"):
+        dist.broadcast_object_list(objects, src=src)
+    return objects[0]
+
+
+def broadcast_tensors(tensors: Iterable[th.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` in place with rank ``src``'s (the same shapes and dtypes on every rank)."""
+    device = _comm_device()
+    with _collective("broadcasting the training state"), th.no_grad():
+        for tensor in tensors:
+            buffer = tensor.detach().to(device)
+            dist.broadcast(buffer, src=src)
+            if buffer is not tensor:
+                tensor.copy_(buffer)
+
+
+def average_gradients(parameters: Iterable[th.nn.Parameter]) -> None:
+    """
+    Replace each parameter's gradient with its mean over the ranks (one all-reduce per dtype). A parameter without a
+    gradient counts as a zero gradient and keeps none; it must lack one on every rank (else the ranks would step
+    different parameters, and :class:`DistributedError` says so).
+    """
+    world_size = get_world_size()
+    device = _comm_device()
+    by_dtype: dict[th.dtype, list[th.nn.Parameter]] = {}
+    for parameter in parameters:
+        by_dtype.setdefault(parameter.dtype, []).append(parameter)
+    for group in by_dtype.values():
+        pieces = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in group]
+        pieces.append(group[0].new_tensor([float(p.grad is not None) for p in group]))
+        flat = th.cat(pieces).to(device)
+        with _collective("averaging the gradients"):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        has_grad = flat[-len(group) :].tolist()
+        if any(count not in (0, world_size) for count in has_grad):
+            raise DistributedError("Data-parallel PPG: some parameters have a gradient on some ranks only.")
+        flat /= world_size
+        offset = 0
+        for parameter in group:
+            size = parameter.numel()
+            if parameter.grad is not None:
+                parameter.grad.copy_(flat[offset : offset + size].view_as(parameter))
+            offset += size
+
+
+def all_reduce_mean(tensor: th.Tensor) -> th.Tensor:
+    """The mean over the ranks of a tensor (a new tensor, on the input's device)."""
+    buffer = tensor.detach().to(_comm_device(), copy=True)
+    with _collective("averaging a statistic"):
+        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+    return (buffer / get_world_size()).to(tensor.device)
+
+
+def global_mean_std(array: np.ndarray) -> tuple[float, float]:
+    """
+    The mean and the population standard deviation of all ranks' ``array`` values together (what ``mean()`` and
+    ``std()`` give on the concatenated arrays), in float64 (two passes: the sum and count, then the squared deviations).
+    """
+    device = _comm_device()
+    values = th.as_tensor(array, dtype=th.float64).reshape(-1)
+    totals = th.tensor([values.sum().item(), float(values.numel())], dtype=th.float64, device=device)
+    with _collective("normalizing the advantages"):
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        mean = (totals[0] / totals[1]).item()
+        squares = th.tensor([((values - mean) ** 2).sum().item()], dtype=th.float64, device=device)
+        dist.all_reduce(squares, op=dist.ReduceOp.SUM)
+    return mean, float(np.sqrt(squares.item() / totals[1].item()))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running statistics (VecNormalize)
+# ---------------------------------------------------------------------------------------------------------------------
+
+RunningStats = tuple[np.ndarray, np.ndarray, float]  # mean, var, count
+
+
+def merge_running_stats(base: RunningStats, states: Sequence[RunningStats]) -> RunningStats:
+    """
+    Merge running statistics that the ranks updated, each on its own data, from the same ``base``: the result is what
+    one ``RunningMeanStd`` would hold after seeing ``base``'s data and then every rank's new data. Computed from
+    sums of deviations from ``base``'s mean (base counted once), in float64.
+
+    :param base: (mean, var, count) that every rank started from
+    :param states: each rank's (mean, var, count) now
+    :return: the merged (mean, var, count)
+    """
+    base_mean = np.asarray(base[0], dtype=np.float64)
+    base_var = np.asarray(base[1], dtype=np.float64)
+    base_count = float(base[2])
+    count = base_count + sum(float(state[2]) - base_count for state in states)
+    centered_sum = np.zeros_like(base_mean)
+    centered_squares = -(len(states) - 1) * base_count * base_var
+    for mean, var, state_count in states:
+        deviation = np.asarray(mean, dtype=np.float64) - base_mean
+        centered_sum = centered_sum + float(state_count) * deviation
+        centered_squares = centered_squares + float(state_count) * (np.asarray(var, dtype=np.float64) + deviation**2)
+    shift = centered_sum / count
+    return base_mean + shift, np.maximum(centered_squares / count - shift**2, 0.0), count

@@ -1,0 +1,213 @@
+"""
+The training runs of tests/test_distributed.py, one per process: ``python tests/distributed_worker.py SCENARIO OUT_DIR``
+with torchrun's environment variables (or none, for the single-process reference). Each rank writes what the test
+checks to ``OUT_DIR/rank<r>.pt``.
+"""
+
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import VecNormalize
+
+from sb3_ppg import PPG, distributed
+
+th.set_num_threads(1)
+
+GLOBAL_ENVS = 4
+N_STEPS = 8
+
+# Equality scenarios: one policy minibatch per epoch (and one aux minibatch, or gradients accumulated over the whole
+# aux buffer), so that each rank's minibatch is its share of the single process's: equality is then expected.
+# aux_batch_rollouts is given in iterations (x n_envs rollouts of the rank)
+EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
+    "joint": dict(n_epochs=2, n_aux_epochs=2, aux_batch_rollouts=2, max_grad_norm=0.5, policy_kwargs=dict(net_arch=[16])),
+    "value_epochs": dict(
+        n_epochs=1,
+        n_value_epochs=2,
+        n_aux_epochs=2,
+        aux_batch_rollouts=1,  # two aux minibatches, accumulated into one step
+        n_aux_grad_accum=2,
+        separate_aux_optimizer=False,
+        # SGD: unlike Adam, its steps scale with the gradient (a sum instead of a mean over the ranks would show)
+        learning_rate=0.05,
+        policy_kwargs=dict(arch="detach", net_arch=[16], optimizer_class=th.optim.SGD),
+    ),
+    # Early stopping in both iterations (approx KL 10% above 1.5 * target_kl): every rank must stop at the same epoch
+    "target_kl": dict(
+        n_epochs=4,
+        target_kl=1e-3,
+        n_aux_epochs=1,
+        aux_batch_rollouts=2,
+        learning_rate=0.2,
+        policy_kwargs=dict(net_arch=[16], optimizer_class=th.optim.SGD),
+    ),
+}
+
+
+class SyntheticRollout(BaseCallback):
+    """
+    Replaces each collected rollout by fixed data for ``GLOBAL_ENVS`` envs, of which this rank keeps its share (rank r:
+    envs ``r * n_envs ...``), so that the ranks together hold exactly the single process's rollout.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.iteration = 0
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buffer = self.model.rollout_buffer
+        n_envs = buffer.n_envs
+        envs = slice(distributed.get_rank() * n_envs, (distributed.get_rank() + 1) * n_envs)
+        rng = np.random.default_rng(100 + self.iteration)
+        self.iteration += 1
+        observations = rng.normal(size=(N_STEPS, GLOBAL_ENVS, 4)).astype(np.float32)[:, envs]
+        actions = rng.integers(0, 2, size=(N_STEPS, GLOBAL_ENVS, 1)).astype(np.float32)[:, envs]
+        rewards = rng.normal(size=(N_STEPS, GLOBAL_ENVS)).astype(np.float32)[:, envs]
+        starts = (rng.random((N_STEPS, GLOBAL_ENVS)) < 0.2).astype(np.float32)[:, envs]
+        last_values = rng.normal(size=GLOBAL_ENVS).astype(np.float32)[envs]
+        dones = (rng.random(GLOBAL_ENVS) < 0.2)[envs]
+        buffer.observations[:] = observations
+        buffer.actions[:] = actions
+        buffer.rewards[:] = rewards
+        buffer.episode_starts[:] = starts
+        with th.no_grad():
+            values, log_prob, _ = self.model.policy.evaluate_actions(
+                th.as_tensor(observations.reshape(-1, 4)), th.as_tensor(actions.reshape(-1)).long()
+            )
+        buffer.values[:] = values.reshape(N_STEPS, n_envs).numpy()
+        buffer.log_probs[:] = log_prob.reshape(N_STEPS, n_envs).numpy()
+        buffer.compute_returns_and_advantage(th.as_tensor(last_values), dones)
+
+
+def parameters(model: PPG) -> dict[str, th.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
+
+
+def equality(config_name: str) -> dict[str, Any]:
+    """Two iterations (one policy phase each, then an aux phase) on the synthetic rollouts."""
+    config = dict(n_steps=N_STEPS, batch_size=None, n_policy_iters=2, **EQUALITY_CONFIGS[config_name])
+    n_envs = distributed.local_n_envs(GLOBAL_ENVS)
+    config["batch_size"] = N_STEPS * n_envs
+    config["aux_batch_rollouts"] *= n_envs
+    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), seed=0, **config)
+    initial = parameters(model)
+    model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
+    return dict(
+        initial=initial,
+        final=parameters(model),
+        num_timesteps=model.num_timesteps,
+        n_aux_phases=model._n_aux_phases,
+        n_updates=model._n_updates,
+    )
+
+
+def end_to_end(out_dir: str) -> dict[str, Any]:
+    """CartPole with reward normalization through an aux phase; rank 0 saves the model."""
+    n_envs = distributed.local_n_envs(GLOBAL_ENVS)
+    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), norm_obs=False, gamma=0.99)
+    model = PPG(
+        "MlpPolicy",
+        env,
+        n_steps=16,
+        n_policy_iters=2,
+        n_aux_epochs=1,
+        aux_batch_rollouts=2,
+        seed=0,
+        policy_kwargs=dict(net_arch=[16]),
+        tensorboard_log=os.path.join(out_dir, "tensorboard"),
+    )
+    model.learn(4 * 16 * GLOBAL_ENVS, progress_bar=True)
+    model.save(os.path.join(out_dir, f"model_rank{distributed.get_rank()}"))  # a no-op on rank 1
+    return dict(
+        final=parameters(model),
+        num_timesteps=model.num_timesteps,
+        n_aux_phases=model._n_aux_phases,
+        ret_rms=(float(env.ret_rms.mean), float(env.ret_rms.var), float(env.ret_rms.count)),
+        episodes=len(model.ep_info_buffer),
+    )
+
+
+def mismatch() -> dict[str, Any]:
+    """Rank 1 uses another n_epochs: every rank must raise the same ValueError."""
+    model = PPG("MlpPolicy", "CartPole-v1", n_steps=16, n_epochs=1 + int(os.environ["RANK"]), n_aux_epochs=0, seed=0)
+    try:
+        model.learn(64)
+    except ValueError as error:
+        return dict(error=str(error))
+    return dict(error=None)
+
+
+def resync() -> dict[str, Any]:
+    """
+    A second learn() after rank 1's parameters, Adam state and reward statistics were changed: every rank starts it
+    from rank 0's. The learning rate is a lambda (each process has its own function object: compared by value).
+    """
+    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=2, seed=0), norm_obs=False)
+    model = PPG("MlpPolicy", env, n_steps=16, learning_rate=lambda progress: 1e-3 * progress, n_aux_epochs=0, seed=0)
+    model.learn(64)
+    if distributed.get_rank() == 1:
+        with th.no_grad():
+            for parameter in model.policy.parameters():
+                parameter.add_(1.0)
+        for state in model.policy.optimizer.state.values():
+            state["exp_avg"].add_(1.0)
+        env.ret_rms.var = env.ret_rms.var * 10
+    model.learn(64, reset_num_timesteps=False)
+    adam = [state[key].clone() for state in model.policy.optimizer.state.values() for key in ("exp_avg", "exp_avg_sq")]
+    return dict(final=parameters(model), adam=adam, ret_rms=(float(env.ret_rms.var), float(env.ret_rms.count)))
+
+
+def dies(how: str, out_dir: str) -> dict[str, Any]:
+    """
+    After its first iteration, rank 1 dies ("dies") or stops answering ("stuck", after writing its pid to
+    ``OUT_DIR/pid1``); rank 0 must stop with an error.
+    """
+
+    class Die(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_start(self) -> None:
+            if distributed.get_rank() == 1 and self.model.num_timesteps > 0:
+                if how == "dies":
+                    os._exit(3)
+                with open(os.path.join(out_dir, "pid1.tmp"), "w") as file:
+                    file.write(str(os.getpid()))
+                os.replace(os.path.join(out_dir, "pid1.tmp"), os.path.join(out_dir, "pid1"))
+                time.sleep(600)
+
+    model = PPG("MlpPolicy", "CartPole-v1", n_steps=16, n_aux_epochs=0, seed=0, policy_kwargs=dict(net_arch=[16]))
+    start = time.monotonic()
+    try:
+        model.learn(10**6, callback=Die())
+    except distributed.DistributedError as error:
+        return dict(error=str(error), seconds=time.monotonic() - start)
+    return dict(error=None)
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    if scenario == "end_to_end":
+        result = end_to_end(out_dir)
+    elif scenario in ("dies", "stuck"):
+        result = dies(scenario, out_dir)
+    elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
+        result = {name: equality(name) for name in EQUALITY_CONFIGS}
+        result["mismatch"] = mismatch()
+        result["resync"] = resync()
+    else:
+        raise ValueError(scenario)
+    th.save(result, os.path.join(out_dir, f"rank{distributed.get_rank()}.pt"))
+
+
+if __name__ == "__main__":
+    main()
