@@ -13,7 +13,6 @@ from stable_baselines3.common.vec_env import (
     unwrap_vec_normalize,
 )
 
-import sb3_ppg.procgen
 from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env
 from sb3_ppg.vec_env import FastVecMonitor, RewardOnlyVecNormalize, finished_indices
 
@@ -136,23 +135,6 @@ def test_reward_only_vec_normalize_matches_sb3(training):
     assert isinstance(ours.ret_rms.var, np.ndarray) and ours.ret_rms.var.shape == () and ours.ret_rms.var.dtype == np.float64
     for env in (sb3_normalize, ours):
         env.close()
-
-
-def test_reward_statistics_saved_before_the_move_load():
-    """Regression test: RewardOnlyVecNormalize moved from sb3_ppg.procgen to sb3_ppg.vec_env; old pickles still load."""
-    assert sb3_ppg.procgen.RewardOnlyVecNormalize is RewardOnlyVecNormalize
-    env = make_procgen_env(GAME, n_envs=2, seed=0)
-    env.reset()
-    for _ in range(20):
-        env.step(np.zeros(2, dtype=np.int64))
-    vec_normalize = unwrap_vec_normalize(env)
-    data = pickle.dumps(vec_normalize)
-    # Same length, so the pickle stays valid
-    old_data = data.replace(b"sb3_ppg.vec_env", b"sb3_ppg.procgen")
-    assert old_data != data
-    loaded = pickle.loads(old_data)
-    assert type(loaded) is RewardOnlyVecNormalize and loaded.ret_rms.var == vec_normalize.ret_rms.var
-    env.close()
 
 
 def test_make_procgen_env_loads_statistics_of_sb3_vec_normalize(tmp_path):
