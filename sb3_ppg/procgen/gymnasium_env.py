@@ -9,6 +9,8 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from procgen import ProcgenGym3Env
+from procgen.env import SCRIPT_DIR
 
 from sb3_ppg.procgen.games import (
     MAX_INT32,
@@ -167,8 +169,6 @@ def _find_procgen_gym3_env(env: Any) -> Any:
     :param env: What ``gym.make("procgen:procgen-<game>-v0")`` returns (or shimmy's wrapper of it)
     :return: The ``ProcgenGym3Env``, or ``None``
     """
-    from procgen import ProcgenGym3Env
-
     # shimmy's GymV21CompatibilityV0 / GymV26CompatibilityV0 keep the legacy env in ``gym_env``
     inner = getattr(env, "gym_env", env)
     # gym wrappers -> gym3.interop.ToGymEnv
@@ -207,8 +207,6 @@ def convert_legacy_procgen_env(env: Any) -> ProcgenGymnasiumEnv:
         )
     options = gym3_env.options
     mode_names = {0: "easy", 1: "hard", 2: "extreme", 10: "memory"}
-    from procgen.env import SCRIPT_DIR
-
     defaults = {**PROCGEN_OPTIONS, "resource_root": os.path.join(SCRIPT_DIR, "data", "assets") + os.sep}
     # Only the options that differ from procgen's defaults
     procgen_kwargs = {key: options[key] for key in PROCGEN_OPTIONS if key in options and options[key] != defaults[key]}

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from procgen import ProcgenGym3Env
 
 from sb3_ppg.procgen.games import PROCGEN_OBSERVATION_SHAPE
 
@@ -30,8 +31,6 @@ def make_gym3_env(
     :param render_mode: ``"rgb_array"``: procgen draws 512x512 frames (key ``"rgb"`` of ``get_info()``) at every step
     :return: a ``procgen.ProcgenGym3Env``
     """
-    from procgen import ProcgenGym3Env
-
     kwargs = dict(options)
     if kwargs["distribution_mode"] == "exploration":
         # Procgen sets the level itself in this mode and asserts that neither option is given
