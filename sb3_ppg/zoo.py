@@ -31,7 +31,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
-from sb3_ppg.vec_env import FastVecMonitor
+from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
 
 if TYPE_CHECKING:
     import optuna
@@ -101,10 +101,11 @@ class ProcgenVecEnvFactory:
 
     For a Procgen env it builds ``env_fns[0]()`` once to read the game and its options (so ``env_kwargs`` and
     ``--env-kwargs`` / ``--eval-env-kwargs`` still apply), closes it, and returns one native
-    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor`` (its faster subclass
-    :class:`~sb3_ppg.vec_env.FastVecMonitor`). The ``VecMonitor`` writes to the
-    probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the training env.
-    This is ~2.5x faster than 64 single envs in a ``DummyVecEnv`` and uses both procgen worker threads.
+    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor``: the first layers of
+    :func:`~sb3_ppg.procgen.make_procgen_env`'s chain (:func:`~sb3_ppg.procgen.wrappers.make_monitored_procgen_env`),
+    the zoo adding the reward normalization (``normalize``) and the channel transpose itself. The ``VecMonitor``
+    writes to the probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the
+    training env. All games then run in one C++ env, stepped by procgen's worker threads.
 
     Any other env (and a Procgen env with extra gymnasium wrappers from ``env_wrapper``) is built with the fallback
     ``VecEnv`` class.
@@ -133,7 +134,7 @@ class ProcgenVecEnvFactory:
         :param vec_env_kwargs: Keyword arguments of the ``VecEnv`` class (only used by the fallback)
         :return: The vectorized env
         """
-        from sb3_ppg.procgen import ProcgenGymnasiumEnv, ProcgenVecEnv
+        from sb3_ppg.procgen import ProcgenGymnasiumEnv
 
         probe = env_fns[0]()
         if not isinstance(probe.unwrapped, ProcgenGymnasiumEnv):
@@ -170,8 +171,9 @@ class ProcgenVecEnvFactory:
                 filename = monitor.results_writer.file_handler.name
         probe.close()
 
-        vec_env = ProcgenVecEnv(len(env_fns), env_name, **procgen_kwargs)
-        return FastVecMonitor(vec_env, filename=filename, info_keywords=info_keywords)
+        return make_monitored_procgen_env(
+            len(env_fns), env_name, monitor_filename=filename, monitor_info_keywords=info_keywords, **procgen_kwargs
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """sb3_ppg.procgen.wrappers: make_procgen_env, the PPG paper's wrapper chain."""
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -156,4 +157,45 @@ def test_ppg_procgen_cnn_trains_with_aux_phase():
     model.learn(n_envs * n_steps * n_policy_iters * 2)
     assert model._n_aux_phases == 2
     assert model.aux_buffer.observations.dtype == np.uint8
+    env.close()
+
+
+def test_make_procgen_env_loads_statistics_of_sb3_vec_normalize(tmp_path):
+    """Statistics saved by a VecNormalize load into the chain; observation-normalizing ones, and other files, do not."""
+    plain = VecNormalize(ProcgenVecEnv(2, GAME, distribution_mode="easy", rand_seed=0), norm_obs=False)
+    plain.reset()
+    for _ in range(20):
+        plain.step(np.zeros(2, dtype=np.int64))
+    plain.save(str(tmp_path / "plain.pkl"))
+    env = make_procgen_env(GAME, n_envs=4, vec_normalize_path=str(tmp_path / "plain.pkl"), reward_gamma=0.99)
+    loaded = unwrap_vec_normalize(env)
+    assert type(loaded) is VecNormalize and loaded.gamma == 0.99 and loaded.training
+    assert loaded.ret_rms.count == plain.ret_rms.count and loaded.ret_rms.var == plain.ret_rms.var
+    env.close()
+    plain.close()
+    obs_normalizing = VecNormalize(ProcgenVecEnv(2, GAME, distribution_mode="easy", rand_seed=0), norm_obs=True)
+    obs_normalizing.save(str(tmp_path / "obs.pkl"))
+    obs_normalizing.close()
+    with pytest.raises(ValueError, match="normalizes observations, procgen chains only normalize rewards"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "obs.pkl"))
+    # Not statistics, a corrupt file, a missing file: clear errors
+    with open(tmp_path / "list.pkl", "wb") as file_handler:
+        pickle.dump([1, 2], file_handler)
+    with pytest.raises(ValueError, match="holds a list, not VecNormalize statistics"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "list.pkl"))
+    (tmp_path / "corrupt.pkl").write_bytes((tmp_path / "plain.pkl").read_bytes()[:50])
+    with pytest.raises(ValueError, match=r"Could not read VecNormalize statistics from .*corrupt\.pkl"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "corrupt.pkl"))
+    with pytest.raises(ValueError, match=r"Could not read VecNormalize statistics from .*missing\.pkl"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "missing.pkl"))
+
+
+def test_chain_is_sb3_wrappers_over_a_channel_first_procgen_vec_env():
+    env = make_procgen_env(GAME, n_envs=2, seed=0)
+    assert type(env) is VecNormalize
+    assert type(env.venv) is VecMonitor
+    assert type(env.venv.venv) is ProcgenVecEnv and env.venv.venv.channels_first
+    # Channel-first images, so nothing adds a VecTransposeImage
+    assert env.observation_space.shape == (3, 64, 64)
+    assert not is_vecenv_wrapped(env, VecTransposeImage)
     env.close()

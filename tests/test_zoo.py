@@ -164,7 +164,8 @@ def test_vec_env_factory(tmp_path: Path):
         env_kwargs=dict(distribution_mode="easy", num_levels=5, start_level=7),
         vec_env_cls=factory,  # type: ignore[arg-type]
     )
-    assert isinstance(env, VecMonitor) and isinstance(env.venv, ProcgenVecEnv)
+    # The first layers of make_procgen_env's chain: SB3's VecMonitor over a (channel-last) ProcgenVecEnv
+    assert type(env) is VecMonitor and type(env.venv) is ProcgenVecEnv and not env.venv.channels_first
     assert env.num_envs == 3
     assert env.venv.procgen_kwargs["num_levels"] == 5 and env.venv.procgen_kwargs["start_level"] == 7
     env.reset()

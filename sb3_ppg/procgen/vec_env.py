@@ -20,7 +20,6 @@ from sb3_ppg.procgen.games import (
     procgen_seed,
 )
 from sb3_ppg.procgen.native import HiresRenderer, close_native_env, make_gym3_env, observation_space
-from sb3_ppg.vec_env import finished_indices
 
 
 class ProcgenVecEnv(VecEnv):
@@ -183,7 +182,7 @@ class ProcgenVecEnv(VecEnv):
         self._stepped = True
         rewards, observations, dones = self._env.observe()
         observations = observations["rgb"]
-        done_indices = finished_indices(dones)
+        done_indices = np.flatnonzero(dones).tolist()
         if done_indices:
             # procgen's infos are only read at episode ends: building them for every game at every step would cost
             # a few percent of the env's throughput

@@ -8,11 +8,37 @@ import pickle
 from typing import Any
 
 from stable_baselines3.common.running_mean_std import RunningMeanStd
-from stable_baselines3.common.vec_env import VecNormalize
-from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
 
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
-from sb3_ppg.vec_env import FastVecMonitor, RewardOnlyVecNormalize
+
+
+def make_monitored_procgen_env(
+    n_envs: int,
+    env_name: str,
+    monitor_filename: str | None = None,
+    monitor_info_keywords: tuple[str, ...] = (),
+    **vec_env_kwargs: Any,
+) -> VecMonitor:
+    """
+    ``VecMonitor(ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs))``: the first two layers of
+    :func:`make_procgen_env`, also built by the RL Zoo's Procgen env factory (:mod:`sb3_ppg.zoo`), where the zoo adds
+    the reward normalization itself.
+
+    :param n_envs: Number of parallel games
+    :param env_name: Name of the game, one of ``PROCGEN_GAMES``
+    :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
+        folder is created; ``None``: no file)
+    :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
+    :param vec_env_kwargs: Arguments of :class:`~sb3_ppg.procgen.ProcgenVecEnv`
+    :return: The monitored env
+    """
+    venv = ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
+    if monitor_filename is not None:
+        directory = os.path.dirname(monitor_filename)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+    return VecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
 
 
 def make_procgen_env(
@@ -32,19 +58,17 @@ def make_procgen_env(
     monitor_info_keywords: tuple[str, ...] = (),
     vec_normalize_path: str | None = None,
     **procgen_kwargs: Any,
-) -> VecEnv:
+) -> VecNormalize:
     """
-    Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)``, each SB3
-    wrapper in the faster subclass of :mod:`sb3_ppg.vec_env` (same outputs, found by SB3's helpers), over a
-    channel-first ``ProcgenVecEnv``.
+    Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)``, SB3's
+    own wrappers over a channel-first ``ProcgenVecEnv``.
 
     - ``ProcgenVecEnv(..., channels_first=True)``: ``(3, 64, 64)`` uint8 observations, as SB3's CNNs expect (a view
       of procgen's frames: no copy, and no ``VecTransposeImage`` layer; the algorithm does not add one either).
-    - ``VecMonitor`` (:class:`~sb3_ppg.vec_env.FastVecMonitor`) records episode returns on the raw rewards
-      (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
+    - ``VecMonitor`` records episode returns on the raw rewards (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
     - ``VecNormalize(norm_obs=False, norm_reward=normalize_reward, gamma=reward_gamma, clip_reward=clip_reward,
-      epsilon=1e-8)`` (:class:`~sb3_ppg.vec_env.RewardOnlyVecNormalize`): the paper's return-based reward scaling
-      (rewards divided by the running standard deviation of the discounted return, no mean subtraction, then clipped).
+      epsilon=1e-8)``: the paper's return-based reward scaling (rewards divided by the running standard deviation of
+      the discounted return, no mean subtraction, then clipped).
 
     ``training=False`` gives an evaluation env: frozen statistics (``VecNormalize.training=False``) and raw rewards
     (``norm_reward=False``). ``VecNormalize`` is kept even with ``normalize_reward=False`` (it then passes rewards
@@ -71,14 +95,14 @@ def make_procgen_env(
     :param training: ``False`` for an evaluation env (frozen statistics, raw rewards)
     :param num_threads: Number of procgen worker threads
     :param render_mode: ``"rgb_array"`` for videos (``VecVideoRecorder``)
-    :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present;
-        ``None``: no file)
+    :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
+        folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
     :param vec_normalize_path: Load the reward statistics of a ``VecNormalize`` saved at this path (the arguments,
         ``training`` and ``normalize_reward`` among them, still decide how they are used; a file that is not a
         ``VecNormalize``, or one that normalizes observations, is a ``ValueError``)
     :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
-        :class:`ProcgenVecEnv`)
+        :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
     :return: The wrapped env
     """
     if not 0.0 <= reward_gamma < 1.0:
@@ -87,9 +111,11 @@ def make_procgen_env(
         raise ValueError(f"clip_reward must be positive, got {clip_reward}")
     # Read first: a bad file must not leave a procgen env behind
     reward_statistics = None if vec_normalize_path is None else _load_reward_statistics(vec_normalize_path)
-    venv: VecEnv = ProcgenVecEnv(
+    venv = make_monitored_procgen_env(
         n_envs,
         env_name,
+        monitor_filename=monitor_filename,
+        monitor_info_keywords=monitor_info_keywords,
         distribution_mode=distribution_mode,
         num_levels=num_levels,
         start_level=start_level,
@@ -99,17 +125,11 @@ def make_procgen_env(
         channels_first=True,
         **procgen_kwargs,
     )
-    if monitor_filename is not None:
-        directory = os.path.dirname(monitor_filename)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-    venv = FastVecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
-    norm_reward = normalize_reward and training
-    vec_normalize = RewardOnlyVecNormalize(
+    vec_normalize = VecNormalize(
         venv,
         training=training,
         norm_obs=False,
-        norm_reward=norm_reward,
+        norm_reward=normalize_reward and training,
         clip_reward=clip_reward,
         gamma=reward_gamma,
         epsilon=1e-8,
