@@ -155,17 +155,10 @@ class ProcgenVecEnv(VecEnv):
                     f"got shape {actions.shape}"
                 )
             actions = actions[:, 0]
-        # Checked on a python list: this runs between two procgen steps, while procgen's threads wait, and there a
-        # python loop over 64 numbers costs less than numpy's calls (see docs/procgen.md, "Throughput")
         kind = actions.dtype.kind
-        if kind in "iu":
-            values = actions.tolist()
-            in_range = min(values) >= 0 and max(values) < PROCGEN_N_ACTIONS
-        elif kind == "f" and np.all(np.mod(actions, 1) == 0):
-            in_range = actions.min() >= 0 and actions.max() < PROCGEN_N_ACTIONS
-        else:
+        if not (kind in "iu" or (kind == "f" and np.all(np.mod(actions, 1) == 0))):
             raise ValueError(f"Expected integer actions, got {actions.dtype} values {actions.ravel()}")
-        if not in_range:
+        if actions.min() < 0 or actions.max() >= PROCGEN_N_ACTIONS:
             raise ValueError(f"Actions must be in [0, {PROCGEN_N_ACTIONS}), got {actions.ravel()}")
         self._actions[:] = actions
 
@@ -175,19 +168,19 @@ class ProcgenVecEnv(VecEnv):
 
         :return: observations, rewards, dones, infos
         """
-        # ``act`` only starts the games: procgen's threads step them until ``observe`` returns. Python work that does not
-        # need the results is done in between, while this thread would otherwise wait
         self._env.act(self._actions)
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
         self._stepped = True
         rewards, observations, dones = self._env.observe()
         observations = observations["rgb"]
-        done_indices = np.flatnonzero(dones).tolist()
-        if done_indices:
-            # procgen's infos are only read at episode ends: building them for every game at every step would cost
-            # a few percent of the env's throughput
-            for idx, info in zip(done_indices, self._episode_end_infos(done_indices), strict=True):
-                infos[idx] = info
+        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        if dones.any():
+            # Procgen's info (level seeds, level completed) is handed out at episode ends only
+            procgen_infos = self._env.get_info()
+            for idx in np.flatnonzero(dones):
+                # Scalars as python numbers (procgen gives numpy scalars)
+                info = infos[idx] = {
+                    key: value.item() if np.ndim(value) == 0 else value for key, value in procgen_infos[idx].items()
+                }
                 # Copied (C-contiguous): the previous observation array was handed out and may be modified downstream
                 frame = self._last_obs[idx]
                 info["terminal_observation"] = (frame.transpose(2, 0, 1) if self.channels_first else frame).copy()
@@ -198,29 +191,6 @@ class ProcgenVecEnv(VecEnv):
         if self.channels_first:
             observations = observations.transpose(0, 3, 1, 2)
         return observations, rewards, dones, infos
-
-    def _episode_end_infos(self, done_indices: list[int]) -> list[dict[str, Any]]:
-        """
-        Procgen's infos (``level_seed``, ``prev_level_seed``, ``prev_level_complete``) of some games, read right after
-        ``observe()``.
-
-        gym3's ``get_info()`` observes again and builds a dict for every game; the info buffers that ``observe()``
-        just filled are read instead when gym3 exposes them (``_info``, gym3 0.3), for the finished games only.
-
-        :param done_indices: indices of the games whose episode just ended
-        :return: one info dict per index
-        """
-        info_buffers = getattr(self._env, "_info", None)
-        if not isinstance(info_buffers, dict):
-            all_infos = self._env.get_info()
-            return [all_infos[idx] for idx in done_indices]
-        infos = []
-        for idx in done_indices:
-            # Scalars as Python numbers; arrays (none by default) copied out of the reused buffers
-            infos.append(
-                {key: values.item(idx) if values.ndim == 1 else values[idx].copy() for key, values in info_buffers.items()}
-            )
-        return infos
 
     def close(self) -> None:
         """
