@@ -218,6 +218,16 @@ def test_optuna_sampler():
     env.close()
 
 
+def test_run_zoo_restores_sys_argv():
+    saved_argv = list(sys.argv)
+    with pytest.raises(ValueError, match="Unknown zoo command 'plot'"):
+        zoo.run_zoo("plot", [])
+    # The zoo reads sys.argv; it is restored even when the zoo fails (here: an unknown algorithm)
+    with pytest.raises(SystemExit):
+        zoo.run_zoo("train", ["--algo", "not-an-algo", "--env", "CartPole-v1"])
+    assert sys.argv == saved_argv
+
+
 def test_missing_zoo_message(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "rl_zoo3", None)
     for main in (train.main, enjoy.main):
