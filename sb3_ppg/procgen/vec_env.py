@@ -192,6 +192,26 @@ class ProcgenVecEnv(VecEnv):
             observations = observations.transpose(0, 3, 1, 2)
         return observations, rewards, dones, infos
 
+    def get_env_states(self) -> list[bytes]:
+        """
+        The games' states, through procgen's own serialization (level, positions, random generators, episode
+        statistics): what a checkpoint stores to continue the episodes exactly.
+
+        :return: One ``bytes`` per game
+        """
+        return [bytes(state) for state in self._env.get_state()]
+
+    def set_env_states(self, states: list[bytes]) -> None:
+        """
+        Put back the games' states saved by ``get_env_states`` (the frames are those of the next ``step``).
+
+        :param states: One ``bytes`` per game
+        """
+        if len(states) != self.num_envs:
+            raise ValueError(f"{len(states)} saved game states for a ProcgenVecEnv of {self.num_envs} games.")
+        self._env.set_state(list(states))
+        self._stepped = True
+
     def close(self) -> None:
         """
         Free the C++ env.
