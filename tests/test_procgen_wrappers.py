@@ -16,7 +16,7 @@ from stable_baselines3.common.vec_env import (
     unwrap_vec_normalize,
 )
 
-from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env
+from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env, save_reward_statistics
 
 # Random play ends a bossfight episode every ~50 steps in easy mode: episode ends come quickly
 GAME = "bossfight"
@@ -97,8 +97,8 @@ def test_train_and_eval_chains_with_ppo_and_eval_callback(tmp_path):
     assert lines[1] == "r,l,t" and len(lines) == 2 + len(model.ep_info_buffer)
 
     # VecNormalize statistics: save, then load into a new training or evaluation chain
-    path = str(tmp_path / "vecnormalize.pkl")
-    unwrap_vec_normalize(env).save(path)
+    path = str(tmp_path / "reward_statistics.npz")
+    save_reward_statistics(env, path)
     loaded = make_procgen_env(GAME, n_envs=2, training=False, vec_normalize_path=path)
     loaded_normalize = unwrap_vec_normalize(loaded)
     assert loaded_normalize.ret_rms.var == unwrap_vec_normalize(env).ret_rms.var
@@ -106,11 +106,9 @@ def test_train_and_eval_chains_with_ppo_and_eval_callback(tmp_path):
     assert not loaded_normalize.training and not loaded_normalize.norm_reward and loaded.num_envs == 2
     resumed = make_procgen_env(GAME, n_envs=4, vec_normalize_path=path)
     assert unwrap_vec_normalize(resumed).training and unwrap_vec_normalize(resumed).norm_reward
-    by_hand = VecNormalize.load(path, VecMonitor(ProcgenVecEnv(4, GAME, distribution_mode="easy", channels_first=True)))
-    assert by_hand.ret_rms.count == loaded_normalize.ret_rms.count
     model.set_env(resumed)
     model.learn(64, reset_num_timesteps=False)
-    for vec_env in (eval_env, loaded, resumed, by_hand):
+    for vec_env in (eval_env, loaded, resumed):
         vec_env.close()
 
 
@@ -160,34 +158,45 @@ def test_ppg_procgen_cnn_trains_with_aux_phase():
     env.close()
 
 
-def test_make_procgen_env_loads_statistics_of_sb3_vec_normalize(tmp_path):
-    """Statistics saved by a VecNormalize load into the chain; observation-normalizing ones, and other files, do not."""
+def test_reward_statistics_files_are_plain_arrays(tmp_path):
+    """Statistics of any reward-only VecNormalize save as plain arrays and load; pickles and damaged files do not."""
     plain = VecNormalize(ProcgenVecEnv(2, GAME, distribution_mode="easy", rand_seed=0), norm_obs=False)
     plain.reset()
     for _ in range(20):
         plain.step(np.zeros(2, dtype=np.int64))
-    plain.save(str(tmp_path / "plain.pkl"))
-    env = make_procgen_env(GAME, n_envs=4, vec_normalize_path=str(tmp_path / "plain.pkl"), reward_gamma=0.99)
+    save_reward_statistics(plain, str(tmp_path / "plain.npz"))
+    env = make_procgen_env(GAME, n_envs=4, vec_normalize_path=str(tmp_path / "plain.npz"), reward_gamma=0.99)
     loaded = unwrap_vec_normalize(env)
     assert type(loaded) is VecNormalize and loaded.gamma == 0.99 and loaded.training
     assert loaded.ret_rms.count == plain.ret_rms.count and loaded.ret_rms.var == plain.ret_rms.var
     env.close()
+    # A pickled VecNormalize is refused and the code a pickle carries never runs
+    plain.save(str(tmp_path / "plain.pkl"))
+    with pytest.raises(ValueError, match=r"save_reward_statistics.*unpickling runs whatever code"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "plain.pkl"))
+    marker = tmp_path / "marker"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "evil.npz").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ValueError, match="looks like a pickle"):
+        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "evil.npz"))
+    assert not marker.exists()
     plain.close()
     obs_normalizing = VecNormalize(ProcgenVecEnv(2, GAME, distribution_mode="easy", rand_seed=0), norm_obs=True)
-    obs_normalizing.save(str(tmp_path / "obs.pkl"))
-    obs_normalizing.close()
     with pytest.raises(ValueError, match="normalizes observations, procgen chains only normalize rewards"):
-        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "obs.pkl"))
-    # Not statistics, a corrupt file, a missing file: clear errors
-    with open(tmp_path / "list.pkl", "wb") as file_handler:
-        pickle.dump([1, 2], file_handler)
-    with pytest.raises(ValueError, match="holds a list, not VecNormalize statistics"):
-        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "list.pkl"))
-    (tmp_path / "corrupt.pkl").write_bytes((tmp_path / "plain.pkl").read_bytes()[:50])
-    with pytest.raises(ValueError, match=r"Could not read VecNormalize statistics from .*corrupt\.pkl"):
-        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "corrupt.pkl"))
-    with pytest.raises(ValueError, match=r"Could not read VecNormalize statistics from .*missing\.pkl"):
-        make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / "missing.pkl"))
+        save_reward_statistics(obs_normalizing, str(tmp_path / "obs.npz"))
+    obs_normalizing.close()
+    # A changed byte, a truncated file, a missing file: clear errors
+    data = bytearray((tmp_path / "plain.npz").read_bytes())
+    data[-200] ^= 0xFF
+    (tmp_path / "flipped.npz").write_bytes(bytes(data))
+    (tmp_path / "truncated.npz").write_bytes(bytes(data[:100]))
+    for name in ("flipped.npz", "truncated.npz", "missing.npz"):
+        with pytest.raises(ValueError, match=rf"Could not read reward statistics from .*{name}"):
+            make_procgen_env(GAME, n_envs=2, vec_normalize_path=str(tmp_path / name))
 
 
 def test_chain_is_sb3_wrappers_over_a_channel_first_procgen_vec_env():

@@ -13,7 +13,7 @@ from sb3_ppg.procgen.games import (
 )
 from sb3_ppg.procgen.gymnasium_env import ProcgenGymnasiumEnv, convert_legacy_procgen_env
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
-from sb3_ppg.procgen.wrappers import make_procgen_env
+from sb3_ppg.procgen.wrappers import make_procgen_env, save_reward_statistics
 
 __all__ = [
     "DISTRIBUTION_MODES",
@@ -26,4 +26,5 @@ __all__ = [
     "make_procgen_env",
     "procgen_seed",
     "register_procgen_envs",
+    "save_reward_statistics",
 ]

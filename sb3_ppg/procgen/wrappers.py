@@ -4,12 +4,13 @@ statistics, return-based reward normalization, channel-first images), for traini
 """
 
 import os
-import pickle
 from typing import Any
 
+import numpy as np
 from stable_baselines3.common.running_mean_std import RunningMeanStd
-from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
+from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
+from sb3_ppg.array_files import read_array_file, write_array_file
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
 
 
@@ -73,7 +74,7 @@ def make_procgen_env(
     ``training=False`` gives an evaluation env: frozen statistics (``VecNormalize.training=False``) and raw rewards
     (``norm_reward=False``). ``VecNormalize`` is kept even with ``normalize_reward=False`` (it then passes rewards
     through), so training and evaluation chains always match. Its statistics are not saved with a model: save them
-    with ``unwrap_vec_normalize(env).save(path)`` and pass ``vec_normalize_path=path`` to load them.
+    with ``save_reward_statistics(env, path)`` and pass ``vec_normalize_path=path`` to load them.
 
     Reward-normalization gamma: the default ``reward_gamma=0.999`` is the discount of the PPG/PPO losses, so the
     rewards are scaled by the spread of the same returns the value function learns; CleanRL's ``ppg_procgen.py``
@@ -98,9 +99,9 @@ def make_procgen_env(
     :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
         folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
-    :param vec_normalize_path: Load the reward statistics of a ``VecNormalize`` saved at this path (the arguments,
-        ``training`` and ``normalize_reward`` among them, still decide how they are used; a file that is not a
-        ``VecNormalize``, or one that normalizes observations, is a ``ValueError``)
+    :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays, no
+        pickle; the arguments, ``training`` and ``normalize_reward`` among them, still decide how they are used; any
+        other file, a pickled ``VecNormalize`` included, is a ``ValueError`` and nothing in it runs)
     :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
         :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
     :return: The wrapped env
@@ -139,22 +140,49 @@ def make_procgen_env(
     return vec_normalize
 
 
+REWARD_STATISTICS_FORMAT = "sb3_ppg.reward_statistics"
+
+
+def save_reward_statistics(env: VecEnv, path: str) -> None:
+    """
+    Save the reward-normalization statistics of a Procgen chain (its ``VecNormalize``) as plain arrays (an ``.npz``
+    with checksums, no pickle), for ``make_procgen_env(vec_normalize_path=path)``. The file is written atomically.
+
+    :param env: A chain made by ``make_procgen_env`` (or any VecEnv with a reward-only ``VecNormalize``)
+    :param path: The file to write (``.npz`` is the usual suffix)
+    """
+    vec_normalize = unwrap_vec_normalize(env)
+    if vec_normalize is None:
+        raise ValueError("The env has no VecNormalize: there are no reward statistics to save.")
+    if vec_normalize.norm_obs:
+        raise ValueError("This VecNormalize normalizes observations, procgen chains only normalize rewards.")
+    rms = vec_normalize.ret_rms
+    arrays = {"mean": np.asarray(rms.mean, dtype=np.float64), "var": np.asarray(rms.var, dtype=np.float64)}
+    metadata = {"format": REWARD_STATISTICS_FORMAT, "count": float(rms.count), "epsilon": float(vec_normalize.epsilon)}
+    write_array_file(path, arrays, metadata)
+
+
 def _load_reward_statistics(path: str) -> tuple[RunningMeanStd, float]:
     """
-    Read the reward statistics of a ``VecNormalize`` saved with ``save(path)`` (by a procgen chain or by SB3's own
-    ``VecNormalize``). Only the statistics are read, so statistics saved by older chains, whose observations were
-    channel-last at the ``VecNormalize`` layer, load too.
+    Read reward statistics saved by :func:`save_reward_statistics` (plain arrays, checked against their checksums;
+    nothing is unpickled, so a pickled ``VecNormalize`` is refused with a message that says how to convert it).
 
-    :param path: Path of the pickled ``VecNormalize``
+    :param path: Path of the statistics file
     :return: The running statistics of the discounted returns, and ``epsilon``
     """
     try:
-        with open(path, "rb") as file_handler:
-            saved = pickle.load(file_handler)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as error:
-        raise ValueError(f"Could not read VecNormalize statistics from {path}: {error!r}") from error
-    if not isinstance(saved, VecNormalize):
-        raise ValueError(f"{path} holds a {type(saved).__name__}, not VecNormalize statistics (saved with VecNormalize.save)")
-    if saved.norm_obs:
-        raise ValueError(f"{path} normalizes observations, procgen chains only normalize rewards")
-    return saved.ret_rms, saved.epsilon
+        metadata, arrays = read_array_file(path, REWARD_STATISTICS_FORMAT)
+    except OSError as error:
+        raise ValueError(f"Could not read reward statistics from {path}: {error!r}") from error
+    except ValueError as error:
+        raise ValueError(
+            f"Could not read reward statistics from {path}: {error} Save them with "
+            "sb3_ppg.procgen.save_reward_statistics(env, path). A VecNormalize pickle (VecNormalize.save) is not "
+            "loaded here, since unpickling runs whatever code the file holds; if you trust it, load it yourself with "
+            "VecNormalize.load(path, venv) and save its statistics with save_reward_statistics."
+        ) from error
+    if arrays["mean"].shape != () or arrays["var"].shape != ():
+        raise ValueError(f"{path} holds statistics of shape {arrays['mean'].shape}, not of a scalar reward.")
+    rms = RunningMeanStd(shape=())
+    rms.mean, rms.var, rms.count = arrays["mean"].copy(), arrays["var"].copy(), float(metadata["count"])
+    return rms, float(metadata["epsilon"])
