@@ -105,15 +105,12 @@ def fingerprint(model: "PPGBase", total_timesteps: int, reset_num_timesteps: boo
 def _vec_normalize_settings(vec_normalize: VecNormalize | None) -> Any:
     if vec_normalize is None:
         return None
-    return dict(
-        norm_obs=vec_normalize.norm_obs,
-        norm_reward=vec_normalize.norm_reward,
-        training=vec_normalize.training,
-        gamma=vec_normalize.gamma,
-        clip_obs=vec_normalize.clip_obs,
-        clip_reward=vec_normalize.clip_reward,
-        stats={name: (np.shape(rms.mean),) for name, rms in _running_stats(vec_normalize).items()},
-    )
+    settings: dict[str, Any] = {
+        name: getattr(vec_normalize, name)
+        for name in ("norm_obs", "norm_reward", "training", "gamma", "clip_obs", "clip_reward")
+    }
+    settings["stats"] = {name: (np.shape(rms.mean),) for name, rms in _running_stats(vec_normalize).items()}
+    return settings
 
 
 def _optimizers(model: "PPGBase") -> list[th.optim.Optimizer]:

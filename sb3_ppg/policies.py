@@ -353,32 +353,26 @@ class ProcgenCnnPolicy(PPGPolicy):
     """
     The PPG paper's Procgen network (``"ProcgenCnn"``): the IMPALA CNN (16, 32, 32 channels, 256-unit dense layer)
     with ReLU, the heads directly on the 256-d features (``net_arch=[]``) and the paper's normalized initialization
-    (no orthogonal init). See ``PPGPolicy`` for the parameters.
+    (no orthogonal init). See ``PPGPolicy`` for the parameters: only these defaults differ.
+
+    :param args: ``PPGPolicy``'s positional arguments (observation space, action space, learning rate schedule, ...)
+    :param activation_fn: Activation function of the MLP layers, if any (ReLU)
+    :param ortho_init: SB3's orthogonal initialization (off: the paper's normalized initialization instead)
+    :param normed_init: The paper's normalized initialization of the heads and MLP layers (on)
+    :param kwargs: ``PPGPolicy``'s other keyword arguments
     """
 
     default_features_extractor_class = ImpalaCNN
 
     def __init__(
         self,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
-        lr_schedule: Schedule,
-        net_arch: list[int] | dict[str, list[int]] | None = None,
+        *args: Any,
         activation_fn: type[nn.Module] = nn.ReLU,
         ortho_init: bool = False,
         normed_init: bool = True,
         **kwargs: Any,
     ):
-        super().__init__(
-            observation_space,
-            action_space,
-            lr_schedule,
-            net_arch=net_arch,
-            activation_fn=activation_fn,
-            ortho_init=ortho_init,
-            normed_init=normed_init,
-            **kwargs,
-        )
+        super().__init__(*args, activation_fn=activation_fn, ortho_init=ortho_init, normed_init=normed_init, **kwargs)
 
 
 MlpPolicy = PPGPolicy
