@@ -59,6 +59,10 @@ setup(
             "moviepy>=1.0.0",
             # imageio-ffmpeg 0.3 (pinned by gym3) imports pkg_resources, which setuptools 81 removed
             "setuptools<81",
+            # tests/test_docs.py builds the documentation
+            "sphinx>=7",
+            "myst-parser",
+            "sphinx-rtd-theme",
         ],
         "docs": ["sphinx>=7", "myst-parser", "sphinx-rtd-theme"],
     },
