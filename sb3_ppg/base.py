@@ -19,7 +19,7 @@ from sb3_ppg import data_parallel, distributed
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
 from sb3_ppg.policies import PPGPolicy
-from sb3_ppg.validation import resolve_batch_size
+from sb3_ppg.validation import check_aux_buffer_memory, gradient_norm, resolve_batch_size, schedule_value
 
 SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
 
@@ -45,8 +45,17 @@ class PPGBase(OnPolicyAlgorithm):
     _train_aux_phase: Callable[[], None]
     max_grad_norm: float | None  # type: ignore[assignment]
 
-    def _make_aux_buffer(self) -> AuxiliaryBuffer | None:
-        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off)."""
+    def _check_aux_buffer_memory(self, n_envs: int) -> None:
+        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
+        if self.n_aux_epochs > 0:
+            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+            check_aux_buffer_memory(AuxiliaryBuffer.estimate_nbytes(**args, **spaces), **args)
+
+    def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
+        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
+        if check_memory:
+            self._check_aux_buffer_memory(self.n_envs)
         if self.n_aux_epochs == 0:
             return None
         return AuxiliaryBuffer(
@@ -192,19 +201,54 @@ class PPGBase(OnPolicyAlgorithm):
         if not continue_training and self.verbose >= 1:
             print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")
 
+    def _schedule_value(self, name: str, progress_remaining: float) -> float | None:
+        """
+        The value at ``progress_remaining`` of the schedule ``name`` (``"learning_rate"``, ``"aux_learning_rate"``,
+        the learning rate's when None, ``"clip_range"``, ``"clip_range_vf"``), checked; None for a clip range of None.
+        """
+        schedule = self.lr_schedule if name == "learning_rate" else getattr(self, name)
+        if name == "aux_learning_rate" and schedule is None:
+            name, schedule = "learning_rate", self.lr_schedule
+        return None if schedule is None else schedule_value(schedule, name, progress_remaining)
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's learning-rate update, after checking the schedule's value (a ``ValueError`` names a bad one)."""
+        self._schedule_value("learning_rate", self._current_progress_remaining)
+        super()._update_learning_rate(optimizers)
+
     def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
-        """Check the loss, backpropagate it, average the gradients over the ranks, clip them, step and clear them."""
+        """
+        Check the loss, backpropagate it, average the gradients over the ranks, check and clip them, step and clear
+        them.
+        """
         self._check_finite(loss, phase)
         loss.backward()
         self._average_gradients()
-        self._clip_gradients()
+        self._clip_gradients(phase)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    def _clip_gradients(self) -> None:
-        """Clip the global gradient norm to ``max_grad_norm`` (no-op when it is None)."""
+    def _clip_gradients(self, phase: str) -> None:
+        """
+        Clip the global gradient norm to ``max_grad_norm`` (when set), after checking that the gradients are
+        finite: a finite loss can still have inf or NaN gradients, which must not reach the weights.
+
+        :param phase: "policy" or "auxiliary", for the message
+        :raises FloatingPointError: when the gradients' global norm is not finite (the gradients are cleared)
+        """
         if self.max_grad_norm is not None:
-            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+            total_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        else:
+            total_norm = gradient_norm(self.policy.parameters())
+        if not th.isfinite(total_norm).item():
+            self.policy.zero_grad(set_to_none=True)
+            raise FloatingPointError(
+                f"PPG's {phase}-phase gradients have a non-finite norm ({total_norm.item()}) at timestep "
+                f"{self.num_timesteps} although the loss is finite: training stopped before the weights were updated "
+                "with them. Common causes: a learning rate that is too high (lower learning_rate / "
+                "aux_learning_rate), observations or rewards on a huge scale (use VecNormalize), or a custom network "
+                "or features extractor whose gradient is not finite somewhere (e.g. sqrt or log at 0)."
+            )
 
     def _check_finite(self, loss: th.Tensor, phase: str) -> None:
         """
@@ -309,6 +353,7 @@ class PPGBase(OnPolicyAlgorithm):
             return
         # Check everything before changing anything
         check_for_correct_spaces(env, self.observation_space, self.action_space)
+        self._check_aux_buffer_memory(env.num_envs)
         self.batch_size = resolve_batch_size(self, env.num_envs)
         if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
             warnings.warn(
@@ -328,7 +373,7 @@ class PPGBase(OnPolicyAlgorithm):
             n_envs=self.n_envs,
             **self.rollout_buffer_kwargs,
         )
-        self.aux_buffer = self._make_aux_buffer()
+        self.aux_buffer = self._make_aux_buffer(check_memory=False)
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """

@@ -92,6 +92,23 @@ class AuxiliaryBuffer:
         # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
         self.saved_rollout_files: dict[int, str] = {}
 
+    @staticmethod
+    def estimate_nbytes(
+        n_policy_iters: int, n_steps: int, n_envs: int, observation_space: spaces.Space, action_space: spaces.Space
+    ) -> int:
+        """The memory the arrays of a buffer with these arguments take (its ``nbytes``), computed without allocating."""
+        obs_shape = get_obs_shape(observation_space)
+        if isinstance(observation_space, spaces.Dict):
+            assert isinstance(obs_shape, dict)
+            obs_bytes = sum(
+                int(np.prod(obs_shape[key])) * np.dtype(space.dtype).itemsize
+                for key, space in observation_space.spaces.items()
+            )
+        else:
+            obs_bytes = int(np.prod(obs_shape)) * np.dtype(observation_space.dtype).itemsize
+        float_bytes = np.dtype(np.float32).itemsize * (1 + distribution_param_dim(action_space))
+        return n_policy_iters * n_envs * n_steps * (obs_bytes + float_bytes)
+
     @property
     def n_rollouts(self) -> int:
         """Number of rollouts (rows) stored."""

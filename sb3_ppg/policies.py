@@ -18,6 +18,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_ppg.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
+from sb3_ppg.validation import check_finite_observations, check_net_arch
 
 ARCHS = ("dual", "detach", "shared")
 
@@ -54,13 +55,16 @@ class PPGPolicy(ActorCriticPolicy):
         ``default_features_extractor_class`` (``FlattenExtractor``; ``NatureCNN`` for ``CnnPolicy``,
         ``CombinedExtractor`` for ``MultiInputPolicy``, ``ImpalaCNN`` for ``ProcgenCnn``)
     :param features_extractor_kwargs: Keyword arguments to pass to the features extractor.
-    :param share_features_extractor: Leave it ``None``: it follows from ``arch`` (False for ``"dual"``, True
-        otherwise). A value that contradicts ``arch`` raises a ``ValueError``.
+    :param share_features_extractor: ``None`` (default): it follows from ``arch`` (False for ``"dual"``, True
+        otherwise). Without ``arch``, ``True`` selects ``arch="shared"`` (SB3's PPO shares the features extractor,
+        and its value loss trains it) and ``False`` ``arch="dual"``. A value that contradicts ``arch`` raises a
+        ``ValueError``.
     :param normalize_images: Whether to normalize images or not, dividing by 255.0 (True by default)
     :param optimizer_class: The optimizer to use, ``th.optim.Adam`` by default
     :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer.
         Defaults to ``{"eps": 1e-8}`` for Adam (the paper's value; SB3's own policies use 1e-5).
-    :param arch: ``"dual"``, ``"detach"`` or ``"shared"`` (see above)
+    :param arch: ``"dual"``, ``"detach"`` or ``"shared"`` (see above); ``None`` (default): ``"dual"``, or
+        ``"shared"`` with ``share_features_extractor=True``
     :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached from the trunk in the
         auxiliary phase too (True, the reference code's behaviour) or let the true value loss reach the trunk there
         (False, the paper's text). Ignored by the other architectures.
@@ -89,21 +93,14 @@ class PPGPolicy(ActorCriticPolicy):
         normalize_images: bool = True,
         optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
         optimizer_kwargs: dict[str, Any] | None = None,
-        arch: str = "dual",
+        arch: str | None = None,
         detach_value_in_aux: bool = True,
         normed_init: bool = False,
     ):
         if features_extractor_class is None:
             features_extractor_class = self.default_features_extractor_class
-        if arch not in ARCHS:
-            raise ValueError(f"Unknown PPG arch {arch!r}: choose one of {', '.join(repr(a) for a in ARCHS)}.")
+        arch = self._resolve_arch(arch, share_features_extractor)
         expected_share = arch != "dual"
-        if share_features_extractor is not None and share_features_extractor != expected_share:
-            raise ValueError(
-                f"share_features_extractor={share_features_extractor} contradicts arch={arch!r}. PPG chooses it from "
-                "the arch: leave share_features_extractor unset and pick arch='dual' (separate networks) or "
-                "arch='detach' / arch='shared' (one network)."
-            )
         if ortho_init and normed_init:
             raise ValueError("ortho_init and normed_init are mutually exclusive: set ortho_init=False to use normed_init.")
         if optimizer_kwargs is None and optimizer_class == th.optim.Adam:
@@ -114,7 +111,7 @@ class PPGPolicy(ActorCriticPolicy):
         self.arch = arch
         self.detach_value_in_aux = detach_value_in_aux
         self.normed_init = normed_init
-        net_arch = self._resolve_net_arch(net_arch, arch, features_extractor_class)
+        net_arch = self._resolve_net_arch(check_net_arch(net_arch), arch, features_extractor_class)
         super().__init__(
             observation_space,
             action_space,
@@ -136,6 +133,20 @@ class PPGPolicy(ActorCriticPolicy):
         )
 
     @staticmethod
+    def _resolve_arch(arch: str | None, share_features_extractor: bool | None) -> str:
+        """The PPG architecture from ``arch`` and SB3's ``share_features_extractor`` (see the class docstring)."""
+        if arch is None:
+            return "shared" if share_features_extractor else "dual"
+        if arch not in ARCHS:
+            raise ValueError(f"Unknown PPG arch {arch!r}: choose one of {', '.join(repr(a) for a in ARCHS)}.")
+        if share_features_extractor is not None and share_features_extractor != (arch != "dual"):
+            raise ValueError(
+                f"share_features_extractor={share_features_extractor} contradicts arch={arch!r}: arch='dual' has "
+                "separate networks, arch='detach' / arch='shared' one network. Pass only one of the two."
+            )
+        return arch
+
+    @staticmethod
     def _resolve_net_arch(
         net_arch: list[int] | dict[str, list[int]] | None,
         arch: str,
@@ -153,8 +164,6 @@ class PPGPolicy(ActorCriticPolicy):
         if net_arch is None:
             cnn_extractors = (NatureCNN, ImpalaCNN)
             net_arch = [] if issubclass(features_extractor_class, cnn_extractors) else [64, 64]
-        if isinstance(net_arch, list) and len(net_arch) > 0 and isinstance(net_arch[0], dict):
-            net_arch = net_arch[0]
         if arch == "dual":
             return net_arch
         if isinstance(net_arch, dict):
@@ -162,7 +171,7 @@ class PPGPolicy(ActorCriticPolicy):
                 raise ValueError(
                     f"arch={arch!r} has a single network: the value head sits on the policy latent, so "
                     f"net_arch['vf']={net_arch['vf']} would be unused. Pass net_arch as a list (the policy network) "
-                    "or use arch='dual' for a separate value network."
+                    "or use arch='dual' (share_features_extractor=False) for a separate value network."
                 )
             policy_layers = list(net_arch.get("pi", []))
         else:
@@ -256,9 +265,10 @@ class PPGPolicy(ActorCriticPolicy):
         """
         The current policy's action distribution for the observations (the policy network only).
 
-        :param obs: Observation
+        :param obs: Observation (NaN or inf values raise a ``ValueError``)
         :return: the action distribution
         """
+        check_finite_observations(obs)
         latent_pi = self.mlp_extractor.forward_actor(self._features(obs, self.pi_features_extractor))
         return self._get_action_dist_from_latent(latent_pi)
 
@@ -270,10 +280,11 @@ class PPGPolicy(ActorCriticPolicy):
         """
         Forward pass in all the networks (actor and critic).
 
-        :param obs: Observation
+        :param obs: Observation (NaN or inf values raise a ``ValueError``)
         :param deterministic: Whether to sample or use deterministic actions
         :return: action, value and log probability of the action
         """
+        check_finite_observations(obs)
         latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
         values = self.value_net(latent_vf)
         distribution = self._get_action_dist_from_latent(latent_pi)

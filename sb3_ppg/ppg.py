@@ -252,8 +252,8 @@ class PPG(PPGBase):
         """
         progress = self._current_progress_remaining
         self._update_learning_rate(self.policy.optimizer)
-        clip_range = self.clip_range(progress) if self.clip_range is not None else None
-        clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
+        clip_range = self._schedule_value("clip_range", progress)
+        clip_range_vf = self._schedule_value("clip_range_vf", progress)
         stats: dict[str, list[th.Tensor]] = defaultdict(list)
         continue_training, loss = True, th.full((), float("nan"))
 
@@ -364,7 +364,7 @@ class PPG(PPGBase):
         assert self.aux_buffer is not None
         start_time = time.perf_counter()
         optimizer = self.aux_optimizer if self.aux_optimizer is not None else self.policy.optimizer
-        learning_rate = (self.aux_learning_rate or self.lr_schedule)(self._current_progress_remaining)  # type: ignore[operator]
+        learning_rate = self._schedule_value("aux_learning_rate", self._current_progress_remaining)
         update_learning_rate(optimizer, learning_rate)
         n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
         accum = self.n_aux_grad_accum
@@ -381,7 +381,7 @@ class PPG(PPGBase):
                 (loss / group_size).backward()
                 if batch_index - group_start == group_size - 1:
                     self._average_gradients()
-                    self._clip_gradients()
+                    self._clip_gradients("auxiliary")
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                     self._n_aux_updates += 1

@@ -1,8 +1,11 @@
-"""Checks of PPG's hyperparameters, each failing with a ``ValueError`` that names the problem and the fix."""
+"""Checks of PPG's hyperparameters and policy architecture, each failing with a ``ValueError`` that names the fix."""
 
+import math
 import warnings
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch as th
 
 if TYPE_CHECKING:
@@ -11,57 +14,126 @@ if TYPE_CHECKING:
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
 PHASES = ("rollout", "policy", "aux")
+NET_ARCH_KEYS = ("pi", "vf")
+
+
+def is_integer(value: object) -> bool:
+    """Whether ``value`` is an integer (a Python or NumPy one; bools are not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """Whether ``value`` is a real number (a Python or NumPy int or float; bools are not)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+class _Checker:
+    """Collects the problems of a model's hyperparameters; each check looks at the type first, so none raises."""
+
+    def __init__(self, model: "PPG") -> None:
+        self.model = model
+        self.errors: list[str] = []
+
+    def check(self, condition: bool, message: str) -> None:
+        if not condition:
+            self.errors.append(message)
+
+    def type_error(self, name: str, expected: str) -> None:
+        value = getattr(self.model, name)
+        self.errors.append(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+
+    def integer(self, name: str, minimum: int, hint: str = "") -> bool:
+        """An integer >= ``minimum`` (a NumPy integer becomes a Python int); whether it is valid."""
+        value = getattr(self.model, name)
+        if not is_integer(value):
+            self.type_error(name, "an integer")
+            return False
+        setattr(self.model, name, int(value))
+        self.check(value >= minimum, f"{name} must be >= {minimum}{hint}, got {value}")
+        return value >= minimum
+
+    def number(self, name: str, minimum: float, positive: bool = False, optional: bool = False, hint: str = "") -> None:
+        """A finite number >= ``minimum`` (> with ``positive``), or None when ``optional``."""
+        value = getattr(self.model, name)
+        if value is None and optional:
+            return
+        if not is_number(value):
+            self.type_error(name, "a number" + " or None" * optional)
+            return
+        in_range = value > minimum if positive else value >= minimum
+        self.check(
+            math.isfinite(value) and in_range,
+            f"{name} must be a number {'>' if positive else '>='} {minimum}, got {value}{hint}",
+        )
+
+    def number_or_schedule(self, name: str, positive: bool = False, optional: bool = False, hint: str = "") -> None:
+        """A number (see ``number``) or a schedule, whose values are checked when it is evaluated (``schedule_value``)."""
+        value = getattr(self.model, name)
+        if callable(value):
+            return
+        if (value is None and optional) or is_number(value):
+            self.number(name, 0, positive=positive, optional=optional, hint=hint)
+        else:
+            self.type_error(name, "a number, a schedule (a function of the remaining progress)" + " or None" * optional)
 
 
 def check_hyperparameters(model: "PPG") -> None:
     """
-    Raise one ``ValueError`` listing every invalid hyperparameter that does not depend on the env.
+    Raise one ``ValueError`` listing every invalid hyperparameter that does not depend on the env. Integer
+    hyperparameters given as NumPy integers are converted to Python ints.
 
     :param model: the PPG model, its hyperparameters set but its networks not built yet
     """
-    errors = []
-
-    def check(condition: bool, message: str) -> None:
-        if not condition:
-            errors.append(message)
-
-    check(model.n_steps >= 1, f"n_steps must be >= 1, got {model.n_steps}")
-    check(model.batch_size is None or model.batch_size >= 1, f"batch_size must be >= 1 (or None), got {model.batch_size}")
-    check(model.n_epochs >= 1, f"n_epochs must be >= 1, got {model.n_epochs}")
-    check(model.n_value_epochs >= 0, f"n_value_epochs must be >= 0 (or None), got {model.n_value_epochs}")
-    check(0.0 <= model.gamma <= 1.0, f"gamma must be in [0, 1], got {model.gamma}")
-    check(0.0 <= model.gae_lambda <= 1.0, f"gae_lambda must be in [0, 1], got {model.gae_lambda}")
-    check(
-        model.normalize_advantage in ADVANTAGE_NORMALIZATIONS,
+    checker = _Checker(model)
+    checker.integer("n_steps", 1)
+    if model.batch_size is not None:
+        checker.integer("batch_size", 1, " (or None)")
+    checker.integer("n_epochs", 1)
+    checker.integer("n_value_epochs", 0, " (or None)")
+    for name in ("gamma", "gae_lambda"):
+        value = getattr(model, name)
+        checker.check(is_number(value) and 0.0 <= value <= 1.0, f"{name} must be in [0, 1], got {value!r}")
+    checker.check(
+        isinstance(model.normalize_advantage, str) and model.normalize_advantage in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {model.normalize_advantage!r}",
     )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
-        value = getattr(model, name)
-        check(isinstance(value, (int, float)) and value >= 0, f"{name} must be a number >= 0, got {value!r}")
+        checker.number(name, 0)
+    checker.number_or_schedule("learning_rate")
+    checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):
-        value = getattr(model, name)
-        if isinstance(value, (int, float)):
-            check(value > 0, f"{name} must be > 0, got {value}: pass None to disable clipping")
-    check(
-        model.max_grad_norm is None or model.max_grad_norm > 0,
-        f"max_grad_norm must be > 0, got {model.max_grad_norm}: pass None to disable gradient clipping",
-    )
-    check(model.target_kl is None or model.target_kl > 0, f"target_kl must be > 0 (or None), got {model.target_kl}")
-    check(model.n_aux_epochs >= 0, f"n_aux_epochs must be >= 0 (0 disables the auxiliary phase), got {model.n_aux_epochs}")
-    if model.n_aux_epochs > 0:
-        check(
-            model.n_policy_iters >= 1,
-            f"n_policy_iters must be >= 1 when n_aux_epochs > 0, got {model.n_policy_iters} "
-            "(set n_aux_epochs=0 for plain PPO)",
-        )
-        check(model.aux_batch_rollouts >= 1, f"aux_batch_rollouts must be >= 1, got {model.aux_batch_rollouts}")
-        check(model.n_aux_grad_accum >= 1, f"n_aux_grad_accum must be >= 1, got {model.n_aux_grad_accum}")
+        checker.number_or_schedule(name, positive=True, optional=True, hint=": pass None to disable clipping")
+    checker.number("max_grad_norm", 0, positive=True, optional=True, hint=": pass None to disable gradient clipping")
+    checker.number("target_kl", 0, positive=True, optional=True, hint=" (or None for no limit)")
+    if checker.integer("n_aux_epochs", 0, " (0 disables the auxiliary phase)") and model.n_aux_epochs > 0:
+        checker.integer("n_policy_iters", 1, " when n_aux_epochs > 0 (set n_aux_epochs=0 for plain PPO)")
+        checker.integer("aux_batch_rollouts", 1)
+        checker.integer("n_aux_grad_accum", 1)
     try:
         resolve_precision(model.precision)
     except ValueError as error:
-        errors.append(str(error))
-    if errors:
-        raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(errors))
+        checker.errors.append(str(error))
+    if checker.errors:
+        raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(checker.errors))
+
+
+def schedule_value(schedule: Callable[[float], float], name: str, progress_remaining: float) -> float:
+    """
+    Evaluate a schedule (a learning rate or a clip range), checking its value.
+
+    :param schedule: the schedule
+    :param name: the hyperparameter it was given as, for the message
+    :param progress_remaining: the remaining progress (from 1 to 0)
+    :return: the schedule's value
+    :raises ValueError: when the value is negative or not finite
+    """
+    value = schedule(progress_remaining)
+    if not (is_number(value) and math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"The {name} schedule returned {value!r} at progress_remaining={progress_remaining:.6g}: a schedule must "
+            f"return a finite number >= 0 for every progress_remaining from 1 to 0. Fix the function passed as {name}."
+        )
+    return value
 
 
 def resolve_batch_size(model: "PPG", n_envs: int) -> int:
@@ -75,8 +147,11 @@ def resolve_batch_size(model: "PPG", n_envs: int) -> int:
     """
     rollout_size = model.n_steps * n_envs
     batch_size = max(1, rollout_size // 8) if model._auto_batch_size else model.batch_size
-    if rollout_size < 2:
-        raise ValueError(f"n_steps * n_envs must be > 1 (one rollout needs at least 2 samples), got {rollout_size}")
+    if rollout_size < 2 and model.normalize_advantage != "none":
+        raise ValueError(
+            f"n_steps * n_envs must be > 1 with normalize_advantage={model.normalize_advantage!r} (the advantages of "
+            f"one sample normalize to 0), got {rollout_size}: collect more steps or pass normalize_advantage='none'."
+        )
     assert batch_size is not None
     if batch_size > rollout_size:
         raise ValueError(
@@ -96,7 +171,8 @@ def resolve_batch_size(model: "PPG", n_envs: int) -> int:
     if rollout_size % batch_size != 0:
         warnings.warn(
             f"The rollout size (n_steps * n_envs = {rollout_size}) is not a multiple of batch_size={batch_size}: "
-            f"the last minibatch of each epoch holds {rollout_size % batch_size} samples."
+            f"there will be a truncated mini-batch of size {rollout_size % batch_size} in each epoch. We recommend "
+            "a batch_size that divides n_steps * n_envs."
         )
     return batch_size
 
@@ -121,3 +197,138 @@ def resolve_precision(precision: str | dict[str, str]) -> dict[str, th.dtype]:
         if name not in PRECISIONS:
             raise ValueError(f"precision {name!r} (phase {phase!r}) is not one of {list(PRECISIONS)}.")
     return {phase: PRECISIONS[name] for phase, name in per_phase.items()}
+
+
+def check_net_arch(net_arch: object) -> list[int] | dict[str, list[int]] | None:
+    """
+    Check a policy's ``net_arch`` and return it as a list of layer sizes or a dict with the keys ``"pi"`` and
+    ``"vf"`` (layer sizes as Python ints). SB3's old format ``[dict(pi=..., vf=...)]`` is accepted with SB3's
+    warning; any entry next to the dict (the shared layers that SB3 removed in v1.8.0) is an error, never dropped.
+
+    :param net_arch: the ``net_arch`` given to the policy (None: the policy's default)
+    :return: the same architecture
+    :raises ValueError: naming the problem and the expected format
+    """
+    if net_arch is None:
+        return None
+    if isinstance(net_arch, (list, tuple)) and any(isinstance(entry, dict) for entry in net_arch):
+        if len(net_arch) > 1:
+            raise ValueError(
+                f"net_arch={net_arch!r} mixes layer sizes and a dict (SB3's format before v1.8.0, whose shared layers "
+                "SB3 removed): the other entries would be dropped. Pass a dict of separate networks, e.g. "
+                "net_arch=dict(pi=[64, 64], vf=[64, 64]), or a list of layer sizes with policy_kwargs=dict("
+                "arch='shared') (or 'detach') for one network shared by the policy and the value function."
+            )
+        warnings.warn(
+            "As shared layers in the mlp_extractor are removed since SB3 v1.8.0, you should now pass directly a "
+            "dictionary and not a list (net_arch=dict(pi=..., vf=...) instead of net_arch=[dict(pi=..., vf=...)])"
+        )
+        net_arch = net_arch[0]
+    if isinstance(net_arch, dict):
+        unknown = [key for key in net_arch if key not in NET_ARCH_KEYS]
+        if unknown:
+            raise ValueError(
+                f"net_arch has unknown keys {unknown}: the valid keys are 'pi' (the policy network) and 'vf' (the value "
+                "network), e.g. net_arch=dict(pi=[64, 64], vf=[64, 64])."
+            )
+        return {key: _layer_sizes(layers, f"net_arch[{key!r}]") for key, layers in net_arch.items()}
+    return _layer_sizes(net_arch, "net_arch")
+
+
+def _layer_sizes(layers: object, where: str) -> list[int]:
+    """The hidden-layer sizes of one network, checked (a list or tuple of positive integers)."""
+    if not isinstance(layers, (list, tuple)):
+        raise ValueError(
+            f"{where} must be a list of layer sizes (positive ints, e.g. [64, 64]) or, for net_arch, a dict "
+            f"dict(pi=[...], vf=[...]); got {layers!r} ({type(layers).__name__})."
+        )
+    invalid = [size for size in layers if not (is_integer(size) and size >= 1)]
+    if invalid:
+        raise ValueError(f"{where}={layers!r} holds invalid layer sizes {invalid!r}: each must be a positive int.")
+    return [int(size) for size in layers]
+
+
+def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
+    """
+    Refuse observations holding NaN or inf before they reach the networks (integer observations, such as uint8
+    images, cannot hold them and are not looked at).
+
+    :param obs: an observation tensor, or a dict of them
+    :raises ValueError: naming the fix
+    """
+    for key, tensor in obs.items() if isinstance(obs, dict) else [(None, obs)]:
+        if tensor.is_floating_point() and not th.isfinite(tensor).all():
+            where = f"Observation key {key!r}" if key is not None else "The observation"
+            raise ValueError(
+                f"{where} holds NaN or inf values: the policy cannot act on them. Check the environment (wrap it in "
+                "VecCheckNan(env, raise_exception=True) to find the step that produces them), and scale unbounded "
+                "observations (e.g. VecNormalize, which also clips them)."
+            )
+
+
+def memory_info() -> tuple[int | None, int | None]:
+    """
+    The memory available now and the memory this process can have in all, in bytes (None where unknown):
+    ``MemAvailable`` and ``MemTotal`` of ``/proc/meminfo``, the total capped by a cgroup memory limit.
+    """
+    values = {}
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    total = values.get("MemTotal")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as file:
+                limit = int(file.read().strip())
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            continue
+        total = limit if total is None else min(total, limit)
+    return values.get("MemAvailable"), total
+
+
+def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_steps: int) -> None:
+    """
+    Check, before allocating it, that the auxiliary buffer fits in memory: warn when it exceeds the memory
+    available now, raise when it exceeds the memory this process can have in all.
+
+    :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``)
+    :param n_policy_iters: N_pi, for the message
+    :param n_envs: the number of envs, for the message
+    :param n_steps: the rollout length, for the message
+    :raises ValueError: when the buffer cannot fit
+    """
+    available, total = memory_info()
+    gib = 1024**3
+    size = (
+        f"The auxiliary buffer needs {nbytes / gib:.3g} GiB (n_policy_iters * n_envs * n_steps = {n_policy_iters} * "
+        f"{n_envs} * {n_steps} steps of {nbytes // max(1, n_policy_iters * n_envs * n_steps)} bytes)"
+    )
+    fix = "reduce n_policy_iters, n_steps or the number of envs (or the observations' size)"
+    if total is not None and nbytes > total:
+        raise ValueError(f"{size}, more than this machine's {total / gib:.3g} GiB of memory: {fix}.")
+    if available is not None and nbytes > available:
+        warnings.warn(
+            f"{size}, more than the {available / gib:.3g} GiB of memory available now: the machine may swap or the "
+            f"process be killed. If so, {fix}."
+        )
+
+
+def gradient_norm(parameters: Iterable[th.nn.Parameter]) -> th.Tensor:
+    """
+    The global L2 norm of the parameters' gradients (the norm ``clip_grad_norm_`` computes), without clipping.
+
+    :param parameters: the parameters (those without a gradient are skipped)
+    :return: a 0-d tensor (0 when no parameter has a gradient)
+    """
+    gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    if not gradients:
+        return th.zeros(())
+    # th.nn.utils.get_total_norm from torch 2.6 on (one fused pass); the same norm before
+    get_total_norm = getattr(th.nn.utils, "get_total_norm", None)
+    if get_total_norm is not None:
+        return get_total_norm(gradients)
+    return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(gradient) for gradient in gradients]))

@@ -188,7 +188,7 @@ def test_clipped_value_loss_is_used(make_model):
     model = make_model(clip_range_vf=0.2, n_aux_epochs=0)
     model.learn(16)
     assert model.clip_range_vf(1.0) == 0.2
-    with pytest.raises(ValueError, match="clip_range_vf must be > 0"):
+    with pytest.raises(ValueError, match="clip_range_vf must be a number > 0"):
         make_model(clip_range_vf=0.0)
 
 
