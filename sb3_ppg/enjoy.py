@@ -19,7 +19,7 @@ Example::
 import argparse
 import sys
 
-from sb3_ppg.zoo import ZooNotInstalledError, is_procgen_env_id, register_zoo
+from sb3_ppg.zoo import is_procgen_env_id, run_zoo
 
 
 def build_zoo_argv(argv: list[str]) -> list[str]:
@@ -59,19 +59,7 @@ def main(argv: list[str] | None = None) -> None:
 
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        register_zoo()
-        from rl_zoo3.enjoy import enjoy
-    except ZooNotInstalledError as error:
-        sys.exit(str(error))
-    zoo_argv = build_zoo_argv(argv)
-    saved_argv = sys.argv
-    sys.argv = ["python -m sb3_ppg.enjoy", *zoo_argv]
-    try:
-        enjoy()
-    finally:
-        sys.argv = saved_argv
+    run_zoo("enjoy", build_zoo_argv(list(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":

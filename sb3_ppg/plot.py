@@ -27,8 +27,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sb3_ppg.procgen import PROCGEN_GAMES
-
 # Location of the packaged paper curves (see sb3_ppg/data/openai_ppg/README.md)
 PAPER_DATA_DIR = Path(__file__).parent / "data" / "openai_ppg"
 PAPER_EXPERIMENTS = {"ppg": "paper PPG", "ppo": "paper PPO"}
@@ -226,6 +224,8 @@ def detect_game(names: list[str]) -> str | None:
     :param names: Experiment names
     :return: The game name, or None if no name (or more than one game) matches
     """
+    from sb3_ppg.procgen import PROCGEN_GAMES
+
     games = set()
     for name in names:
         for game in PROCGEN_GAMES:
@@ -243,6 +243,8 @@ def load_paper_curves(game: str, experiment: str) -> list[tuple[np.ndarray, np.n
     :param experiment: ``"ppg"`` (PPG, dual networks) or ``"ppo"`` (the paper's PPO baseline)
     :return: One ``(steps, returns)`` pair per seed
     """
+    from sb3_ppg.procgen import PROCGEN_GAMES
+
     if game not in PROCGEN_GAMES:
         raise ValueError(f"Unknown Procgen game {game!r}, expected one of {', '.join(PROCGEN_GAMES)}")
     if experiment not in PAPER_EXPERIMENTS:
@@ -371,6 +373,20 @@ def plot_learning_curves(  # noqa: C901
     return output
 
 
+def _procgen_game(name: str) -> str:
+    """
+    Check a ``--game`` argument.
+
+    :param name: The argument
+    :return: The game name
+    """
+    from sb3_ppg.procgen import PROCGEN_GAMES
+
+    if name not in PROCGEN_GAMES:
+        raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(PROCGEN_GAMES)})")
+    return name
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
@@ -401,7 +417,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="Overlay the published curves of the original code (Procgen distribution_mode=hard, 3 seeds)",
     )
-    parser.add_argument("--game", choices=PROCGEN_GAMES, default=None, help="Procgen game for --paper (default: detected)")
+    parser.add_argument(
+        "--game", type=_procgen_game, default=None, help="Procgen game for --paper (default: detected from the run names)"
+    )
     parser.add_argument("--labels", nargs="+", default=None, help="Legend labels, one per experiment (sorted by name)")
     parser.add_argument(
         "--smooth",

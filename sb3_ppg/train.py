@@ -22,6 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.vec_env import VecMonitor
+
+from sb3_ppg.ppg import PPG
+from sb3_ppg.procgen import ProcgenVecEnv
+from sb3_ppg.zoo import run_zoo
+
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 PRESETS = {"paper": "ppg.yml", "easy": "ppg_easy.yml"}
 
@@ -109,25 +117,6 @@ def build_zoo_argv(argv: list[str]) -> list[str]:
     return zoo_argv
 
 
-def run_zoo_train(zoo_argv: list[str]) -> None:
-    """
-    Register PPG in the zoo and run the zoo's ``train()`` on the given arguments.
-
-    :param zoo_argv: The zoo's ``train`` arguments (without the program name)
-    """
-    from sb3_ppg.zoo import register_zoo
-
-    register_zoo()
-    from rl_zoo3.train import train
-
-    saved_argv = sys.argv
-    sys.argv = ["python -m sb3_ppg.train", *zoo_argv]
-    try:
-        train()
-    finally:
-        sys.argv = saved_argv
-
-
 def latest_run_folder(log_folder: str, env_id: str, algo: str = "ppg") -> str:
     """
     The zoo's folder of the latest run (``<log_folder>/<algo>/<env name>_<id>``).
@@ -154,10 +143,7 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
     :return: Paths of what was written (``run_folder``, ``model``, ``best_model``, ``evaluations``, ``monitor``,
         ``learning_curve``) and the evaluation (``mean_reward``, ``std_reward``)
     """
-    import numpy as np
-    from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.vec_env import VecMonitor
-
+    # Only the quick start plots: the other commands do not import plot.py (and pandas)
     from sb3_ppg.plot import plot_learning_curves
 
     known, _ = _sb3_ppg_parser().parse_known_args(argv)
@@ -193,11 +179,8 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
     print("Quick start: PPG on Procgen StarPilot (easy mode), a CPU-sized run of a few minutes.")
     print("Same as: python -m sb3_ppg.train " + " ".join(zoo_argv))
     start_time = time.time()
-    run_zoo_train(zoo_argv)
+    run_zoo("train", zoo_argv)
     train_time = time.time() - start_time
-
-    from sb3_ppg import PPG
-    from sb3_ppg.procgen import ProcgenVecEnv
 
     run_folder = latest_run_folder(log_folder, env_id)
     env_name = os.path.basename(run_folder).rsplit("_", 1)[0]
@@ -253,22 +236,17 @@ def main(argv: list[str] | None = None) -> None:
 
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
     """
-    from sb3_ppg.zoo import ZooNotInstalledError
-
     argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 0 or "--quickstart" in argv:
+        quickstart(argv)
+        return
+    if "-h" in argv or "--help" in argv:
+        print(EPILOG)
     try:
-        if len(argv) == 0 or "--quickstart" in argv:
-            quickstart(argv)
-            return
-        if "-h" in argv or "--help" in argv:
-            print(EPILOG)
-        try:
-            zoo_argv = build_zoo_argv(argv)
-        except ValueError as error:
-            sys.exit(f"error: {error}")
-        run_zoo_train(zoo_argv)
-    except ZooNotInstalledError as error:
-        sys.exit(str(error))
+        zoo_argv = build_zoo_argv(argv)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    run_zoo("train", zoo_argv)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """
 RL Baselines3 Zoo (``rl_zoo3``) integration: what ``python -m sb3_ppg.train`` / ``python -m sb3_ppg.enjoy`` install
-in the zoo before handing over to the zoo's own ``train()`` / ``enjoy()``.
+in the zoo before handing over to the zoo's own ``train()`` / ``enjoy()`` (:func:`run_zoo`).
 
 The zoo has no plugin mechanism, but its registries are plain dictionaries and class attributes, shared by all its
 modules. :func:`register_zoo` fills them:
@@ -20,6 +20,7 @@ The zoo is an optional extra (``pip install "sb3-ppg[zoo]"``): nothing here impo
 """
 
 import importlib
+import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,11 @@ from gymnasium import spaces
 from gymnasium.envs.classic_control import CartPoleEnv
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
+from torch import nn
 
-from sb3_ppg.vec_env import FastVecMonitor
+from sb3_ppg.ppg import PPG
+from sb3_ppg.procgen import ProcgenGymnasiumEnv, register_procgen_envs
+from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
 
 if TYPE_CHECKING:
     import optuna
@@ -101,10 +105,11 @@ class ProcgenVecEnvFactory:
 
     For a Procgen env it builds ``env_fns[0]()`` once to read the game and its options (so ``env_kwargs`` and
     ``--env-kwargs`` / ``--eval-env-kwargs`` still apply), closes it, and returns one native
-    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor`` (its faster subclass
-    :class:`~sb3_ppg.vec_env.FastVecMonitor`). The ``VecMonitor`` writes to the
-    probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the training env.
-    This is ~2.5x faster than 64 single envs in a ``DummyVecEnv`` and uses both procgen worker threads.
+    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor``: the first layers of
+    :func:`~sb3_ppg.procgen.make_procgen_env`'s chain (:func:`~sb3_ppg.procgen.wrappers.make_monitored_procgen_env`),
+    the zoo adding the reward normalization (``normalize``) and the channel transpose itself. The ``VecMonitor``
+    writes to the probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the
+    training env. All games then run in one C++ env, stepped by procgen's worker threads.
 
     Any other env (and a Procgen env with extra gymnasium wrappers from ``env_wrapper``) is built with the fallback
     ``VecEnv`` class.
@@ -133,8 +138,6 @@ class ProcgenVecEnvFactory:
         :param vec_env_kwargs: Keyword arguments of the ``VecEnv`` class (only used by the fallback)
         :return: The vectorized env
         """
-        from sb3_ppg.procgen import ProcgenGymnasiumEnv, ProcgenVecEnv
-
         probe = env_fns[0]()
         if not isinstance(probe.unwrapped, ProcgenGymnasiumEnv):
             probe.close()
@@ -170,8 +173,9 @@ class ProcgenVecEnvFactory:
                 filename = monitor.results_writer.file_handler.name
         probe.close()
 
-        vec_env = ProcgenVecEnv(len(env_fns), env_name, **procgen_kwargs)
-        return FastVecMonitor(vec_env, filename=filename, info_keywords=info_keywords)
+        return make_monitored_procgen_env(
+            len(env_fns), env_name, monitor_filename=filename, monitor_info_keywords=info_keywords, **procgen_kwargs
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -212,8 +216,6 @@ def convert_ppg_params(sampled_params: dict[str, Any]) -> dict[str, Any]:
     :param sampled_params: Sampled values
     :return: PPG keyword arguments (``policy_kwargs`` included)
     """
-    from torch import nn
-
     hyperparams = dict(sampled_params)
     hyperparams["gamma"] = 1.0 - hyperparams.pop("one_minus_gamma")
     hyperparams["gae_lambda"] = 1.0 - hyperparams.pop("one_minus_gae_lambda")
@@ -320,10 +322,7 @@ def make_dict_cartpole(**kwargs: Any) -> gym.Env:
 
 def register_envs() -> None:
     """Register the Procgen ids (``procgen/<game>-v0``) and ``sb3_ppg/DictCartPole-v1`` (once)."""
-    from sb3_ppg.procgen import register_procgen_envs
-
-    if "procgen/coinrun-v0" not in gym.envs.registry:
-        register_procgen_envs()
+    register_procgen_envs()
     if DICT_CARTPOLE_ID not in gym.envs.registry:
         gym.register(
             id=DICT_CARTPOLE_ID,
@@ -350,8 +349,6 @@ def register_zoo(fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
     from rl_zoo3.exp_manager import ExperimentManager
     from rl_zoo3.utils import ALGOS
 
-    from sb3_ppg import PPG
-
     register_envs()
     ALGOS["ppg"] = PPG
     hyperparams_opt.HYPERPARAMS_SAMPLER["ppg"] = sample_ppg_params
@@ -360,3 +357,28 @@ def register_zoo(fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
     # A callable instance (not a function), so no staticmethod is needed on the class attribute
     ExperimentManager.default_vec_env_cls = ProcgenVecEnvFactory(fallback_vec_env_cls)  # type: ignore[assignment]
     rl_zoo3.train.ExperimentManager = make_experiment_manager  # type: ignore[assignment, misc]
+
+
+def run_zoo(command: str, zoo_argv: list[str]) -> None:
+    """
+    Register PPG in the zoo (:func:`register_zoo`) and run one of the zoo's command line programs on the given
+    arguments: the zoo's ``train()`` / ``enjoy()`` read ``sys.argv``, which is replaced for the call and restored
+    after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's own
+    command line errors exit.
+
+    :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
+    :param zoo_argv: The zoo's command line arguments (without the program name)
+    """
+    if command not in ("train", "enjoy"):
+        raise ValueError(f"Unknown zoo command {command!r}, expected 'train' or 'enjoy'")
+    try:
+        register_zoo()
+    except ZooNotInstalledError as error:
+        sys.exit(str(error))
+    zoo_main = getattr(importlib.import_module(f"rl_zoo3.{command}"), command)
+    saved_argv = sys.argv
+    sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]
+    try:
+        zoo_main()
+    finally:
+        sys.argv = saved_argv

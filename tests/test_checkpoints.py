@@ -236,3 +236,23 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
         with pytest.warns(UserWarning, match="interrupted"):
             agent.learn(ITERATION, reset_num_timesteps=False)
         assert agent._n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
+
+
+def test_procgen_resume_bit_identical(tmp_path):
+    """make_procgen_env at a tiny size: the games' native states travel in the checkpoint; resuming is exact."""
+    from sb3_ppg import make_procgen_env
+
+    def make(seed: int = 5):
+        return make_procgen_env("starpilot", n_envs=2, seed=seed, num_threads=1)
+
+    hyperparams = dict(n_steps=8, batch_size=8, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, seed=3, device="cpu")
+    policy_kwargs = dict(arch="detach", features_extractor_kwargs=dict(channels=(4, 4, 4), features_dim=16))
+    total = 5 * 16
+    model = PPG("ProcgenCnn", make(), policy_kwargs=policy_kwargs, **hyperparams)
+    model.learn(total, callback=PPGCheckpointCallback(8, str(tmp_path / "run"), name_prefix="ppg"))
+    params = parameters(model)
+    # Cut inside an N_pi cycle (3 iterations: one stored) and resume on an env built with another seed
+    resumed = PPG.load_checkpoint(checkpoint_dir(tmp_path / "run", 3 * 16), env=make(seed=999))
+    resumed.learn(total - resumed.num_timesteps, reset_num_timesteps=False)
+    assert resumed._n_aux_phases == model._n_aux_phases == 2
+    assert_identical(params, parameters(resumed))

@@ -166,3 +166,22 @@ def test_packaged_paper_data():
     assert np.mean([returns[-1] for _, returns in curves]) == pytest.approx(23.85, abs=0.005)
     with pytest.raises(ValueError, match="Procgen game"):
         plot.load_paper_curves("pong", "ppg")
+
+
+def test_procgen_is_imported_only_to_plot_procgen_games(capsys):
+    """plot.py imports sb3_ppg.procgen inside the functions that need the game list, not at module level."""
+    import ast
+
+    tree = ast.parse(Path(plot.__file__).read_text())
+    top_level_modules = [
+        alias.name if isinstance(node, ast.Import) else node.module
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    assert not any("procgen" in module for module in top_level_modules)
+    # --game is still checked against the Procgen games
+    assert plot.parse_args(["logs", "--game", "starpilot"]).game == "starpilot"
+    with pytest.raises(SystemExit):
+        plot.parse_args(["logs", "--game", "pong"])
+    assert "invalid choice: 'pong' (choose from bigfish, bossfight," in capsys.readouterr().err

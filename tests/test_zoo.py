@@ -164,7 +164,8 @@ def test_vec_env_factory(tmp_path: Path):
         env_kwargs=dict(distribution_mode="easy", num_levels=5, start_level=7),
         vec_env_cls=factory,  # type: ignore[arg-type]
     )
-    assert isinstance(env, VecMonitor) and isinstance(env.venv, ProcgenVecEnv)
+    # The first layers of make_procgen_env's chain: SB3's VecMonitor over a (channel-last) ProcgenVecEnv
+    assert type(env) is VecMonitor and type(env.venv) is ProcgenVecEnv and not env.venv.channels_first
     assert env.num_envs == 3
     assert env.venv.procgen_kwargs["num_levels"] == 5 and env.venv.procgen_kwargs["start_level"] == 7
     env.reset()
@@ -215,6 +216,16 @@ def test_optuna_sampler():
         PPG("MlpPolicy", env, device="cpu", **hyperparams)
         study.tell(trial, 0.0)
     env.close()
+
+
+def test_run_zoo_restores_sys_argv():
+    saved_argv = list(sys.argv)
+    with pytest.raises(ValueError, match="Unknown zoo command 'plot'"):
+        zoo.run_zoo("plot", [])
+    # The zoo reads sys.argv; it is restored even when the zoo fails (here: an unknown algorithm)
+    with pytest.raises(SystemExit):
+        zoo.run_zoo("train", ["--algo", "not-an-algo", "--env", "CartPole-v1"])
+    assert sys.argv == saved_argv
 
 
 def test_missing_zoo_message(monkeypatch, capsys):

@@ -1,0 +1,30 @@
+"""
+The 16 Procgen games (Cobbe et al. 2020) for Stable-Baselines3: a native ``VecEnv`` (:class:`ProcgenVecEnv`), the
+PPG paper's wrapper chain (:func:`make_procgen_env`) and one-game gymnasium envs ``procgen/<game>-v0``.
+"""
+
+from sb3_ppg.procgen.games import (
+    DISTRIBUTION_MODES,
+    PROCGEN_GAMES,
+    PROCGEN_OPTIONS,
+    check_procgen_options,
+    procgen_seed,
+    register_procgen_envs,
+)
+from sb3_ppg.procgen.gymnasium_env import ProcgenGymnasiumEnv, convert_legacy_procgen_env
+from sb3_ppg.procgen.vec_env import ProcgenVecEnv
+from sb3_ppg.procgen.wrappers import make_procgen_env, save_reward_statistics
+
+__all__ = [
+    "DISTRIBUTION_MODES",
+    "PROCGEN_GAMES",
+    "PROCGEN_OPTIONS",
+    "ProcgenGymnasiumEnv",
+    "ProcgenVecEnv",
+    "check_procgen_options",
+    "convert_legacy_procgen_env",
+    "make_procgen_env",
+    "procgen_seed",
+    "register_procgen_envs",
+    "save_reward_statistics",
+]

@@ -1,0 +1,177 @@
+"""
+The 16 Procgen games, their distribution modes and options, checked before procgen sees them (procgen reports bad
+options with bare assertions or aborts the process), and the gymnasium ids ``procgen/<game>-v0``.
+"""
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+# The 16 games of the Procgen benchmark, in procgen's order
+PROCGEN_GAMES = (
+    "bigfish",
+    "bossfight",
+    "caveflyer",
+    "chaser",
+    "climber",
+    "coinrun",
+    "dodgeball",
+    "fruitbot",
+    "heist",
+    "jumper",
+    "leaper",
+    "maze",
+    "miner",
+    "ninja",
+    "plunder",
+    "starpilot",
+)
+
+# Which games support each distribution mode (procgen's ``Game::parse_options`` aborts the process with a C++
+# assertion for any other pair, and ``ProcgenGym3Env`` checks "exploration" against ``EXPLORATION_LEVEL_SEEDS``)
+DISTRIBUTION_MODES: dict[str, tuple[str, ...]] = {
+    "easy": PROCGEN_GAMES,
+    "hard": PROCGEN_GAMES,
+    "extreme": ("chaser", "dodgeball", "leaper", "starpilot"),
+    "memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
+    "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper", "maze", "ninja"),
+}
+
+# Options of ``procgen.ProcgenGym3Env`` other than the game, the distribution mode and the level range,
+# with procgen's defaults (``resource_root``: a string, ``None`` means procgen's own assets)
+PROCGEN_OPTIONS: dict[str, Any] = {
+    "center_agent": True,
+    "use_backgrounds": True,
+    "use_monochrome_assets": False,
+    "restrict_themes": False,
+    "use_generated_assets": False,
+    "paint_vel_info": False,
+    "use_sequential_levels": False,
+    "debug_mode": 0,
+    "resource_root": None,
+}
+
+PROCGEN_OBSERVATION_SHAPE = (64, 64, 3)
+PROCGEN_N_ACTIONS = 15
+# Procgen passes integer options as int32 and asserts ``-2**31 < value < 2**31``
+MAX_INT32 = 2**31 - 1
+
+
+def procgen_seed(seed: int) -> int:
+    """
+    Map any integer seed into the range procgen accepts for ``rand_seed`` (``0 <= seed < 2**31 - 1``).
+
+    SB3 draws seeds up to ``2**32 - 1`` (``VecEnv.seed(None)``) and adds the env index, procgen asserts that its seed
+    fits in an int32.
+
+    :param seed: Any integer (numpy integers included)
+    :return: ``seed % (2**31 - 1)`` as a python int
+    """
+    return int(seed) % MAX_INT32
+
+
+def check_int(name: str, value: Any, minimum: int, maximum: int = MAX_INT32) -> int:
+    """
+    Check that ``value`` is an integer (not a bool) in ``[minimum, maximum]``.
+
+    :param name: Name of the argument, for the error message
+    :param value: The value to check
+    :param minimum: Smallest valid value
+    :param maximum: Largest valid value
+    :return: The value as a python int
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"`{name}` must be an integer, got {value!r} of type {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"`{name}` must be between {minimum} and {maximum}, got {value}")
+    return int(value)
+
+
+def check_procgen_options(
+    env_name: str,
+    distribution_mode: str,
+    num_levels: int,
+    start_level: int,
+    procgen_kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """
+    Validate the game and the procgen options, and return them in the form stored in ``procgen_kwargs`` attributes.
+
+    Procgen itself reports bad options with bare assertions, or aborts the whole python process (an unsupported
+    distribution mode for a game, a negative level range), so everything is checked here first.
+
+    :param env_name: Name of the game, one of ``PROCGEN_GAMES``
+    :param distribution_mode: One of ``DISTRIBUTION_MODES`` that the game supports
+    :param num_levels: Number of unique levels (0: unlimited)
+    :param start_level: Seed of the first level
+    :param procgen_kwargs: Other procgen options (keys of ``PROCGEN_OPTIONS``)
+    :return: ``{"distribution_mode": ..., "num_levels": ..., "start_level": ..., **procgen_kwargs}`` with python types
+    """
+    if env_name not in PROCGEN_GAMES:
+        raise ValueError(f"Unknown procgen game {env_name!r}. Valid games: {', '.join(PROCGEN_GAMES)}")
+    if distribution_mode not in DISTRIBUTION_MODES:
+        raise ValueError(
+            f"Unknown distribution_mode {distribution_mode!r}. Valid modes: {', '.join(DISTRIBUTION_MODES)} "
+            "(not every game supports every mode)"
+        )
+    if env_name not in DISTRIBUTION_MODES[distribution_mode]:
+        game_modes = [mode for mode, games in DISTRIBUTION_MODES.items() if env_name in games]
+        raise ValueError(
+            f"{env_name} does not support distribution_mode={distribution_mode!r}: it supports {', '.join(game_modes)}. "
+            f"Games with the {distribution_mode!r} mode: {', '.join(DISTRIBUTION_MODES[distribution_mode])}"
+        )
+    num_levels = check_int("num_levels", num_levels, 0)
+    start_level = check_int("start_level", start_level, 0)
+    if start_level + num_levels > MAX_INT32:
+        raise ValueError(
+            f"start_level + num_levels must be at most 2**31 - 1 (levels are int32 seeds), got {start_level} + {num_levels}"
+        )
+    if distribution_mode == "exploration" and (num_levels != 0 or start_level != 0):
+        raise ValueError(
+            "distribution_mode='exploration' plays one fixed level per game, "
+            f"num_levels and start_level must be left at 0, got num_levels={num_levels}, start_level={start_level}"
+        )
+    options: dict[str, Any] = {"distribution_mode": distribution_mode, "num_levels": num_levels, "start_level": start_level}
+    for key, value in procgen_kwargs.items():
+        if key not in PROCGEN_OPTIONS:
+            raise ValueError(
+                f"Unknown procgen option {key!r}. Valid options: distribution_mode, num_levels, start_level, "
+                f"{', '.join(PROCGEN_OPTIONS)}"
+            )
+        default = PROCGEN_OPTIONS[key]
+        if isinstance(default, bool):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"Procgen option {key!r} must be a bool, got {value!r}")
+            options[key] = bool(value)
+        elif isinstance(default, int):
+            options[key] = check_int(key, value, 0)
+        else:
+            if not isinstance(value, str):
+                raise ValueError(f"Procgen option {key!r} must be a string, got {value!r}")
+            options[key] = value
+    return options
+
+
+def check_render_mode(render_mode: str | None) -> None:
+    """
+    Check that procgen supports the render mode.
+
+    :param render_mode: ``None`` or ``"rgb_array"``
+    """
+    if render_mode not in (None, "rgb_array"):
+        raise ValueError(f"Procgen envs support render_mode=None or 'rgb_array', got {render_mode!r}")
+
+
+def register_procgen_envs() -> None:
+    """
+    Register the gymnasium ids ``procgen/<game>-v0`` of the 16 games (entry point
+    :class:`~sb3_ppg.procgen.ProcgenGymnasiumEnv`).
+
+    Calling it again does nothing. Procgen options are passed to ``gymnasium.make``:
+    ``gymnasium.make("procgen/coinrun-v0", distribution_mode="easy", num_levels=200)``.
+    """
+    for game in PROCGEN_GAMES:
+        env_id = f"procgen/{game}-v0"
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point="sb3_ppg.procgen:ProcgenGymnasiumEnv", kwargs={"env_name": game})

@@ -1,0 +1,108 @@
+"""
+Procgen's C++ environment (``procgen.ProcgenGym3Env``) as :class:`~sb3_ppg.procgen.ProcgenVecEnv` and
+:class:`~sb3_ppg.procgen.ProcgenGymnasiumEnv` build it, and the renderer that draws 512x512 frames of its games on demand.
+"""
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from procgen import ProcgenGym3Env
+
+from sb3_ppg.procgen.games import PROCGEN_OBSERVATION_SHAPE
+
+
+def make_gym3_env(
+    num: int,
+    env_name: str,
+    options: dict[str, Any],
+    rand_seed: int | None,
+    num_threads: int,
+    render_mode: str | None,
+) -> Any:
+    """
+    Build the C++ environment.
+
+    :param num: Number of parallel games
+    :param env_name: Name of the game
+    :param options: Output of :func:`~sb3_ppg.procgen.check_procgen_options`
+    :param rand_seed: Seed of the level sampler (already in procgen's range), ``None`` for a random one
+    :param num_threads: Number of procgen worker threads (0: step in the calling thread)
+    :param render_mode: ``"rgb_array"``: procgen draws 512x512 frames (key ``"rgb"`` of ``get_info()``) at every step
+    :return: a ``procgen.ProcgenGym3Env``
+    """
+    kwargs = dict(options)
+    if kwargs["distribution_mode"] == "exploration":
+        # Procgen sets the level itself in this mode and asserts that neither option is given
+        del kwargs["num_levels"], kwargs["start_level"]
+    return ProcgenGym3Env(
+        num=num,
+        env_name=env_name,
+        rand_seed=rand_seed,
+        num_threads=num_threads,
+        render_mode=render_mode,
+        **kwargs,
+    )
+
+
+def observation_space(channels_first: bool = False) -> spaces.Box:
+    """
+    :param channels_first: ``(3, 64, 64)`` instead of procgen's ``(64, 64, 3)``
+    :return: The observation space of every procgen game
+    """
+    height, width, channels = PROCGEN_OBSERVATION_SHAPE
+    shape = (channels, height, width) if channels_first else PROCGEN_OBSERVATION_SHAPE
+    return spaces.Box(low=0, high=255, shape=shape, dtype=np.uint8)
+
+
+class HiresRenderer:
+    """
+    Draws the 512x512 frames of procgen games on demand.
+
+    Procgen draws them only when built with ``render_mode="rgb_array"``, and then for every game at every step.
+    Instead, the state of each game to draw is copied (``get_state``/``set_state``) into a one-game env built with
+    rendering on, whose next ``observe`` draws it: the frames are identical to procgen's, and nothing is paid between
+    ``render()`` calls.
+
+    :param env_name: Name of the game
+    :param options: Output of :func:`~sb3_ppg.procgen.check_procgen_options`
+    """
+
+    def __init__(self, env_name: str, options: dict[str, Any]):
+        self.env_name = env_name
+        self.options = options
+        self._env: Any = None
+
+    def render(self, gym3_env: Any) -> list[np.ndarray]:
+        """
+        :param gym3_env: The ``ProcgenGym3Env`` whose games to draw
+        :return: One 512x512x3 uint8 frame per game
+        """
+        if self._env is None:
+            self._env = make_gym3_env(1, self.env_name, self.options, 0, 0, "rgb_array")
+        frames = []
+        for state in gym3_env.get_state():
+            self._env.set_state([state])
+            frames.append(self._env.get_info()[0]["rgb"])
+        return frames
+
+    def close(self) -> None:
+        """
+        Free the rendering env.
+        """
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def close_native_env(env: Any) -> None:
+    """
+    Free the C++ env (``env._env``) and the renderer (``env._renderer``) of a ``ProcgenVecEnv`` or
+    ``ProcgenGymnasiumEnv`` (closing twice is harmless).
+
+    :param env: The env to close
+    """
+    if env._env is not None:
+        env._env.close()
+        env._env = None
+    env._renderer.close()

@@ -1,0 +1,188 @@
+"""
+:func:`make_procgen_env`: the PPG paper's wrapper chain over :class:`~sb3_ppg.procgen.ProcgenVecEnv` (episode
+statistics, return-based reward normalization, channel-first images), for training and evaluation.
+"""
+
+import os
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
+
+from sb3_ppg.array_files import read_array_file, write_array_file
+from sb3_ppg.procgen.vec_env import ProcgenVecEnv
+
+
+def make_monitored_procgen_env(
+    n_envs: int,
+    env_name: str,
+    monitor_filename: str | None = None,
+    monitor_info_keywords: tuple[str, ...] = (),
+    **vec_env_kwargs: Any,
+) -> VecMonitor:
+    """
+    ``VecMonitor(ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs))``: the first two layers of
+    :func:`make_procgen_env`, also built by the RL Zoo's Procgen env factory (:mod:`sb3_ppg.zoo`), where the zoo adds
+    the reward normalization itself.
+
+    :param n_envs: Number of parallel games
+    :param env_name: Name of the game, one of ``PROCGEN_GAMES``
+    :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
+        folder is created; ``None``: no file)
+    :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
+    :param vec_env_kwargs: Arguments of :class:`~sb3_ppg.procgen.ProcgenVecEnv`
+    :return: The monitored env
+    """
+    venv = ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
+    if monitor_filename is not None:
+        directory = os.path.dirname(monitor_filename)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+    return VecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
+
+
+def make_procgen_env(
+    env_name: str,
+    n_envs: int = 64,
+    distribution_mode: str = "easy",
+    num_levels: int = 0,
+    start_level: int = 0,
+    seed: int | None = None,
+    normalize_reward: bool = True,
+    reward_gamma: float = 0.999,
+    clip_reward: float = 10.0,
+    training: bool = True,
+    num_threads: int = 2,
+    render_mode: str | None = None,
+    monitor_filename: str | None = None,
+    monitor_info_keywords: tuple[str, ...] = (),
+    vec_normalize_path: str | None = None,
+    **procgen_kwargs: Any,
+) -> VecNormalize:
+    """
+    Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)``, SB3's
+    own wrappers over a channel-first ``ProcgenVecEnv``.
+
+    - ``ProcgenVecEnv(..., channels_first=True)``: ``(3, 64, 64)`` uint8 observations, as SB3's CNNs expect (a view
+      of procgen's frames: no copy, and no ``VecTransposeImage`` layer; the algorithm does not add one either).
+    - ``VecMonitor`` records episode returns on the raw rewards (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
+    - ``VecNormalize(norm_obs=False, norm_reward=normalize_reward, gamma=reward_gamma, clip_reward=clip_reward,
+      epsilon=1e-8)``: the paper's return-based reward scaling (rewards divided by the running standard deviation of
+      the discounted return, no mean subtraction, then clipped).
+
+    ``training=False`` gives an evaluation env: frozen statistics (``VecNormalize.training=False``) and raw rewards
+    (``norm_reward=False``). ``VecNormalize`` is kept even with ``normalize_reward=False`` (it then passes rewards
+    through), so training and evaluation chains always match. Its statistics are not saved with a model: save them
+    with ``save_reward_statistics(env, path)`` and pass ``vec_normalize_path=path`` to load them.
+
+    Reward-normalization gamma: the default ``reward_gamma=0.999`` is the discount of the PPG/PPO losses, so the
+    rewards are scaled by the spread of the same returns the value function learns; CleanRL's ``ppg_procgen.py``
+    does this. The original PPG code normalized with its ``RewardNormalizer`` default of 0.99 while discounting with
+    0.999 (CleanRL calls it technically incorrect); pass ``reward_gamma=0.99`` to reproduce the paper exactly.
+    One difference remains: ``VecNormalize`` updates its statistics at every step, the original once per rollout.
+
+    :param env_name: Name of the game, one of ``PROCGEN_GAMES``
+    :param n_envs: Number of parallel games (the paper uses 64)
+    :param distribution_mode: Level difficulty ("easy": CleanRL and quick runs; "hard": the paper's results)
+    :param num_levels: Number of unique levels (0: unlimited, the paper's setting; e.g. 200 for the generalization
+        benchmark, with ``num_levels=0`` for the evaluation env)
+    :param start_level: Seed of the first level
+    :param seed: Seed of the level sampler (mapped into procgen's range); ``None`` for a random one.
+        ``model.set_random_seed``/``PPG(seed=...)`` reseed it through ``VecEnv.seed``.
+    :param normalize_reward: Whether to normalize the rewards (training envs only)
+    :param reward_gamma: Discount of the running return used to scale the rewards
+    :param clip_reward: Normalized rewards are clipped to ``[-clip_reward, clip_reward]``
+    :param training: ``False`` for an evaluation env (frozen statistics, raw rewards)
+    :param num_threads: Number of procgen worker threads
+    :param render_mode: ``"rgb_array"`` for videos (``VecVideoRecorder``)
+    :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
+        folder is created; ``None``: no file)
+    :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
+    :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays, no
+        pickle; the arguments, ``training`` and ``normalize_reward`` among them, still decide how they are used; any
+        other file, a pickled ``VecNormalize`` included, is a ``ValueError`` and nothing in it runs)
+    :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
+        :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
+    :return: The wrapped env
+    """
+    if not 0.0 <= reward_gamma < 1.0:
+        raise ValueError(f"reward_gamma must be in [0, 1), got {reward_gamma}")
+    if not clip_reward > 0.0:
+        raise ValueError(f"clip_reward must be positive, got {clip_reward}")
+    # Read first: a bad file must not leave a procgen env behind
+    reward_statistics = None if vec_normalize_path is None else _load_reward_statistics(vec_normalize_path)
+    venv = make_monitored_procgen_env(
+        n_envs,
+        env_name,
+        monitor_filename=monitor_filename,
+        monitor_info_keywords=monitor_info_keywords,
+        distribution_mode=distribution_mode,
+        num_levels=num_levels,
+        start_level=start_level,
+        rand_seed=seed,
+        num_threads=num_threads,
+        render_mode=render_mode,
+        channels_first=True,
+        **procgen_kwargs,
+    )
+    vec_normalize = VecNormalize(
+        venv,
+        training=training,
+        norm_obs=False,
+        norm_reward=normalize_reward and training,
+        clip_reward=clip_reward,
+        gamma=reward_gamma,
+        epsilon=1e-8,
+    )
+    if reward_statistics is not None:
+        vec_normalize.ret_rms, vec_normalize.epsilon = reward_statistics
+    return vec_normalize
+
+
+REWARD_STATISTICS_FORMAT = "sb3_ppg.reward_statistics"
+
+
+def save_reward_statistics(env: VecEnv, path: str) -> None:
+    """
+    Save the reward-normalization statistics of a Procgen chain (its ``VecNormalize``) as plain arrays (an ``.npz``
+    with checksums, no pickle), for ``make_procgen_env(vec_normalize_path=path)``. The file is written atomically.
+
+    :param env: A chain made by ``make_procgen_env`` (or any VecEnv with a reward-only ``VecNormalize``)
+    :param path: The file to write (``.npz`` is the usual suffix)
+    """
+    vec_normalize = unwrap_vec_normalize(env)
+    if vec_normalize is None:
+        raise ValueError("The env has no VecNormalize: there are no reward statistics to save.")
+    if vec_normalize.norm_obs:
+        raise ValueError("This VecNormalize normalizes observations, procgen chains only normalize rewards.")
+    rms = vec_normalize.ret_rms
+    arrays = {"mean": np.asarray(rms.mean, dtype=np.float64), "var": np.asarray(rms.var, dtype=np.float64)}
+    metadata = {"format": REWARD_STATISTICS_FORMAT, "count": float(rms.count), "epsilon": float(vec_normalize.epsilon)}
+    write_array_file(path, arrays, metadata)
+
+
+def _load_reward_statistics(path: str) -> tuple[RunningMeanStd, float]:
+    """
+    Read reward statistics saved by :func:`save_reward_statistics` (plain arrays, checked against their checksums;
+    nothing is unpickled, so a pickled ``VecNormalize`` is refused with a message that says how to convert it).
+
+    :param path: Path of the statistics file
+    :return: The running statistics of the discounted returns, and ``epsilon``
+    """
+    try:
+        metadata, arrays = read_array_file(path, REWARD_STATISTICS_FORMAT)
+    except OSError as error:
+        raise ValueError(f"Could not read reward statistics from {path}: {error!r}") from error
+    except ValueError as error:
+        raise ValueError(
+            f"Could not read reward statistics from {path}: {error} Save them with "
+            "sb3_ppg.procgen.save_reward_statistics(env, path). A VecNormalize pickle (VecNormalize.save) is not "
+            "loaded here, since unpickling runs whatever code the file holds; if you trust it, load it yourself with "
+            "VecNormalize.load(path, venv) and save its statistics with save_reward_statistics."
+        ) from error
+    if arrays["mean"].shape != () or arrays["var"].shape != ():
+        raise ValueError(f"{path} holds statistics of shape {arrays['mean'].shape}, not of a scalar reward.")
+    rms = RunningMeanStd(shape=())
+    rms.mean, rms.var, rms.count = arrays["mean"].copy(), arrays["var"].copy(), float(metadata["count"])
+    return rms, float(metadata["epsilon"])
