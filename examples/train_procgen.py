@@ -1,7 +1,8 @@
 """
 Train PPG on a Procgen game with the paper's network and wrappers, on 200 training levels, and measure how it
 generalizes: evaluation on unseen levels during training (EvalCallback), then on the training levels and on unseen
-levels at the end. The defaults are a CleanRL-sized run (easy mode, 64 envs, 25M steps: a GPU job).
+levels at the end. The defaults are CleanRL's setting (``--preset cleanrl``: easy mode, 64 envs, 25M steps, a GPU job);
+``--preset paper`` is the paper's (hard mode, reward normalization with gamma 0.99, separate networks, ...).
 
     python examples/train_procgen.py --game starpilot
 """
@@ -12,9 +13,11 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG, make_procgen_env
+from sb3_ppg.procgen import get_procgen_preset, save_reward_statistics
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--game", default="starpilot")
+parser.add_argument("--preset", default="cleanrl", choices=["cleanrl", "paper"])
 parser.add_argument("--timesteps", type=int, default=25_000_000)
 parser.add_argument("--n-envs", type=int, default=64)
 parser.add_argument("--n-steps", type=int, default=256)
@@ -25,28 +28,23 @@ parser.add_argument("--device", default="auto")
 args = parser.parse_args()
 
 # Training levels 0..199; num_levels=0 means the full level distribution: levels the agent has (almost surely) not seen
-env = make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode="easy", num_levels=200, start_level=0, seed=0)
-unseen_env = make_procgen_env(args.game, n_envs=args.eval_envs, distribution_mode="easy", num_levels=0, seed=1, training=False)
-model = PPG(
-    "ProcgenCnn",
-    env,
-    n_steps=args.n_steps,
-    n_policy_iters=args.n_policy_iters,
-    aux_batch_rollouts=min(4, args.n_envs * args.n_policy_iters),
-    device=args.device,
-    verbose=1,
-)
+# (the preset sets the mode and the reward normalization; the arguments given here override it)
+env = make_procgen_env(args.game, n_envs=args.n_envs, preset=args.preset, num_levels=200, start_level=0, seed=0)
+unseen_env = make_procgen_env(args.game, n_envs=args.eval_envs, preset=args.preset, num_levels=0, seed=1, training=False)
+ppg_kwargs = get_procgen_preset(args.preset).ppg_kwargs(args.n_envs)  # the preset's PPG arguments for this many envs
+ppg_kwargs.update(n_steps=args.n_steps, n_policy_iters=args.n_policy_iters)
+model = PPG("ProcgenCnn", env, device=args.device, verbose=1, **ppg_kwargs)
 # Procgen policies are evaluated with sampled actions (deterministic=False), as in the paper
 eval_callback = EvalCallback(
     unseen_env, eval_freq=max(100_000 // args.n_envs, 1), n_eval_episodes=args.eval_episodes, deterministic=False
 )
 model.learn(total_timesteps=args.timesteps, callback=eval_callback, progress_bar=True)
 model.save(f"ppg_{args.game}")
-env.save(f"ppg_{args.game}_vecnormalize.pkl")  # the reward statistics, to continue training later
+save_reward_statistics(env, f"ppg_{args.game}_reward_statistics.npz")  # to continue training later
 
 # The generalization gap: training levels vs unseen levels (raw rewards: evaluation envs do not normalize them)
 train_levels_env = make_procgen_env(
-    args.game, n_envs=args.eval_envs, distribution_mode="easy", num_levels=200, start_level=0, seed=2, training=False
+    args.game, n_envs=args.eval_envs, preset=args.preset, num_levels=200, start_level=0, seed=2, training=False
 )
 for name, eval_env in (("training levels", train_levels_env), ("unseen levels", unseen_env)):
     mean_reward, std_reward = evaluate_policy(model, eval_env, n_eval_episodes=args.eval_episodes, deterministic=False)

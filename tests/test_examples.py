@@ -64,7 +64,7 @@ def test_procgen_example(tmp_path):
         *("--eval-episodes", "2", "--eval-envs", "2"),
         cwd=str(tmp_path),
     )
-    assert (tmp_path / "ppg_bossfight.zip").exists() and (tmp_path / "ppg_bossfight_vecnormalize.pkl").exists()
+    assert (tmp_path / "ppg_bossfight.zip").exists() and (tmp_path / "ppg_bossfight_reward_statistics.npz").exists()
     assert "training levels: mean return" in stdout and "unseen levels: mean return" in stdout
 
 
