@@ -26,12 +26,17 @@ setup(
         "stable-baselines3>=2.7.1,<3.0",
         "torch>=2.3",
         "gymnasium>=0.29.1,<1.5",
-        # procgen (and its mirror) is built against numpy 1.x
-        "numpy>=1.20,<2.0",
-        # pandas 3 needs numpy 2: without this pin pip backtracks into failing source builds
-        "pandas<3",
-        "procgen-mirror==0.10.7; python_version>='3.11'",
+        # The Procgen games: OpenAI's procgen (Python 3.10) and its mirror (3.11, 3.12) are built against numpy 1.x and
+        # bring gym3 and gym 0.26; procgen-gym (3.13) is a Gymnasium port built against numpy 2, without gym or gym3.
+        # sb3_ppg.procgen gives the same envs (same levels, dynamics and seeding) on either.
         "procgen==0.10.7; python_version<'3.11'",
+        "procgen-mirror==0.10.7; python_version>='3.11' and python_version<'3.13'",
+        "procgen-gym>=0.1.1,<0.2; python_version>='3.13'",
+        "numpy>=1.20,<2.0; python_version<'3.13'",
+        "numpy>=2.1; python_version>='3.13'",
+        # pandas 3 needs numpy 2: without this pin pip backtracks into failing source builds where numpy<2
+        "pandas<3; python_version<'3.13'",
+        "pandas; python_version>='3.13'",
         "shimmy>=1.3",
     ],
     extras_require={
@@ -58,7 +63,11 @@ setup(
             "matplotlib",
             "moviepy>=1.0.0",
             # imageio-ffmpeg 0.3 (pinned by gym3) imports pkg_resources, which setuptools 81 removed
-            "setuptools<81",
+            "setuptools<81; python_version<'3.13'",
+            # tests/test_docs.py builds the documentation
+            "sphinx>=7",
+            "myst-parser",
+            "sphinx-rtd-theme",
         ],
         "docs": ["sphinx>=7", "myst-parser", "sphinx-rtd-theme"],
     },
@@ -74,12 +83,13 @@ setup(
     license="MIT",
     long_description=long_description,
     long_description_content_type="text/markdown",
-    python_requires=">=3.10,<3.13",
+    python_requires=">=3.10,<3.14",
     classifiers=[
         "Programming Language :: Python :: 3",
         "Programming Language :: Python :: 3.10",
         "Programming Language :: Python :: 3.11",
         "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
     ],
     version=__version__,
 )

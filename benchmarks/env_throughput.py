@@ -3,7 +3,8 @@ Env-only throughput of Procgen with random actions: how much the SB3 layers cost
 
 Four configurations of the same game and settings, measured in one run:
 
-- raw: procgen's ``ProcgenGym3Env`` driven with its own ``act``/``observe`` loop (not usable by SB3, the reference);
+- raw: procgen's ``ProcgenGym3Env`` (procgen-gym's vectorized env on Python 3.13) driven with its own ``act``/``observe``
+  loop (not usable by SB3, the reference);
 - ``ProcgenVecEnv`` alone (to tell its cost from the wrappers');
 - chain: :func:`sb3_ppg.procgen.make_procgen_env`, i.e. a channel-first ``ProcgenVecEnv`` in SB3's ``VecMonitor``
   and ``VecNormalize`` (what PPG trains on);
@@ -23,6 +24,7 @@ Usage, from the repository root with sb3_ppg installed (``pip install -e .``, or
 
 import argparse
 import datetime
+import importlib.metadata
 import os
 import platform
 import sys
@@ -112,15 +114,15 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
     :param args: Command-line arguments
     :return: The raw, bare ``ProcgenVecEnv``, chain (``make_procgen_env``) and dummy configurations
     """
-    from procgen import ProcgenGym3Env
     from stable_baselines3.common.env_util import make_vec_env
 
     from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env, register_procgen_envs
+    from sb3_ppg.procgen.backend import BACKEND, make_native_env
 
     register_procgen_envs()
 
     def make_raw() -> tuple[Callable[[np.ndarray], None], Callable[[], None]]:
-        env = ProcgenGym3Env(
+        env = make_native_env(  # procgen's ProcgenGym3Env, or its procgen-gym equivalent
             num=args.n_envs,
             env_name=args.game,
             distribution_mode=args.distribution_mode,
@@ -168,8 +170,9 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
         return env.step, env.close
 
     threads = f"num_threads={args.num_threads}"
+    raw_name = "ProcgenGym3Env" if BACKEND == "procgen" else "procgen_gym.ProcgenVecEnv"
     return [
-        Runner(f"raw `ProcgenGym3Env` act/observe loop ({threads})", make_raw, args.steps),
+        Runner(f"raw `{raw_name}` act/observe loop ({threads})", make_raw, args.steps),
         Runner(f"`ProcgenVecEnv` alone ({threads})", make_bare, args.steps),
         Runner(
             f"chain: `make_procgen_env` (channel-first `ProcgenVecEnv` + SB3's `VecMonitor` + `VecNormalize`, {threads})",
@@ -185,12 +188,23 @@ def make_runners(args: argparse.Namespace) -> list[Runner]:
     ]
 
 
+def procgen_distribution() -> str:
+    """
+    :return: The installed Procgen package and its version (procgen-gym, procgen-mirror or procgen)
+    """
+    for name in ("procgen-gym", "procgen-mirror", "procgen"):
+        try:
+            return f"{name} {importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "no procgen package"
+
+
 def machine_description() -> str:
     """
     :return: OS, CPU, core count and the versions that matter
     """
     import gymnasium
-    import procgen
     import stable_baselines3
 
     cpu = platform.processor() or platform.machine()
@@ -204,7 +218,7 @@ def machine_description() -> str:
         pass
     return (
         f"{platform.platform()}, {cpu}, os.cpu_count()={os.cpu_count()}, Python {platform.python_version()}, "
-        f"numpy {np.__version__}, procgen {procgen.__version__.strip()}, stable-baselines3 {stable_baselines3.__version__}, "
+        f"numpy {np.__version__}, {procgen_distribution()}, stable-baselines3 {stable_baselines3.__version__}, "
         f"gymnasium {gymnasium.__version__}"
     )
 

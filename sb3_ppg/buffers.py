@@ -25,7 +25,7 @@ class AuxiliaryBufferSamples(NamedTuple):
     """
     One auxiliary-phase minibatch: ``n`` whole rollouts of ``n_steps`` consecutive steps, flattened rollout-major.
 
-    :param observations: observations, shape (n * n_steps, *obs_shape) (a dict of those for Dict spaces)
+    :param observations: observations, shape ``(n * n_steps, *obs_shape)`` (a dict of those for Dict spaces)
     :param returns: value targets (the GAE returns computed when the rollout was collected), shape (n * n_steps,)
     :param old_distribution_params: old-policy distribution parameters, shape (n * n_steps, n_params)
     :param rollout_indices: the buffer rows the rollouts came from, shape (n,)

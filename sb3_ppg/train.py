@@ -31,7 +31,8 @@ from sb3_ppg.procgen import ProcgenVecEnv
 from sb3_ppg.zoo import run_zoo
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
-PRESETS = {"paper": "ppg.yml", "easy": "ppg_easy.yml"}
+# The same settings as make_procgen_env(preset=...) / sb3_ppg.procgen.presets ("easy" is CleanRL's, as "cleanrl")
+PRESETS = {"paper": "ppg.yml", "cleanrl": "ppg_easy.yml", "easy": "ppg_easy.yml"}
 
 # Quick start: a CPU-sized run (a few minutes on 2 cores) on Procgen StarPilot, easy mode, with the packaged easy
 # preset shrunk to 8 envs, 256-step rollouts and short auxiliary phases (N_pi 4, E_aux 2: two auxiliary phases), with
@@ -51,8 +52,10 @@ QUICKSTART_OUTPUT = "quickstart_output"
 
 EPILOG = """
 sb3_ppg options (the RL Zoo's train options are listed below):
-  --preset {paper,easy}  packaged hyperparameters: paper (ppg.yml, default: Procgen hard, 256 envs, 100M steps) or
-                         easy (ppg_easy.yml: Procgen easy, CleanRL-equivalent, 64 envs, 25M steps). Ignored with -conf.
+  --preset {paper,cleanrl,easy}
+                         packaged hyperparameters: paper (ppg.yml, default: Procgen hard, 256 envs, 100M steps) or
+                         cleanrl, also called easy (ppg_easy.yml: Procgen easy, CleanRL-equivalent, 64 envs, 25M steps).
+                         Refused with -conf.
   --quickstart           CPU-sized demo run on procgen/starpilot-v0 (same as no arguments at all); other options
                          given with it are passed on to the zoo (e.g. -n 50000, --seed 1, -f other_folder).
 """
@@ -62,7 +65,7 @@ def hyperparams_file(preset: str = "paper") -> str:
     """
     Path of a packaged hyperparameter file.
 
-    :param preset: ``"paper"`` (``ppg.yml``) or ``"easy"`` (``ppg_easy.yml``)
+    :param preset: ``"paper"`` (``ppg.yml``) or ``"cleanrl"`` / ``"easy"`` (``ppg_easy.yml``)
     :return: The path
     """
     if preset not in PRESETS:

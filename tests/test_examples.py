@@ -1,18 +1,23 @@
 """The scripts in examples/ run (with tiny budgets) and do what they print."""
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 
 import pytest
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+EXAMPLES = os.path.join(ROOT, "examples")
+# The examples import sb3_ppg from this checkout, whichever copy is installed
+ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH")))))
 
 
 def run_example(name: str, *args: str, cwd: str) -> str:
     result = subprocess.run(
-        [sys.executable, os.path.join(EXAMPLES, name), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, os.path.join(EXAMPLES, name), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -42,7 +47,7 @@ def test_torchrun_example(tmp_path):
         [sys.executable, *torchrun, f"--master_port={port}", os.path.join(EXAMPLES, "torchrun_cartpole.py"),
          *("--timesteps", "1024", "--output", "model")],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=os.path.dirname(EXAMPLES), OMP_NUM_THREADS="1"),
+        env=dict(ENV, OMP_NUM_THREADS="1"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "world size 2: 1024 env steps" in result.stdout and "mean evaluation return:" in result.stdout
@@ -52,9 +57,59 @@ def test_torchrun_example(tmp_path):
 
 @pytest.mark.slow
 def test_procgen_example(tmp_path):
-    run_example(
+    """Training on 200 levels, evaluation on training and unseen levels (bossfight: short random episodes)."""
+    stdout = run_example(
         "train_procgen.py",
-        *("--game", "coinrun", "--timesteps", "64", "--n-envs", "2", "--n-steps", "16", "--n-policy-iters", "2"),
+        *("--game", "bossfight", "--timesteps", "64", "--n-envs", "2", "--n-steps", "16", "--n-policy-iters", "2"),
+        *("--eval-episodes", "2", "--eval-envs", "2"),
         cwd=str(tmp_path),
     )
-    assert (tmp_path / "ppg_coinrun.zip").exists() and (tmp_path / "ppg_coinrun_vecnormalize.pkl").exists()
+    assert (tmp_path / "ppg_bossfight.zip").exists() and (tmp_path / "ppg_bossfight_reward_statistics.npz").exists()
+    assert "training levels: mean return" in stdout and "unseen levels: mean return" in stdout
+
+
+def test_callbacks_example(tmp_path):
+    """EvalCallback stops training at the reward threshold; PPGCheckpointCallback keeps the last checkpoints."""
+    stdout = run_example(
+        "cartpole_callbacks.py",
+        *("--timesteps", "8192", "--eval-freq", "512", "--checkpoint-freq", "256", "--reward-threshold", "50"),
+        *("--output", "run"),
+        cwd=str(tmp_path),
+    )  # fmt: skip
+    steps = int(re.search(r"stopped after (\d+) steps", stdout).group(1))
+    assert steps < 8192, stdout  # stopped early, by the threshold
+    assert (tmp_path / "run" / "best_model.zip").exists()
+    checkpoints = list((tmp_path / "run" / "checkpoints").glob("rl_model_*_steps"))
+    assert 1 <= len(checkpoints) <= 2  # keep_last=2
+
+
+def test_continuous_control_example(tmp_path):
+    stdout = run_example(
+        "continuous_control.py", "--timesteps", "512", "--n-steps", "64", "--output", "model", cwd=str(tmp_path)
+    )
+    assert (tmp_path / "model.zip").exists()
+    assert "mean evaluation return:" in stdout
+
+
+def test_dict_observations_example(tmp_path):
+    stdout = run_example("dict_observations.py", "--timesteps", "512", "--output", "model", cwd=str(tmp_path))
+    assert (tmp_path / "model.zip").exists()
+    assert "mean evaluation return:" in stdout
+
+
+def test_export_example(tmp_path):
+    """The exported policy matches model.predict, and runs in a process where SB3 and sb3_ppg cannot be imported."""
+    stdout = run_example("export_policy.py", "--timesteps", "512", "--output", "actor.pt2", cwd=str(tmp_path))
+    assert "same actions as model.predict(deterministic=True) on 800 observations" in stdout
+    without_sb3 = (
+        "import sys; sys.modules.update(stable_baselines3=None, sb3_ppg=None, gymnasium=None)\n"
+        "import torch\n"
+        "actor = torch.export.load('actor.pt2').module()\n"
+        "print(actor(torch.zeros((3, 4))).tolist())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", without_sb3], cwd=str(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    actions = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(actions) == 3 and set(actions) <= {0, 1}

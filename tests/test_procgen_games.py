@@ -17,8 +17,11 @@ GAME = "bossfight"
 
 
 def test_constants_match_procgen():
-    from procgen.env import DISTRIBUTION_MODE_DICT, ENV_NAMES, EXPLORATION_LEVEL_SEEDS
+    """The games and modes are those of the installed Procgen package (procgen / procgen-mirror, or procgen-gym)."""
+    from sb3_ppg.procgen.backend import ENV_MODULE
 
+    DISTRIBUTION_MODE_DICT, ENV_NAMES = ENV_MODULE.DISTRIBUTION_MODE_DICT, ENV_MODULE.ENV_NAMES
+    EXPLORATION_LEVEL_SEEDS = ENV_MODULE.EXPLORATION_LEVEL_SEEDS
     assert PROCGEN_GAMES == tuple(ENV_NAMES)
     assert len(PROCGEN_GAMES) == 16
     assert set(DISTRIBUTION_MODES) == set(DISTRIBUTION_MODE_DICT)

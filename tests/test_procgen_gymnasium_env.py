@@ -1,5 +1,7 @@
 """sb3_ppg.procgen.gymnasium_env: one game as a gymnasium env (ids procgen/<game>-v0), and legacy gym envs converted."""
 
+import importlib.util
+
 import gymnasium
 import numpy as np
 import pytest
@@ -106,6 +108,7 @@ def test_make_vec_env_with_gymnasium_id():
         env.close()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("gym") is None, reason="needs gym and procgen's gym envs (Python < 3.13)")
 def test_legacy_gym_env_conversion():
     import gym
     from stable_baselines3.common.vec_env.patch_gym import _patch_env

@@ -151,12 +151,12 @@ def test_vec_env_attr_and_method_api():
 
 
 def test_vec_env_render_rgb_array():
-    from procgen import ProcgenGym3Env
+    from sb3_ppg.procgen.backend import make_native_env
 
     env = ProcgenVecEnv(2, GAME, distribution_mode="easy", rand_seed=0, render_mode="rgb_array")
     assert env.render_mode == "rgb_array" and env.metadata["render_fps"] == 15
     # procgen's own rendering (every game at every step) as the reference
-    reference = ProcgenGym3Env(2, GAME, distribution_mode="easy", rand_seed=0, render_mode="rgb_array")
+    reference = make_native_env(2, GAME, distribution_mode="easy", rand_seed=0, render_mode="rgb_array")
     env.reset()
     for action in np.random.default_rng(0).integers(0, 15, (20, 2)):
         _, _, _, infos = env.step(action)

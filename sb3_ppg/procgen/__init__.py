@@ -12,6 +12,7 @@ from sb3_ppg.procgen.games import (
     register_procgen_envs,
 )
 from sb3_ppg.procgen.gymnasium_env import ProcgenGymnasiumEnv, convert_legacy_procgen_env
+from sb3_ppg.procgen.presets import PROCGEN_PRESETS, ProcgenPreset, get_procgen_preset
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
 from sb3_ppg.procgen.wrappers import make_procgen_env, save_reward_statistics
 
@@ -19,10 +20,13 @@ __all__ = [
     "DISTRIBUTION_MODES",
     "PROCGEN_GAMES",
     "PROCGEN_OPTIONS",
+    "PROCGEN_PRESETS",
     "ProcgenGymnasiumEnv",
+    "ProcgenPreset",
     "ProcgenVecEnv",
     "check_procgen_options",
     "convert_legacy_procgen_env",
+    "get_procgen_preset",
     "make_procgen_env",
     "procgen_seed",
     "register_procgen_envs",

@@ -3,15 +3,13 @@
 :func:`convert_legacy_procgen_env`, which turns a legacy ``gym.make("procgen:procgen-<game>-v0")`` env into one.
 """
 
-import os
 from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from procgen import ProcgenGym3Env
-from procgen.env import SCRIPT_DIR
 
+from sb3_ppg.procgen.backend import ASSETS_DIR, ProcgenGym3Env
 from sb3_ppg.procgen.games import (
     MAX_INT32,
     PROCGEN_N_ACTIONS,
@@ -167,8 +165,10 @@ def _find_procgen_gym3_env(env: Any) -> Any:
     Find the ``procgen.ProcgenGym3Env`` inside a legacy gym procgen env.
 
     :param env: What ``gym.make("procgen:procgen-<game>-v0")`` returns (or shimmy's wrapper of it)
-    :return: The ``ProcgenGym3Env``, or ``None``
+    :return: The ``ProcgenGym3Env``, or ``None`` (always with procgen-gym, which has no legacy gym envs)
     """
+    if ProcgenGym3Env is None:
+        return None
     # shimmy's GymV21CompatibilityV0 / GymV26CompatibilityV0 keep the legacy env in ``gym_env``
     inner = getattr(env, "gym_env", env)
     # gym wrappers -> gym3.interop.ToGymEnv
@@ -207,7 +207,7 @@ def convert_legacy_procgen_env(env: Any) -> ProcgenGymnasiumEnv:
         )
     options = gym3_env.options
     mode_names = {0: "easy", 1: "hard", 2: "extreme", 10: "memory"}
-    defaults = {**PROCGEN_OPTIONS, "resource_root": os.path.join(SCRIPT_DIR, "data", "assets") + os.sep}
+    defaults = {**PROCGEN_OPTIONS, "resource_root": ASSETS_DIR}
     # Only the options that differ from procgen's defaults
     procgen_kwargs = {key: options[key] for key in PROCGEN_OPTIONS if key in options and options[key] != defaults[key]}
     # "exploration" is stored as "hard" on one fixed level, which is what ``num_levels``/``start_level`` give back

@@ -1,14 +1,15 @@
 """
-Procgen's C++ environment (``procgen.ProcgenGym3Env``) as :class:`~sb3_ppg.procgen.ProcgenVecEnv` and
-:class:`~sb3_ppg.procgen.ProcgenGymnasiumEnv` build it, and the renderer that draws 512x512 frames of its games on demand.
+Procgen's C++ environment (``procgen.ProcgenGym3Env``, or procgen-gym's through :mod:`sb3_ppg.procgen.backend`) as
+:class:`~sb3_ppg.procgen.ProcgenVecEnv` and :class:`~sb3_ppg.procgen.ProcgenGymnasiumEnv` build it, and the renderer that
+draws 512x512 frames of its games on demand.
 """
 
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from procgen import ProcgenGym3Env
 
+from sb3_ppg.procgen.backend import make_native_env
 from sb3_ppg.procgen.games import PROCGEN_OBSERVATION_SHAPE
 
 
@@ -29,13 +30,14 @@ def make_gym3_env(
     :param rand_seed: Seed of the level sampler (already in procgen's range), ``None`` for a random one
     :param num_threads: Number of procgen worker threads (0: step in the calling thread)
     :param render_mode: ``"rgb_array"``: procgen draws 512x512 frames (key ``"rgb"`` of ``get_info()``) at every step
-    :return: a ``procgen.ProcgenGym3Env``
+    :return: a ``procgen.ProcgenGym3Env`` (procgen, procgen-mirror) or its equivalent over procgen-gym
+        (:class:`~sb3_ppg.procgen.backend.ProcgenGymAdapter`)
     """
     kwargs = dict(options)
     if kwargs["distribution_mode"] == "exploration":
         # Procgen sets the level itself in this mode and asserts that neither option is given
         del kwargs["num_levels"], kwargs["start_level"]
-    return ProcgenGym3Env(
+    return make_native_env(
         num=num,
         env_name=env_name,
         rand_seed=rand_seed,

@@ -11,7 +11,13 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
 from sb3_ppg.array_files import read_array_file, write_array_file
+from sb3_ppg.procgen.presets import get_procgen_preset
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
+
+#: What :func:`make_procgen_env` uses without a preset for the arguments left out
+DEFAULT_ENV_KWARGS: dict[str, Any] = dict(
+    distribution_mode="easy", num_levels=0, start_level=0, reward_gamma=0.999, clip_reward=10.0
+)
 
 
 def make_monitored_procgen_env(
@@ -45,19 +51,20 @@ def make_monitored_procgen_env(
 def make_procgen_env(
     env_name: str,
     n_envs: int = 64,
-    distribution_mode: str = "easy",
-    num_levels: int = 0,
-    start_level: int = 0,
+    distribution_mode: str | None = None,
+    num_levels: int | None = None,
+    start_level: int | None = None,
     seed: int | None = None,
     normalize_reward: bool = True,
-    reward_gamma: float = 0.999,
-    clip_reward: float = 10.0,
+    reward_gamma: float | None = None,
+    clip_reward: float | None = None,
     training: bool = True,
     num_threads: int = 2,
     render_mode: str | None = None,
     monitor_filename: str | None = None,
     monitor_info_keywords: tuple[str, ...] = (),
     vec_normalize_path: str | None = None,
+    preset: str | None = None,
     **procgen_kwargs: Any,
 ) -> VecNormalize:
     """
@@ -82,17 +89,23 @@ def make_procgen_env(
     0.999 (CleanRL calls it technically incorrect); pass ``reward_gamma=0.99`` to reproduce the paper exactly.
     One difference remains: ``VecNormalize`` updates its statistics at every step, the original once per rollout.
 
+    Presets: ``preset="paper"`` gives the paper's setting (hard mode, ``reward_gamma=0.99``), ``preset="cleanrl"``
+    CleanRL's (easy mode, ``reward_gamma=0.999``); arguments given explicitly override the preset's. Without a
+    preset the defaults are ``distribution_mode="easy"``, ``num_levels=0``, ``start_level=0``, ``reward_gamma=0.999``,
+    ``clip_reward=10.0``. The PPG arguments of each preset are in :mod:`sb3_ppg.procgen.presets`.
+
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
-    :param n_envs: Number of parallel games (the paper uses 64)
-    :param distribution_mode: Level difficulty ("easy": CleanRL and quick runs; "hard": the paper's results)
-    :param num_levels: Number of unique levels (0: unlimited, the paper's setting; e.g. 200 for the generalization
-        benchmark, with ``num_levels=0`` for the evaluation env)
-    :param start_level: Seed of the first level
+    :param n_envs: Number of parallel games (the paper uses 64 per process, 4 processes)
+    :param distribution_mode: Level difficulty ("easy": CleanRL and quick runs; "hard": the paper's results);
+        default: the preset's, else "easy"
+    :param num_levels: Number of unique levels (0, the default: unlimited, the paper's setting; e.g. 200 for the
+        generalization benchmark, with ``num_levels=0`` for the evaluation env)
+    :param start_level: Seed of the first level (default 0)
     :param seed: Seed of the level sampler (mapped into procgen's range); ``None`` for a random one.
         ``model.set_random_seed``/``PPG(seed=...)`` reseed it through ``VecEnv.seed``.
     :param normalize_reward: Whether to normalize the rewards (training envs only)
-    :param reward_gamma: Discount of the running return used to scale the rewards
-    :param clip_reward: Normalized rewards are clipped to ``[-clip_reward, clip_reward]``
+    :param reward_gamma: Discount of the running return used to scale the rewards (default: the preset's, else 0.999)
+    :param clip_reward: Normalized rewards are clipped to ``[-clip_reward, clip_reward]`` (default 10)
     :param training: ``False`` for an evaluation env (frozen statistics, raw rewards)
     :param num_threads: Number of procgen worker threads
     :param render_mode: ``"rgb_array"`` for videos (``VecVideoRecorder``)
@@ -102,10 +115,24 @@ def make_procgen_env(
     :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays, no
         pickle; the arguments, ``training`` and ``normalize_reward`` among them, still decide how they are used; any
         other file, a pickled ``VecNormalize`` included, is a ``ValueError`` and nothing in it runs)
+    :param preset: ``"paper"`` or ``"cleanrl"`` (``"easy"`` is another name for it): the defaults of
+        ``distribution_mode``, ``num_levels``, ``start_level``, ``reward_gamma`` and ``clip_reward``
+        (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`); ``None``: the defaults above
     :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
         :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
     :return: The wrapped env
     """
+    settings = dict(DEFAULT_ENV_KWARGS if preset is None else get_procgen_preset(preset).env_kwargs)
+    explicit = dict(
+        distribution_mode=distribution_mode,
+        num_levels=num_levels,
+        start_level=start_level,
+        reward_gamma=reward_gamma,
+        clip_reward=clip_reward,
+    )
+    settings.update({key: value for key, value in explicit.items() if value is not None})
+    distribution_mode, num_levels, start_level = settings["distribution_mode"], settings["num_levels"], settings["start_level"]
+    reward_gamma, clip_reward = settings["reward_gamma"], settings["clip_reward"]
     if not 0.0 <= reward_gamma < 1.0:
         raise ValueError(f"reward_gamma must be in [0, 1), got {reward_gamma}")
     if not clip_reward > 0.0:

@@ -1,0 +1,117 @@
+"""
+The package that provides Procgen's C++ games, behind one interface.
+
+- ``procgen`` (OpenAI's ``procgen`` on Python 3.10, ``procgen-mirror`` on 3.11 and 3.12): built against numpy 1.x,
+  with gym3's API (``ProcgenGym3Env``) and gym 0.26 as dependencies.
+- ``procgen_gym`` (``procgen-gym``, Python 3.13): a Gymnasium port of the same C++ code, built against numpy 2, with
+  neither gym nor gym3; its vectorized env is a ``gymnasium.vector.VectorEnv``.
+
+:func:`make_native_env` builds the C++ vectorized env of whichever is installed (``procgen`` first) and returns it
+with the part of gym3's interface that :mod:`sb3_ppg.procgen` uses (``act``, ``observe``, ``get_info``,
+``get_state``, ``set_state``, ``close``). Both run the same C++ games: the same seed gives the same levels, dynamics,
+rewards, episode ends and states; the frames are bit-identical except for a few pixels in the games whose sprites
+the two builds' renderers draw differently (CoinRun, CaveFlyer, Jumper, Ninja).
+"""
+
+import os
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+_procgen: ModuleType | None
+_procgen_gym: ModuleType | None
+try:
+    import procgen as _procgen
+    import procgen.env as _env_module
+except ImportError:  # Python 3.13: procgen-gym
+    _procgen = None
+    try:
+        import procgen_gym as _procgen_gym
+        import procgen_gym.env as _env_module
+    except ImportError:
+        _procgen_gym = None
+        _env_module = None
+else:
+    _procgen_gym = None
+
+#: The installed Procgen package: ``"procgen"`` (procgen or procgen-mirror), ``"procgen-gym"``, or ``None``
+BACKEND: str | None = "procgen" if _procgen is not None else ("procgen-gym" if _procgen_gym is not None else None)
+#: The package's module that defines the games, modes and assets (``ENV_NAMES``, ``DISTRIBUTION_MODE_DICT``, ...)
+ENV_MODULE: ModuleType | None = _env_module
+#: Folder of the game assets (procgen's default ``resource_root``)
+ASSETS_DIR: str | None = None if _env_module is None else os.path.join(_env_module.SCRIPT_DIR, "data", "assets") + os.sep
+#: ``procgen.ProcgenGym3Env`` (what legacy ``gym.make("procgen:...")`` envs wrap); ``None`` with procgen-gym
+ProcgenGym3Env: type | None = None if _procgen is None else _procgen.ProcgenGym3Env
+
+
+class ProcgenGymAdapter:
+    """
+    ``procgen_gym.ProcgenVecEnv`` with the gym3 interface of ``procgen.ProcgenGym3Env`` that sb3_ppg uses:
+    ``act(actions)``, ``observe() -> (rewards, {"rgb": frames}, firsts)``, ``get_info()`` (one dict per game),
+    ``get_state()``, ``set_state(states)``, ``close()``.
+
+    :param num: Number of games
+    :param env_name: Procgen game
+    :param render_mode: ``"rgb_array"``: 512x512 frames in ``get_info()[i]["rgb"]`` at every step
+    :param options: procgen's other options (``distribution_mode``, ``num_levels``, ``rand_seed``, ...)
+    """
+
+    def __init__(self, num: int, env_name: str, render_mode: str | None = None, **options: Any):
+        self.num = num
+        self.options = dict(options, env_name=env_name)
+        assert _procgen_gym is not None, "procgen-gym is not installed"
+        self._venv = _procgen_gym.ProcgenVecEnv(num_envs=num, env_name=env_name, render_mode=render_mode, **options)
+        self._observe()
+
+    def _observe(self) -> None:
+        # procgen_gym's reset() observes the current state without resetting anything (procgen resets by itself);
+        # the reward and first flags of that observation are in the C library's buffers
+        self._frames, self._infos = self._venv.reset()
+        self._rewards = self._venv._clib.get_reward_buf().copy()
+        self._firsts = self._venv._clib.get_first_buf().astype(bool)
+
+    def act(self, actions: np.ndarray) -> None:
+        """:param actions: int32 actions, one per game"""
+        self._frames, self._rewards, self._firsts, _, self._infos = self._venv.step(actions)
+
+    def observe(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """:return: rewards, ``{"rgb": frames}`` (``(num, 64, 64, 3)`` uint8) and first flags, as gym3's ``observe``"""
+        return self._rewards, {"rgb": self._frames}, self._firsts
+
+    def get_info(self) -> list[dict[str, Any]]:
+        """:return: one dict per game (``level_seed``, ``prev_level_seed``, ``prev_level_complete``[, ``rgb``])"""
+        return [{key: values[i] for key, values in self._infos.items()} for i in range(self.num)]
+
+    def get_state(self) -> list[bytes]:
+        """:return: the serialized state of every game"""
+        return self._venv.get_state()
+
+    def set_state(self, states: list[bytes]) -> None:
+        """:param states: one serialized state per game (from ``get_state``)"""
+        self._venv.set_state(states)
+        self._observe()
+
+    def close(self) -> None:
+        """Release the C++ env."""
+        self._venv.close()
+
+
+def make_native_env(num: int, env_name: str, render_mode: str | None = None, **options: Any) -> Any:
+    """
+    Build Procgen's C++ vectorized env with the installed package.
+
+    :param num: Number of games
+    :param env_name: Procgen game
+    :param render_mode: ``None`` or ``"rgb_array"``
+    :param options: procgen's other options
+    :return: a ``procgen.ProcgenGym3Env``, or a :class:`ProcgenGymAdapter` over procgen-gym
+    """
+    if ProcgenGym3Env is not None:
+        return ProcgenGym3Env(num=num, env_name=env_name, render_mode=render_mode, **options)
+    if _procgen_gym is not None:
+        return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
+    raise ImportError(
+        "No Procgen package is installed: sb3-ppg installs procgen-mirror (Python 3.11, 3.12), procgen (3.10) or "
+        "procgen-gym (3.13) as a dependency; reinstall it with pip install sb3-ppg."
+    )

@@ -1,0 +1,146 @@
+"""
+Procgen presets: the settings of the PPG paper or of CleanRL's ``ppg_procgen.py`` in one word.
+
+.. code-block:: python
+
+    from sb3_ppg import PPG, make_procgen_env
+    from sb3_ppg.procgen import get_procgen_preset
+
+    env = make_procgen_env("starpilot", preset="paper")  # hard mode, reward-normalization gamma 0.99, ...
+    model = PPG("ProcgenCnn", env, **get_procgen_preset("paper").ppg_kwargs(env.num_envs))
+
+Explicit arguments of :func:`~sb3_ppg.procgen.make_procgen_env` override the preset's. The packaged zoo files hold the
+same settings: ``hyperparams/ppg.yml`` is ``"paper"`` (for 256 envs), ``hyperparams/ppg_easy.yml`` is ``"cleanrl"``
+(``--preset paper`` / ``--preset cleanrl`` on the command line, where ``easy`` is another name for ``cleanrl``);
+``tests/test_procgen_presets.py`` checks that they agree.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProcgenPreset:
+    """
+    One published Procgen setting: the env's arguments and PPG's.
+
+    :param name: The preset's name
+    :param description: Where the setting comes from
+    :param env_kwargs: Arguments of :func:`~sb3_ppg.procgen.make_procgen_env`
+    :param algorithm_kwargs: Arguments of ``PPG`` that do not depend on the number of envs
+    :param n_envs: Envs of the reference runs, all processes together
+    :param total_timesteps: Budget of the reference runs, in env steps
+    :param zoo_file: The packaged zoo hyperparameter file with the same settings
+    """
+
+    name: str
+    description: str
+    env_kwargs: Mapping[str, Any]
+    algorithm_kwargs: Mapping[str, Any]
+    n_envs: int
+    total_timesteps: int
+    zoo_file: str
+
+    def ppg_kwargs(self, n_envs: int) -> dict[str, Any]:
+        """
+        ``PPG`` keyword arguments for a run with ``n_envs`` envs per process.
+
+        Both references put 1/16 of an iteration's rollouts in each auxiliary minibatch (16 of the paper's 256 envs,
+        4 of CleanRL's 64), so ``aux_batch_rollouts`` is ``n_envs // 16`` (at least 1); the policy phase keeps 8
+        minibatches per epoch (``batch_size=None``).
+
+        :param n_envs: Envs of this process (``env.num_envs``)
+        :return: The keyword arguments (a new dict: change it freely)
+        """
+        if n_envs < 1:
+            raise ValueError(f"n_envs must be >= 1, got {n_envs}")
+        kwargs = {key: dict(value) if isinstance(value, Mapping) else value for key, value in self.algorithm_kwargs.items()}
+        return dict(kwargs, batch_size=None, aux_batch_rollouts=max(1, n_envs // 16))
+
+
+_COMMON_ALGORITHM_KWARGS = dict(
+    learning_rate=5e-4,
+    n_steps=256,
+    n_epochs=1,
+    gamma=0.999,
+    gae_lambda=0.95,
+    clip_range=0.2,
+    normalize_advantage="batch",
+    ent_coef=0.01,
+    n_policy_iters=32,
+    n_aux_epochs=6,
+    beta_clone=1.0,
+    vf_true_coef=1.0,
+)
+
+#: The presets by name (read-only)
+PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
+    {
+        "paper": ProcgenPreset(
+            name="paper",
+            description=(
+                "The PPG paper (Cobbe et al. 2021, openai/phasic-policy-gradient train.py): hard mode, rewards scaled by "
+                "the std of a 0.99-discounted return (the original RewardNormalizer's default) while the RL discount is "
+                "0.999, separate policy and value networks, no gradient or value clipping, a separate Adam for the "
+                "auxiliary phase; 4 workers x 64 envs, 100M steps"
+            ),
+            env_kwargs=MappingProxyType(
+                dict(distribution_mode="hard", num_levels=0, start_level=0, reward_gamma=0.99, clip_reward=10.0)
+            ),
+            algorithm_kwargs=MappingProxyType(
+                dict(
+                    _COMMON_ALGORITHM_KWARGS,
+                    clip_range_vf=None,
+                    vf_coef=0.5,
+                    max_grad_norm=None,
+                    separate_aux_optimizer=True,
+                    policy_kwargs=MappingProxyType(dict(arch="dual")),
+                )
+            ),
+            n_envs=256,
+            total_timesteps=100_000_000,
+            zoo_file="ppg.yml",
+        ),
+        "cleanrl": ProcgenPreset(
+            name="cleanrl",
+            description=(
+                "CleanRL's ppg_procgen.py: easy mode, rewards scaled by the std of a 0.999-discounted return, one IMPALA "
+                "trunk with the value head on detached features, gradient clipping 0.5, value clipping 0.2 with weight "
+                "0.25, one Adam for both phases; 64 envs, 25M steps"
+            ),
+            env_kwargs=MappingProxyType(
+                dict(distribution_mode="easy", num_levels=0, start_level=0, reward_gamma=0.999, clip_reward=10.0)
+            ),
+            algorithm_kwargs=MappingProxyType(
+                dict(
+                    _COMMON_ALGORITHM_KWARGS,
+                    clip_range_vf=0.2,
+                    vf_coef=0.25,
+                    max_grad_norm=0.5,
+                    separate_aux_optimizer=False,
+                    policy_kwargs=MappingProxyType(dict(arch="detach", detach_value_in_aux=True)),
+                )
+            ),
+            n_envs=64,
+            total_timesteps=25_000_000,
+            zoo_file="ppg_easy.yml",
+        ),
+    }
+)
+
+#: Other names: the command line's ``--preset easy`` is CleanRL's setting
+PRESET_ALIASES: Mapping[str, str] = MappingProxyType({"easy": "cleanrl"})
+
+
+def get_procgen_preset(name: str) -> ProcgenPreset:
+    """
+    :param name: ``"paper"`` or ``"cleanrl"`` (``"easy"`` is an alias of ``"cleanrl"``, as on the command line)
+    :return: The preset
+    """
+    preset = PROCGEN_PRESETS.get(PRESET_ALIASES.get(name, name))
+    if preset is None:
+        choices = ", ".join(repr(key) for key in [*PROCGEN_PRESETS, *PRESET_ALIASES])
+        raise ValueError(f"Unknown Procgen preset {name!r}: choose one of {choices}.")
+    return preset
