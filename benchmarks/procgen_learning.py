@@ -178,7 +178,7 @@ def plot(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], path: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sb3_ppg.plot import load_paper_curves
+    from sb3_ppg.curves import load_paper_curves
 
     figure, (ours, paper) = plt.subplots(1, 2, figsize=(12, 4.5))
     for algo, runs in curves.items():

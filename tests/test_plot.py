@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sb3_ppg import curves as curves_module
 from sb3_ppg import plot
 from sb3_ppg.procgen import PROCGEN_GAMES
 
@@ -145,7 +146,7 @@ def test_detect_game():
 
 
 def test_packaged_paper_data():
-    data_dir = plot.PAPER_DATA_DIR
+    data_dir = curves_module.PAPER_DATA_DIR
     # Shipped inside the package, with its attribution
     assert data_dir.is_relative_to(Path(plot.__file__).parent)
     assert (data_dir / "LICENSE").read_text().startswith("The MIT License")

@@ -75,6 +75,31 @@ _COMMON_ALGORITHM_KWARGS = dict(
     vf_true_coef=1.0,
 )
 
+
+def _env_kwargs(distribution_mode: str, reward_gamma: float) -> Mapping[str, Any]:
+    """A preset's ``make_procgen_env`` arguments: all levels, rewards clipped at 10 after normalization."""
+    return MappingProxyType(
+        dict(distribution_mode=distribution_mode, num_levels=0, start_level=0, reward_gamma=reward_gamma, clip_reward=10.0)
+    )
+
+
+def _algorithm_kwargs(
+    clip_range_vf: float | None, vf_coef: float, max_grad_norm: float | None, separate_aux_optimizer: bool, arch: str
+) -> Mapping[str, Any]:
+    """A preset's PPG arguments: the common ones and those where the paper's code and CleanRL differ."""
+    policy_kwargs = dict(arch=arch, detach_value_in_aux=True) if arch == "detach" else dict(arch=arch)
+    return MappingProxyType(
+        dict(
+            _COMMON_ALGORITHM_KWARGS,
+            clip_range_vf=clip_range_vf,
+            vf_coef=vf_coef,
+            max_grad_norm=max_grad_norm,
+            separate_aux_optimizer=separate_aux_optimizer,
+            policy_kwargs=MappingProxyType(policy_kwargs),
+        )
+    )
+
+
 #: The presets by name (read-only)
 PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
     {
@@ -86,18 +111,9 @@ PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
                 "0.999, separate policy and value networks, no gradient or value clipping, a separate Adam for the "
                 "auxiliary phase; 4 workers x 64 envs, 100M steps"
             ),
-            env_kwargs=MappingProxyType(
-                dict(distribution_mode="hard", num_levels=0, start_level=0, reward_gamma=0.99, clip_reward=10.0)
-            ),
-            algorithm_kwargs=MappingProxyType(
-                dict(
-                    _COMMON_ALGORITHM_KWARGS,
-                    clip_range_vf=None,
-                    vf_coef=0.5,
-                    max_grad_norm=None,
-                    separate_aux_optimizer=True,
-                    policy_kwargs=MappingProxyType(dict(arch="dual")),
-                )
+            env_kwargs=_env_kwargs(distribution_mode="hard", reward_gamma=0.99),
+            algorithm_kwargs=_algorithm_kwargs(
+                clip_range_vf=None, vf_coef=0.5, max_grad_norm=None, separate_aux_optimizer=True, arch="dual"
             ),
             n_envs=256,
             total_timesteps=100_000_000,
@@ -110,18 +126,9 @@ PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
                 "trunk with the value head on detached features, gradient clipping 0.5, value clipping 0.2 with weight "
                 "0.25, one Adam for both phases; 64 envs, 25M steps"
             ),
-            env_kwargs=MappingProxyType(
-                dict(distribution_mode="easy", num_levels=0, start_level=0, reward_gamma=0.999, clip_reward=10.0)
-            ),
-            algorithm_kwargs=MappingProxyType(
-                dict(
-                    _COMMON_ALGORITHM_KWARGS,
-                    clip_range_vf=0.2,
-                    vf_coef=0.25,
-                    max_grad_norm=0.5,
-                    separate_aux_optimizer=False,
-                    policy_kwargs=MappingProxyType(dict(arch="detach", detach_value_in_aux=True)),
-                )
+            env_kwargs=_env_kwargs(distribution_mode="easy", reward_gamma=0.999),
+            algorithm_kwargs=_algorithm_kwargs(
+                clip_range_vf=0.2, vf_coef=0.25, max_grad_norm=0.5, separate_aux_optimizer=False, arch="detach"
             ),
             n_envs=64,
             total_timesteps=25_000_000,

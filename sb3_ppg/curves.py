@@ -1,0 +1,241 @@
+"""
+Learning curves as data: reading RL Zoo / SB3 monitor and evaluation files, smoothing and aggregating seeds, and the
+published Procgen curves of the original PPG code (shipped in ``sb3_ppg/data/openai_ppg``). Drawn by :mod:`sb3_ppg.plot`.
+"""
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# Location of the packaged paper curves (see sb3_ppg/data/openai_ppg/README.md)
+PAPER_DATA_DIR = Path(__file__).parent / "data" / "openai_ppg"
+PAPER_EXPERIMENTS = {"ppg": "paper PPG", "ppo": "paper PPO"}
+MONITOR_SUFFIX = "monitor.csv"
+EVALUATIONS_FILE = "evaluations.npz"
+
+
+@dataclass
+class Curve:
+    """
+    One learning curve of one seed.
+
+    :param name: Name of the experiment the seed belongs to (seeds with the same name are aggregated)
+    :param steps: Environment steps, increasing
+    :param returns: Episode return (or mean evaluation return) at each entry of ``steps``
+    """
+
+    name: str
+    steps: np.ndarray
+    returns: np.ndarray
+
+
+def _experiment_name(run_dir: Path) -> str:
+    """
+    Name of the experiment a run folder belongs to: its folder name without the RL Zoo run id suffix
+    (``procgen-coinrun-v0_3`` -> ``procgen-coinrun-v0``).
+
+    :param run_dir: Run folder
+    :return: Experiment name
+    """
+    name = run_dir.resolve().name
+    return re.sub(r"_\d+$", "", name)
+
+
+def read_monitor_file(path: str | Path) -> pd.DataFrame:
+    """
+    Read one SB3 monitor file (``Monitor`` or ``VecMonitor`` output).
+
+    :param path: Path of a ``*monitor.csv`` file
+    :return: Data frame with columns ``r`` (return), ``l`` (length) and ``t`` (wall time since the epoch, in seconds)
+    """
+    with open(path) as file_handler:
+        first_line = file_handler.readline()
+        header = json.loads(first_line[1:]) if first_line.startswith("#") else {}
+        data_frame = pd.read_csv(file_handler, index_col=None)
+    data_frame["t"] = data_frame["t"] + float(header.get("t_start", 0.0))
+    return data_frame
+
+
+def monitor_curve(files: list[Path], name: str) -> Curve | None:
+    """
+    Build a training curve from the monitor files of one run: episodes are ordered by wall time and the x value
+    of an episode is the total number of environment steps of all episodes finished so far
+    (as ``stable_baselines3.common.results_plotter`` does).
+
+    :param files: Monitor files of one run (one per env with ``Monitor``, one per vec env with ``VecMonitor``)
+    :param name: Experiment name
+    :return: The curve, or None when no episode was completed
+    """
+    frames = [read_monitor_file(path) for path in files]
+    frames = [frame for frame in frames if len(frame) > 0]
+    if len(frames) == 0:
+        return None
+    data_frame = pd.concat(frames).sort_values("t", kind="stable")
+    steps = np.cumsum(data_frame["l"].to_numpy(dtype=np.float64))
+    return Curve(name, steps, data_frame["r"].to_numpy(dtype=np.float64))
+
+
+def evaluation_curve(path: Path, name: str) -> Curve | None:
+    """
+    Build an evaluation curve from an ``EvalCallback`` log (``evaluations.npz``).
+
+    :param path: Path of the ``evaluations.npz`` file
+    :param name: Experiment name
+    :return: The curve (mean return over the evaluation episodes), or None when it holds no evaluation
+    """
+    with np.load(path) as data:
+        timesteps = np.asarray(data["timesteps"], dtype=np.float64)
+        results = np.asarray(data["results"], dtype=np.float64)
+    if len(timesteps) == 0:
+        return None
+    return Curve(name, timesteps, results.reshape(len(timesteps), -1).mean(axis=1))
+
+
+def _run_dirs(root: Path, curve_type: str) -> list[Path]:
+    """
+    Folders under ``root`` (``root`` included) that hold the files of one run.
+
+    :param root: Folder to search
+    :param curve_type: ``"train"`` (monitor files) or ``"eval"`` (``evaluations.npz``)
+    :return: Sorted list of run folders
+    """
+    found = []
+    for dir_path, _, file_names in os.walk(root):
+        if curve_type == "train" and any(file_name.endswith(MONITOR_SUFFIX) for file_name in file_names):
+            found.append(Path(dir_path))
+        elif curve_type == "eval" and EVALUATIONS_FILE in file_names:
+            found.append(Path(dir_path))
+    return sorted(found)
+
+
+def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
+    """
+    Load one curve per run found in ``paths``.
+
+    :param paths: Run folders, folders to search recursively, monitor files or ``evaluations.npz`` files
+    :param curve_type: ``"train"``: training episodes from the monitor files;
+        ``"eval"``: evaluation returns from ``evaluations.npz``
+    :return: The curves (runs without any finished episode / evaluation are skipped with a message)
+    """
+    if curve_type not in ("train", "eval"):
+        raise ValueError(f"Unknown curve type {curve_type!r}, expected 'train' or 'eval'")
+    curves = []
+    for path_str in paths:
+        path = Path(path_str)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist")
+        if path.is_file():
+            if path.name.endswith(".npz"):
+                maybe_curve = evaluation_curve(path, _experiment_name(path.parent))
+            elif path.name.endswith(MONITOR_SUFFIX):
+                maybe_curve = monitor_curve([path], _experiment_name(path.parent))
+            else:
+                raise ValueError(f"{path}: expected a folder, a '*{MONITOR_SUFFIX}' file or an '{EVALUATIONS_FILE}' file")
+            if maybe_curve is None:
+                print(f"Skipping {path}: no finished episode or evaluation", file=sys.stderr)
+            else:
+                curves.append(maybe_curve)
+            continue
+        run_dirs = _run_dirs(path, curve_type)
+        if len(run_dirs) == 0:
+            wanted = f"'*{MONITOR_SUFFIX}'" if curve_type == "train" else f"'{EVALUATIONS_FILE}'"
+            print(f"Skipping {path}: no {wanted} file found", file=sys.stderr)
+        for run_dir in run_dirs:
+            name = _experiment_name(run_dir)
+            if curve_type == "train":
+                maybe_curve = monitor_curve(sorted(run_dir.glob(f"*{MONITOR_SUFFIX}")), name)
+            else:
+                maybe_curve = evaluation_curve(run_dir / EVALUATIONS_FILE, name)
+            if maybe_curve is None:
+                print(f"Skipping {run_dir}: no finished episode or evaluation", file=sys.stderr)
+            else:
+                curves.append(maybe_curve)
+    return curves
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """
+    Trailing moving average (the first entries average over the values available so far).
+
+    :param values: 1D array
+    :param window: Number of entries to average; 0 or 1 leaves the values unchanged
+    :return: Smoothed values, same shape
+    """
+    if window <= 1 or len(values) == 0:
+        return values
+    return pd.Series(values).rolling(window, min_periods=1).mean().to_numpy()
+
+
+def aggregate(
+    curves: list[tuple[np.ndarray, np.ndarray]], band: str = "minmax", n_points: int = 300
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """
+    Aggregate the curves of several seeds on a common grid (linear interpolation over the range all seeds cover).
+
+    :param curves: ``(steps, returns)`` pairs, one per seed
+    :param band: ``"minmax"``: band from the minimum to the maximum over seeds;
+        ``"std"``: mean minus / plus one (population) standard deviation over seeds
+    :param n_points: Number of grid points (a single seed keeps its own x values)
+    :return: ``(steps, mean, low, high)``
+    """
+    if band not in ("minmax", "std"):
+        raise ValueError(f"Unknown band {band!r}, expected 'minmax' or 'std'")
+    if len(curves) == 1:
+        steps, returns = curves[0]
+        return steps, returns, returns, returns
+    start = max(steps[0] for steps, _ in curves)
+    end = min(steps[-1] for steps, _ in curves)
+    if end < start:
+        # No common range: fall back to the union of the ranges (np.interp holds the end values)
+        start, end = min(steps[0] for steps, _ in curves), max(steps[-1] for steps, _ in curves)
+    grid = np.linspace(start, end, n_points)
+    values = np.stack([np.interp(grid, steps, returns) for steps, returns in curves])
+    mean = values.mean(axis=0)
+    if band == "minmax":
+        return grid, mean, values.min(axis=0), values.max(axis=0)
+    std = values.std(axis=0)
+    return grid, mean, mean - std, mean + std
+
+
+def detect_game(names: list[str]) -> str | None:
+    """
+    Find the Procgen game in experiment names such as ``procgen-coinrun-v0`` (RL Zoo folder of ``procgen/coinrun-v0``).
+
+    :param names: Experiment names
+    :return: The game name, or None if no name (or more than one game) matches
+    """
+    from sb3_ppg.procgen import PROCGEN_GAMES
+
+    games = set()
+    for name in names:
+        for game in PROCGEN_GAMES:
+            if re.search(rf"(^|[^a-z]){game}([^a-z]|$)", name.lower()):
+                games.add(game)
+    return games.pop() if len(games) == 1 else None
+
+
+def load_paper_curves(game: str, experiment: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """
+    Published learning curves of the original PPG code for one Procgen game (hard mode, 3 seeds),
+    shipped in ``sb3_ppg/data/openai_ppg``.
+
+    :param game: Procgen game name, e.g. ``"coinrun"``
+    :param experiment: ``"ppg"`` (PPG, dual networks) or ``"ppo"`` (the paper's PPO baseline)
+    :return: One ``(steps, returns)`` pair per seed
+    """
+    from sb3_ppg.procgen import PROCGEN_GAMES
+
+    if game not in PROCGEN_GAMES:
+        raise ValueError(f"Unknown Procgen game {game!r}, expected one of {', '.join(PROCGEN_GAMES)}")
+    if experiment not in PAPER_EXPERIMENTS:
+        raise ValueError(f"Unknown paper experiment {experiment!r}, expected one of {', '.join(PAPER_EXPERIMENTS)}")
+    table = pd.read_csv(PAPER_DATA_DIR / f"{game}.csv", comment="#")
+    steps = table["steps"].to_numpy(dtype=np.float64)
+    columns = [column for column in table.columns if column.startswith(f"{experiment}_run")]
+    return [(steps, table[column].to_numpy(dtype=np.float64)) for column in columns]
