@@ -43,7 +43,8 @@ def test_env_throughput_runs(tmp_path):
     ratio = env_throughput.main(
         ["--n-envs", "4", "--steps", "4", "--repeats", "2", "--warmup-steps", "2", "--output", str(output)]
     )
-    assert 0.0 < ratio < 10.0
+    # Two rounds of four envs on a loaded machine can give any positive ratio (one was 23.6): only its form is checked
+    assert 0.0 < ratio and np.isfinite(ratio)
     report = output.read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| Configuration")]
     assert len(rows) == 4
