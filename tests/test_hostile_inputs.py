@@ -281,3 +281,43 @@ def test_one_sample_rollouts_need_no_advantage_normalization():
         PPG("MlpPolicy", "Pendulum-v1", n_steps=1)
     # As SB3's PPO: allowed without advantage normalization
     PPG("MlpPolicy", "Pendulum-v1", n_steps=1, batch_size=1, normalize_advantage=False, n_policy_iters=4).learn(8)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Procgen: options that would make procgen exit the process, and closed envs
+
+
+def test_bad_resource_root_is_refused_before_procgen_exits_the_process(tmp_path):
+    from sb3_ppg.procgen import ProcgenGymnasiumEnv, ProcgenVecEnv
+    from sb3_ppg.procgen.backend import ASSETS_DIR
+
+    with pytest.raises(ValueError, match="is not a folder"):
+        ProcgenVecEnv(1, "starpilot", resource_root=str(tmp_path / "missing"))
+    # A folder without procgen's layout: the first missing asset is named
+    with pytest.raises(ValueError, match=r"lacks procgen's asset '.+\.png'.*copy the whole asset folder"):
+        ProcgenGymnasiumEnv("starpilot", resource_root=str(tmp_path))
+    with pytest.raises(ValueError, match="must be a folder name"):
+        ProcgenVecEnv(1, "starpilot", resource_root=3)
+    # procgen's own folder, given without the trailing separator procgen needs, works
+    env = ProcgenVecEnv(1, "starpilot", resource_root=ASSETS_DIR.rstrip("/"))
+    assert env.procgen_kwargs["resource_root"] == ASSETS_DIR
+    env.reset()
+    env.step(np.zeros(1, dtype=np.int64))
+    env.close()
+
+
+def test_closed_procgen_envs_say_so():
+    from sb3_ppg.procgen import ProcgenGymnasiumEnv, ProcgenVecEnv
+
+    vec_env = ProcgenVecEnv(2, "starpilot")
+    vec_env.reset()
+    vec_env.close()
+    vec_env.close()  # twice is harmless
+    for use in (vec_env.reset, lambda: vec_env.step(np.zeros(2, dtype=np.int64)), vec_env.get_env_states):
+        with pytest.raises(RuntimeError, match=r"ProcgenVecEnv \(starpilot\) was closed.*build a new env"):
+            use()
+    env = ProcgenGymnasiumEnv("starpilot")
+    env.close()
+    for use in (env.reset, lambda: env.step(0)):
+        with pytest.raises(RuntimeError, match=r"ProcgenGymnasiumEnv \(starpilot\) was closed"):
+            use()

@@ -45,6 +45,35 @@ ASSETS_DIR: str | None = None if _env_module is None else os.path.join(_env_modu
 ProcgenGym3Env: type | None = None if _procgen is None else _procgen.ProcgenGym3Env
 
 
+def check_resource_root(resource_root: str) -> str:
+    """
+    Check a custom ``resource_root`` (folder of the game assets) before procgen sees it: procgen reads the assets
+    with the folder name and the file names simply joined, and a missing file makes it print "failed to load
+    image" and exit the whole Python process.
+
+    :param resource_root: A folder with the same layout as procgen's own assets (``kenney/``, ``misc_assets/``, ...)
+    :return: The folder, ending with a path separator (as procgen expects)
+    :raises ValueError: when the folder does not exist or lacks one of procgen's asset files
+    """
+    if not os.path.isdir(resource_root):
+        raise ValueError(
+            f"resource_root {resource_root!r} is not a folder: pass a folder with procgen's asset layout "
+            f"(a copy of {ASSETS_DIR!r}), or leave resource_root out to use procgen's own assets."
+        )
+    resource_root = os.path.join(resource_root, "")
+    if ASSETS_DIR is not None and os.path.abspath(resource_root) != os.path.abspath(ASSETS_DIR):
+        for folder, _, files in os.walk(ASSETS_DIR):
+            relative = os.path.relpath(folder, ASSETS_DIR)
+            missing = [name for name in files if not os.path.isfile(os.path.join(resource_root, relative, name))]
+            if missing:
+                raise ValueError(
+                    f"resource_root {resource_root!r} lacks procgen's asset "
+                    f"{os.path.normpath(os.path.join(relative, missing[0]))!r} (procgen would exit the process on "
+                    f"it): copy the whole asset folder {ASSETS_DIR!r} and replace the files you want to change."
+                )
+    return resource_root
+
+
 class ProcgenGymAdapter:
     """
     ``procgen_gym.ProcgenVecEnv`` with the gym3 interface of ``procgen.ProcgenGym3Env`` that sb3_ppg uses:

@@ -8,6 +8,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from sb3_ppg.procgen.backend import check_resource_root
+
 # The 16 games of the Procgen benchmark, in procgen's order
 PROCGEN_GAMES = (
     "bigfish",
@@ -146,6 +148,10 @@ def check_procgen_options(
             options[key] = bool(value)
         elif isinstance(default, int):
             options[key] = check_int(key, value, 0)
+        elif key == "resource_root" and value is not None:
+            if not isinstance(value, str):
+                raise ValueError(f"Procgen option 'resource_root' must be a folder name (a string), got {value!r}")
+            options[key] = check_resource_root(value)
         else:
             if not isinstance(value, str):
                 raise ValueError(f"Procgen option {key!r} must be a string, got {value!r}")

@@ -18,7 +18,7 @@ from sb3_ppg.procgen.games import (
     check_render_mode,
     procgen_seed,
 )
-from sb3_ppg.procgen.native import HiresRenderer, close_native_env, make_gym3_env, observation_space
+from sb3_ppg.procgen.native import HiresRenderer, check_open, close_native_env, make_gym3_env, observation_space
 
 
 class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
@@ -106,6 +106,7 @@ class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
         :param options: Ignored (procgen has no reset options)
         :return: The first frame of the episode and the info dict
         """
+        check_open(self)
         super().reset(seed=seed)
         if seed is not None:
             self._build(procgen_seed(seed))
@@ -124,6 +125,7 @@ class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
         :param action: An integer in ``[0, 15)`` (python or numpy, scalar or of shape ``(1,)``)
         :return: observation, reward, terminated, truncated (always ``False``), info
         """
+        check_open(self)
         action_array = np.asarray(action)
         if action_array.size != 1 or action_array.dtype.kind not in "iu" or not 0 <= action_array.item() < PROCGEN_N_ACTIONS:
             raise ValueError(f"Expected one integer action in [0, {PROCGEN_N_ACTIONS}), got {action!r}")

@@ -100,7 +100,7 @@ class HiresRenderer:
 def close_native_env(env: Any) -> None:
     """
     Free the C++ env (``env._env``) and the renderer (``env._renderer``) of a ``ProcgenVecEnv`` or
-    ``ProcgenGymnasiumEnv`` (closing twice is harmless).
+    ``ProcgenGymnasiumEnv`` (closing twice is harmless), and mark the env closed (see :func:`check_open`).
 
     :param env: The env to close
     """
@@ -108,3 +108,18 @@ def close_native_env(env: Any) -> None:
         env._env.close()
         env._env = None
     env._renderer.close()
+    env._closed = True
+
+
+def check_open(env: Any) -> None:
+    """
+    Raise a clear error when a closed ``ProcgenVecEnv`` or ``ProcgenGymnasiumEnv`` is used (its C++ env is freed).
+
+    :param env: The env about to be reset, stepped or read
+    :raises RuntimeError: when ``env.close()`` was called
+    """
+    if getattr(env, "_closed", False):
+        raise RuntimeError(
+            f"This {type(env).__name__} ({env.env_name}) was closed and its games freed: build a new env "
+            "(e.g. with make_procgen_env) instead of using a closed one."
+        )

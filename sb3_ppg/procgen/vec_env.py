@@ -19,7 +19,7 @@ from sb3_ppg.procgen.games import (
     check_render_mode,
     procgen_seed,
 )
-from sb3_ppg.procgen.native import HiresRenderer, close_native_env, make_gym3_env, observation_space
+from sb3_ppg.procgen.native import HiresRenderer, check_open, close_native_env, make_gym3_env, observation_space
 
 
 class ProcgenVecEnv(VecEnv):
@@ -129,6 +129,7 @@ class ProcgenVecEnv(VecEnv):
 
         :return: The first frames, shape ``(num_envs, 64, 64, 3)``
         """
+        check_open(self)
         seed = self._seeds[0]
         if seed is not None:
             self._build(procgen_seed(seed))
@@ -147,6 +148,7 @@ class ProcgenVecEnv(VecEnv):
 
         :param actions: Integer actions in ``[0, 15)``, shape ``(num_envs,)`` or ``(num_envs, 1)``
         """
+        check_open(self)
         actions = np.asarray(actions)
         if actions.shape != self._actions.shape:
             if actions.shape != (self.num_envs, 1):
@@ -199,6 +201,7 @@ class ProcgenVecEnv(VecEnv):
 
         :return: One ``bytes`` per game
         """
+        check_open(self)
         return [bytes(state) for state in self._env.get_state()]
 
     def set_env_states(self, states: list[bytes]) -> None:
@@ -207,6 +210,7 @@ class ProcgenVecEnv(VecEnv):
 
         :param states: One ``bytes`` per game
         """
+        check_open(self)
         if len(states) != self.num_envs:
             raise ValueError(f"{len(states)} saved game states for a ProcgenVecEnv of {self.num_envs} games.")
         self._env.set_state(list(states))
