@@ -17,7 +17,7 @@ if "gym" not in sys.modules and importlib.util.find_spec("gym") is not None:
             pass
 
 from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.callbacks import PPGCheckpointCallback
+from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback
 from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs
@@ -38,6 +38,7 @@ __all__ = [
     "MlpPolicy",
     "MultiInputPolicy",
     "PPGCheckpointCallback",
+    "PPGEvalCallback",
     "PPGPolicy",
     "ProcgenCnn",
     "ProcgenCnnPolicy",

@@ -1,11 +1,19 @@
-"""``PPGCheckpointCallback``: SB3's ``CheckpointCallback`` for PPG, writing checkpoints that resume a run exactly."""
+"""
+Callbacks for runs that are checkpointed and resumed: ``PPGCheckpointCallback`` (SB3's ``CheckpointCallback``,
+writing checkpoints that resume a run exactly) and ``PPGEvalCallback`` (SB3's ``EvalCallback``, evaluating without
+disturbing training's random generators and continuing its evaluation log after a resume).
+"""
 
 import os
 import pathlib
+import random
 import shutil
 import warnings
+from typing import Any
 
-from stable_baselines3.common.callbacks import CheckpointCallback
+import numpy as np
+import torch as th
+from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 
 from sb3_ppg.array_files import fsync_directory
 from sb3_ppg.checkpoints import MANIFEST, checkpoint_steps, complete_checkpoints, read_manifest, write_checkpoint
@@ -144,3 +152,72 @@ class PPGCheckpointCallback(CheckpointCallback):
             for path in directory.glob(".*.tmp-*") if directory.is_dir() else []:
                 if not path.name.endswith(f".tmp-{os.getpid()}"):
                     path.unlink(missing_ok=True)
+
+
+class PPGEvalCallback(EvalCallback):
+    """
+    SB3's ``EvalCallback`` (same arguments) for runs that are checkpointed and resumed:
+
+    - an evaluation draws from its own random streams: torch's, numpy's and Python's global generators are saved
+      before it and put back after it, so evaluating with sampled actions (``deterministic=False``) does not change
+      what training draws. A run trains exactly as it would without evaluations, and a run resumed from a
+      ``PPGCheckpointCallback`` checkpoint exactly as an uninterrupted one (its evaluations themselves start from a
+      freshly built evaluation env, so their episodes can differ from the uninterrupted run's);
+    - evaluations happen every ``eval_freq`` calls counted from the run's start (``model.num_timesteps``), so a
+      resumed run evaluates at the same steps as an uninterrupted one;
+    - when training starts from a resumed model (``num_timesteps > 0``) and ``log_path`` already holds
+      ``evaluations.npz``, the evaluations up to ``num_timesteps`` are kept (later ones belong to the part of the
+      run that is played again) and ``best_mean_reward`` is taken from them, so the log and ``best_model.zip``
+      continue as in an uninterrupted run;
+    - with ``seed``, the evaluation env is seeded with ``seed + num_timesteps`` before each evaluation, so an
+      evaluation depends only on the policy and the step, not on the evaluations before it: a resumed run's
+      evaluations then equal an uninterrupted run's too.
+
+    The RL Zoo command line (``python -m sb3_ppg.train``) uses it, with the run's ``--seed``, for every PPG run
+    with ``--eval-freq``.
+
+    :param args: The arguments of SB3's ``EvalCallback``
+    :param seed: Seed the evaluation env before each evaluation (see above); ``None``: as ``EvalCallback``, the
+        evaluation env continues from where the previous evaluation left it
+    :param kwargs: The keyword arguments of SB3's ``EvalCallback``
+    """
+
+    def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.seed = seed
+
+    def _on_training_start(self) -> None:
+        super()._on_training_start()
+        self.n_calls = self.model.num_timesteps // self.model.n_envs
+        if self.model.num_timesteps > 0 and self.log_path is not None and not self.evaluations_timesteps:
+            self._restore_evaluations()
+
+    def _restore_evaluations(self) -> None:
+        """Keep the evaluations of ``log_path`` done up to the model's ``num_timesteps``."""
+        path = f"{self.log_path}.npz"
+        if not os.path.isfile(path):
+            return
+        with np.load(path, allow_pickle=False) as data:
+            keep = data["timesteps"] <= self.model.num_timesteps
+            self.evaluations_timesteps = [int(step) for step in data["timesteps"][keep]]
+            self.evaluations_results = [list(row) for row in data["results"][keep]]
+            self.evaluations_length = [list(row) for row in data["ep_lengths"][keep]]
+            if "successes" in data:
+                self.evaluations_successes = [list(row) for row in data["successes"][keep]]
+        if self.evaluations_results:
+            means = [float(np.mean(results)) for results in self.evaluations_results]
+            self.best_mean_reward, self.last_mean_reward = max(means), means[-1]
+
+    def _on_step(self) -> bool:
+        if not (self.eval_freq > 0 and self.n_calls % self.eval_freq == 0):
+            return super()._on_step()
+        devices = [self.model.device] if self.model.device.type == "cuda" else []
+        if self.seed is not None:
+            self.eval_env.seed(self.seed + self.model.num_timesteps)
+        numpy_state, python_state = np.random.get_state(), random.getstate()
+        with th.random.fork_rng(devices=devices):
+            try:
+                return super()._on_step()
+            finally:
+                np.random.set_state(numpy_state)
+                random.setstate(python_state)

@@ -15,7 +15,7 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EventCallback
 
 from sb3_ppg.array_files import array_digest, atomic_write, file_digest, fsync_directory, read_array_file, write_array_file
-from sb3_ppg.env_state import get_vec_env_state, set_vec_env_state, unsaved_parts
+from sb3_ppg.env_state import get_vec_env_state, monitor_log_sizes, set_vec_env_state, unsaved_parts
 
 if TYPE_CHECKING:
     from sb3_ppg.base import PPGBase
@@ -128,6 +128,7 @@ def write_checkpoint(model: "PPGBase", directory: pathlib.Path, rollouts: pathli
     if model.env is not None:
         metadata["env"], env_arrays, pickled_envs = get_vec_env_state(model.env)
         arrays.update(env_arrays)
+        metadata["monitor_log_sizes"] = monitor_log_sizes(model.env)
     metadata["n_envs"] = model.n_envs
     write_array_file(directory / "run_state.npz", arrays, json.loads(json.dumps(metadata, default=_json_value)))
     files["run_state.npz"] = file_digest(directory / "run_state.npz")
@@ -183,6 +184,18 @@ def find_checkpoint(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path
     if not checkpoints:
         raise FileNotFoundError(f"No complete PPG checkpoint (a folder with a {MANIFEST}) in {str(path)!r}.")
     return checkpoints[-1], checkpoints[-2] if len(checkpoints) > 1 else None
+
+
+def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:
+    """
+    The sizes of the run's episode logs (``*.monitor.csv``, by real path) when a checkpoint was written: a resumed
+    run cuts them there, so that the episodes logged after the checkpoint (and played again) are not counted twice.
+
+    :param directory: A complete checkpoint folder
+    :return: ``{path: size}`` (empty for checkpoints of envs without episode logs)
+    """
+    metadata, _ = read_array_file(directory / "run_state.npz", RUN_STATE_FORMAT)
+    return {str(path): int(size) for path, size in metadata.get("monitor_log_sizes", {}).items()}
 
 
 def verify_files(directory: pathlib.Path, manifest: dict[str, Any]) -> None:

@@ -5,7 +5,9 @@ import warnings
 from typing import Any
 
 import cloudpickle
+import gymnasium as gym
 import numpy as np
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import (
     DummyVecEnv,
@@ -29,6 +31,55 @@ def vec_env_chain(venv: VecEnv) -> list[VecEnv]:
     while isinstance(chain[-1], VecEnvWrapper):
         chain.append(chain[-1].venv)
     return chain
+
+
+def _monitors(env: gym.Env) -> list[Monitor]:
+    """The ``Monitor`` wrappers of a gymnasium env, outermost first."""
+    monitors = []
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, Monitor):
+            monitors.append(env)
+        env = env.env
+    return monitors
+
+
+def _pickle_envs(layer: DummyVecEnv) -> bytes:
+    """
+    Pickle a ``DummyVecEnv``'s envs (with their random generators). The CSV writers of their ``Monitor`` wrappers
+    (open files) are left out: on resume, the envs keep writing to the files of the env they replace.
+    """
+    monitors = [monitor for env in layer.envs for monitor in _monitors(env)]
+    writers = [monitor.results_writer for monitor in monitors]
+    try:
+        for monitor in monitors:
+            monitor.results_writer = None
+        return cloudpickle.dumps({"envs": layer.envs, "seeds": layer._seeds, "options": layer._options})
+    finally:
+        for monitor, writer in zip(monitors, writers, strict=True):
+            monitor.results_writer = writer
+
+
+def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
+    """
+    The size of every episode log (``*.monitor.csv``) that the chain writes in this process: those of ``VecMonitor``
+    layers and of the ``Monitor`` wrappers of a ``DummyVecEnv``'s envs (a checkpoint records them, so that a resumed
+    run can cut the episodes logged after the checkpoint; see ``sb3_ppg.zoo_manager``).
+
+    :param venv: The model's VecEnv
+    :return: ``{real path of the file: bytes written so far}``
+    """
+    writers = []
+    for layer in vec_env_chain(venv):
+        if isinstance(layer, VecMonitor):
+            writers.append(layer.results_writer)
+        elif isinstance(layer, DummyVecEnv):
+            writers += [monitor.results_writer for env in layer.envs for monitor in _monitors(env)]
+    sizes = {}
+    for writer in writers:
+        if writer is not None and not writer.file_handler.closed:
+            writer.file_handler.flush()
+            sizes[writer.file_handler.name] = writer.file_handler.tell()
+    return sizes
 
 
 def _type_name(venv: VecEnv) -> str:
@@ -87,6 +138,7 @@ def get_vec_env_state(venv: VecEnv) -> tuple[dict[str, Any], dict[str, np.ndarra
             arrays[f"{prefix}.episode_returns"] = np.asarray(layer.episode_returns)
             arrays[f"{prefix}.episode_lengths"] = np.asarray(layer.episode_lengths)
             description["episode_count"] = int(layer.episode_count)
+            description["t_start"] = float(layer.t_start)
         elif isinstance(layer, VecFrameStack) and isinstance(layer.stacked_obs.stacked_obs, np.ndarray):
             arrays[f"{prefix}.stacked_obs"] = layer.stacked_obs.stacked_obs
         elif isinstance(layer, VecEnvWrapper) and not isinstance(layer, STATELESS_WRAPPERS):
@@ -98,7 +150,7 @@ def get_vec_env_state(venv: VecEnv) -> tuple[dict[str, Any], dict[str, np.ndarra
                 description["native_states"] = True
             elif isinstance(layer, DummyVecEnv):
                 try:
-                    pickled_envs = cloudpickle.dumps({"envs": layer.envs, "seeds": layer._seeds, "options": layer._options})
+                    pickled_envs = _pickle_envs(layer)
                 except Exception as error:
                     description["unsaved"] = f"its envs cannot be pickled ({type(error).__name__}: {error})"
             else:
@@ -136,6 +188,8 @@ def set_vec_env_state(
             layer.episode_returns = arrays[f"{prefix}.episode_returns"].copy()
             layer.episode_lengths = arrays[f"{prefix}.episode_lengths"].copy()
             layer.episode_count = saved["episode_count"]
+            # The time column of the episode log continues from the run's start (absent from early checkpoints)
+            layer.t_start = saved.get("t_start", layer.t_start)
         elif isinstance(layer, VecFrameStack) and f"{prefix}.stacked_obs" in arrays:
             layer.stacked_obs.stacked_obs = arrays[f"{prefix}.stacked_obs"].copy()
         elif "unsaved" in saved and isinstance(layer, VecEnvWrapper):
@@ -148,6 +202,11 @@ def set_vec_env_state(
                 if len(state["envs"]) != layer.num_envs:
                     raise ValueError(f"The checkpoint holds {len(state['envs'])} envs, the env has {layer.num_envs}.")
                 for env_index, env in enumerate(state["envs"]):
+                    # The restored Monitors write to the files of the env they replace
+                    live_monitors, saved_monitors = _monitors(layer.envs[env_index]), _monitors(env)
+                    if len(live_monitors) == len(saved_monitors):
+                        for live, saved_monitor in zip(live_monitors, saved_monitors, strict=True):
+                            saved_monitor.results_writer, live.results_writer = live.results_writer, None
                     layer.envs[env_index].close()
                     layer.envs[env_index] = env
                 layer._seeds, layer._options = state["seeds"], state["options"]

@@ -28,9 +28,14 @@ from stable_baselines3.common.vec_env import VecMonitor
 
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenVecEnv
-from sb3_ppg.zoo import run_zoo
+from sb3_ppg.zoo import RESUME_LATEST, run_zoo
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
+# sb3_ppg's own options: flags, options with a value, the option with an optional value
+OWN_FLAGS = ("--quickstart", "--traceback")
+OWN_OPTIONS = ("--preset", "--keep-checkpoints")
+OWN_OPTIONAL_VALUE = ("--resume",)
+
 # The same settings as make_procgen_env(preset=...) / sb3_ppg.procgen.presets ("easy" is CleanRL's, as "cleanrl")
 PRESETS = {"paper": "ppg.yml", "cleanrl": "ppg_easy.yml", "easy": "ppg_easy.yml"}
 
@@ -58,6 +63,14 @@ sb3_ppg options (the RL Zoo's train options are listed below):
                          Refused with -conf.
   --quickstart           CPU-sized demo run on procgen/starpilot-v0 (same as no arguments at all); other options
                          given with it are passed on to the zoo (e.g. -n 50000, --seed 1, -f other_folder).
+  --save-freq N          (the zoo's option) write a PPG checkpoint (model, auxiliary buffer, run state) every N
+                         env steps into <run folder>/checkpoints/, at the next rollout boundary.
+  --resume [PATH]        continue a run from its newest complete checkpoint, bit for bit as if it had never
+                         stopped: the latest run of this --env and -f (no PATH), or the run folder, checkpoints
+                         folder or checkpoint PATH. Same command as the first start, plus --resume; a run without a
+                         checkpoint yet starts over, so a requeued cluster job can always pass it.
+  --keep-checkpoints K   keep only the K newest checkpoints (default: all).
+  --traceback            show the full traceback of an error instead of a one-line message.
 """
 
 
@@ -86,30 +99,57 @@ def _sb3_ppg_parser() -> argparse.ArgumentParser:
     parser.add_argument("-conf", "--conf-file", dest="conf_file", default=None)
     parser.add_argument("--env", default=None)
     parser.add_argument("-f", "--log-folder", dest="log_folder", default=None)
+    parser.add_argument("-n", "--n-timesteps", dest="n_timesteps", type=int, default=None)
+    parser.add_argument("--resume", nargs="?", const=RESUME_LATEST, default=None)
+    parser.add_argument("--keep-checkpoints", dest="keep_checkpoints", type=int, default=None)
+    parser.add_argument("--traceback", action="store_true", default=False)
     return parser
+
+
+def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """
+    Separate sb3_ppg's own options from the zoo's.
+
+    :param argv: sb3_ppg's command line arguments
+    :return: (sb3_ppg's options, the other arguments, in order)
+    """
+    known, _ = _sb3_ppg_parser().parse_known_args(argv)
+    rest = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        name = arg.split("=", 1)[0]
+        if name in OWN_FLAGS or (name in OWN_OPTIONS + OWN_OPTIONAL_VALUE and "=" in arg):
+            index += 1
+        elif name in OWN_OPTIONS:
+            index += 2
+        elif name in OWN_OPTIONAL_VALUE:
+            has_value = index + 1 < len(argv) and not argv[index + 1].startswith("-")
+            index += 2 if has_value else 1
+        else:
+            rest.append(arg)
+            index += 1
+    return known, rest
 
 
 def build_zoo_argv(argv: list[str]) -> list[str]:
     """
-    The zoo's ``train`` arguments for sb3_ppg's: remove ``--preset`` / ``--quickstart``, add ``--algo ppg`` and
-    ``-conf <packaged yml>`` unless given.
+    The zoo's ``train`` arguments for sb3_ppg's: remove sb3_ppg's own options (``--preset``, ``--quickstart``,
+    ``--resume``, ``--keep-checkpoints``, ``--traceback``), add ``--algo ppg`` and ``-conf <packaged yml>`` unless
+    given.
 
     :param argv: sb3_ppg's command line arguments
     :return: The zoo's command line arguments
+    :raises ValueError: for contradicting or out-of-range options
     """
-    known, _ = _sb3_ppg_parser().parse_known_args(argv)
-    zoo_argv = []
-    skip_next = False
-    for index, arg in enumerate(argv):
-        if skip_next:
-            skip_next = False
-            continue
-        if arg == "--quickstart" or arg.startswith("--preset="):
-            continue
-        if arg == "--preset":
-            skip_next = index + 1 < len(argv)
-            continue
-        zoo_argv.append(arg)
+    known, zoo_argv = split_argv(argv)
+    if known.n_timesteps is not None and known.n_timesteps <= 0:
+        raise ValueError(
+            f"-n/--n-timesteps must be a positive number of timesteps, got {known.n_timesteps} (leave it out to train "
+            "the config's n_timesteps)"
+        )
+    if known.keep_checkpoints is not None and known.keep_checkpoints < 1:
+        raise ValueError(f"--keep-checkpoints must be at least 1, got {known.keep_checkpoints}")
     if known.algo is None:
         zoo_argv = ["--algo", "ppg", *zoo_argv]
     algo = known.algo or "ppg"
@@ -249,7 +289,21 @@ def main(argv: list[str] | None = None) -> None:
         zoo_argv = build_zoo_argv(argv)
     except ValueError as error:
         sys.exit(f"error: {error}")
-    run_zoo("train", zoo_argv)
+    known, _ = split_argv(argv)
+    manager_kwargs = {}
+    if known.resume is not None:
+        manager_kwargs["resume"] = known.resume
+    if known.keep_checkpoints is not None:
+        manager_kwargs["keep_checkpoints"] = known.keep_checkpoints
+    try:
+        run_zoo("train", zoo_argv, **manager_kwargs)
+    except Exception as error:
+        # Bad input (hyperparameters, env ids, paths, checkpoints) fails somewhere inside the zoo: one line, not a
+        # traceback through it
+        if known.traceback:
+            raise
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        sys.exit(f"error: {type(error).__name__}: {message} (--traceback shows where)")
 
 
 if __name__ == "__main__":

@@ -11,14 +11,16 @@ modules. :func:`register_zoo` fills them:
 - ``ExperimentManager.default_vec_env_cls``: a :class:`ProcgenVecEnvFactory`, which turns the zoo's list of
   single Procgen envs into one native :class:`~sb3_ppg.procgen.ProcgenVecEnv` and leaves every other env to the usual
   ``DummyVecEnv`` / ``SubprocVecEnv``;
-- ``rl_zoo3.train.ExperimentManager``: :func:`make_experiment_manager`, the zoo's experiment manager with stochastic
-  evaluation for Procgen (the zoo only evaluates Atari and MiniGrid stochastically; Procgen policies are evaluated
-  with sampled actions, as in the paper).
+- ``rl_zoo3.train.ExperimentManager``: :func:`make_experiment_manager`, the zoo's experiment manager adjusted for PPG
+  (:class:`sb3_ppg.zoo_manager.PPGExperimentManager`): stochastic evaluation for Procgen (the zoo only evaluates
+  Atari and MiniGrid stochastically; Procgen policies are evaluated with sampled actions, as in the paper), PPG
+  checkpoints for ``--save-freq`` and ``--resume``.
 
 The zoo is an optional extra (``pip install "sb3-ppg[zoo]"``): nothing here imports it at module import time, and
 :func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
 """
 
+import functools
 import importlib
 import sys
 import warnings
@@ -46,6 +48,8 @@ ZOO_EXTRA = "zoo"
 # declared by rl_zoo3, see setup.py)
 ZOO_MODULES = ("rl_zoo3", "optuna", "yaml", "huggingface_sb3", "sb3_contrib", "requests")
 DICT_CARTPOLE_ID = "sb3_ppg/DictCartPole-v1"
+#: ``resume`` of the experiment manager for "the latest run of this algorithm and env in the log folder"
+RESUME_LATEST = "latest"
 
 
 class ZooNotInstalledError(ImportError):
@@ -167,42 +171,43 @@ class ProcgenVecEnvFactory:
             procgen_kwargs.setdefault("render_mode", procgen_env.render_mode)
         filename = None
         info_keywords: tuple[str, ...] = ()
+        append = False
         if monitor is not None:
             info_keywords = tuple(monitor.info_keywords)
             if monitor.results_writer is not None:
                 filename = monitor.results_writer.file_handler.name
+                # A resumed run's log is appended to (Monitor(override_existing=False))
+                append = "a" in monitor.results_writer.file_handler.mode
         probe.close()
 
         return make_monitored_procgen_env(
-            len(env_fns), env_name, monitor_filename=filename, monitor_info_keywords=info_keywords, **procgen_kwargs
+            len(env_fns),
+            env_name,
+            monitor_filename=filename,
+            monitor_info_keywords=info_keywords,
+            monitor_override_existing=not append,
+            **procgen_kwargs,
         )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Experiment manager with stochastic evaluation for Procgen
+# Experiment manager
 
 
 def make_experiment_manager(*args: Any, **kwargs: Any) -> "ExperimentManager":
     """
-    Create the zoo's ``ExperimentManager`` (same arguments), adjusted for PPG:
-
-    - Procgen envs are evaluated with sampled actions (``EvalCallback(deterministic=False)``, also during ``-optimize``);
-      the zoo only does so for Atari and MiniGrid;
-    - non-Procgen envs keep the ``--vec-env`` choice (``dummy`` / ``subproc``), Procgen envs use the native
-      ``ProcgenVecEnv`` (see :class:`ProcgenVecEnvFactory`).
+    Create the zoo's experiment manager adjusted for PPG (:class:`sb3_ppg.zoo_manager.PPGExperimentManager`):
+    Procgen evaluated with sampled actions on the native ``ProcgenVecEnv``, PPG checkpoints for ``--save-freq``,
+    ``--resume``.
 
     :param args: Positional arguments of ``ExperimentManager``
-    :param kwargs: Keyword arguments of ``ExperimentManager``
+    :param kwargs: Keyword arguments of ``ExperimentManager``, plus ``resume`` and ``keep_checkpoints`` of
+        ``PPGExperimentManager``
     :return: The experiment manager
     """
-    from rl_zoo3.exp_manager import ExperimentManager
+    from sb3_ppg.zoo_manager import PPGExperimentManager
 
-    manager = ExperimentManager(*args, **kwargs)
-    vec_env_type = kwargs.get("vec_env_type", "dummy")
-    manager.vec_env_class = ProcgenVecEnvFactory(SubprocVecEnv if vec_env_type == "subproc" else DummyVecEnv)  # type: ignore[assignment]
-    if is_procgen_env_id(manager.env_name.gym_id):
-        manager.deterministic_eval = False
-    return manager
+    return PPGExperimentManager(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -359,7 +364,7 @@ def register_zoo(fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
     rl_zoo3.train.ExperimentManager = make_experiment_manager  # type: ignore[assignment, misc]
 
 
-def run_zoo(command: str, zoo_argv: list[str]) -> None:
+def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     """
     Register PPG in the zoo (:func:`register_zoo`) and run one of the zoo's command line programs on the given
     arguments: the zoo's ``train()`` / ``enjoy()`` read ``sys.argv``, which is replaced for the call and restored
@@ -368,17 +373,25 @@ def run_zoo(command: str, zoo_argv: list[str]) -> None:
 
     :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
     :param zoo_argv: The zoo's command line arguments (without the program name)
+    :param manager_kwargs: ``train`` only: extra arguments of the experiment manager (``resume``,
+        ``keep_checkpoints``, see :class:`sb3_ppg.zoo_manager.PPGExperimentManager`)
     """
     if command not in ("train", "enjoy"):
         raise ValueError(f"Unknown zoo command {command!r}, expected 'train' or 'enjoy'")
+    if manager_kwargs and command != "train":
+        raise ValueError(f"{', '.join(manager_kwargs)}: options of the train command only")
     try:
         register_zoo()
     except ZooNotInstalledError as error:
         sys.exit(str(error))
-    zoo_main = getattr(importlib.import_module(f"rl_zoo3.{command}"), command)
+    module = importlib.import_module(f"rl_zoo3.{command}")
     saved_argv = sys.argv
     sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]
+    if manager_kwargs:
+        module.ExperimentManager = functools.partial(make_experiment_manager, **manager_kwargs)  # type: ignore[attr-defined]
     try:
-        zoo_main()
+        getattr(module, command)()
     finally:
         sys.argv = saved_argv
+        if manager_kwargs:
+            module.ExperimentManager = make_experiment_manager  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import numpy as np
+from stable_baselines3.common.monitor import ResultsWriter
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
@@ -25,6 +26,7 @@ def make_monitored_procgen_env(
     env_name: str,
     monitor_filename: str | None = None,
     monitor_info_keywords: tuple[str, ...] = (),
+    monitor_override_existing: bool = True,
     **vec_env_kwargs: Any,
 ) -> VecMonitor:
     """
@@ -37,6 +39,7 @@ def make_monitored_procgen_env(
     :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
         folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
+    :param monitor_override_existing: False: append to an existing log (a resumed run) instead of starting it anew
     :param vec_env_kwargs: Arguments of :class:`~sb3_ppg.procgen.ProcgenVecEnv`
     :return: The monitored env
     """
@@ -45,7 +48,11 @@ def make_monitored_procgen_env(
         directory = os.path.dirname(monitor_filename)
         if directory:
             os.makedirs(directory, exist_ok=True)
-    return VecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
+    if monitor_filename is None or monitor_override_existing:
+        return VecMonitor(venv, filename=monitor_filename, info_keywords=monitor_info_keywords)
+    monitor = VecMonitor(venv, info_keywords=monitor_info_keywords)
+    monitor.results_writer = ResultsWriter(monitor_filename, extra_keys=monitor_info_keywords, override_existing=False)
+    return monitor
 
 
 def make_procgen_env(
@@ -112,6 +119,7 @@ def make_procgen_env(
     :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
         folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
+    :param monitor_override_existing: False: append to an existing log (a resumed run) instead of starting it anew
     :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays, no
         pickle; the arguments, ``training`` and ``normalize_reward`` among them, still decide how they are used; any
         other file, a pickled ``VecNormalize`` included, is a ``ValueError`` and nothing in it runs)

@@ -1,0 +1,216 @@
+"""The command line's checkpoints: ``python -m sb3_ppg.train --save-freq N`` then ``--resume`` continues a run exactly
+(parameters, episode log, evaluations), and bad command lines end in one line."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch as th
+
+from sb3_ppg import PPG, train, zoo
+
+CARTPOLE = [
+    "--env",
+    "CartPole-v1",
+    "-n",
+    "2048",
+    "--eval-freq",
+    "512",
+    "--eval-episodes",
+    "2",
+    "--seed",
+    "0",
+    "--device",
+    "cpu",
+    "--verbose",
+    "0",
+    "--save-freq",
+    "256",
+    "-params",
+    "n_envs:2",
+    "n_steps:64",
+    "batch_size:64",
+    "n_policy_iters:2",
+    "n_aux_epochs:1",
+    "aux_batch_rollouts:2",
+    "normalize:True",
+]
+PROCGEN = [
+    "--env",
+    "procgen/starpilot-v0",
+    "--preset",
+    "easy",
+    "-n",
+    "256",
+    "--eval-freq",
+    "64",
+    "--eval-episodes",
+    "1",
+    "--seed",
+    "0",
+    "--device",
+    "cpu",
+    "--verbose",
+    "0",
+    "--save-freq",
+    "32",
+    "--env-kwargs",
+    "num_levels:10",
+    "-params",
+    "n_envs:2",
+    "n_steps:16",
+    "batch_size:16",
+    "n_policy_iters:2",
+    "n_aux_epochs:1",
+    "aux_batch_rollouts:2",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered_zoo():
+    zoo.register_zoo()
+
+
+def assert_same_run(folder_a: Path, folder_b: Path, env_name: str) -> None:
+    """Same final parameters (bit for bit), same episodes logged, same evaluations."""
+    model_a = PPG.load(folder_a / f"{env_name}.zip", device="cpu")
+    model_b = PPG.load(folder_b / f"{env_name}.zip", device="cpu")
+    assert model_a.num_timesteps == model_b.num_timesteps
+    for (name, a), b in zip(model_a.policy.state_dict().items(), model_b.policy.state_dict().values(), strict=True):
+        assert th.equal(a, b), name
+    logs = sorted(path.name for path in folder_a.glob("*.monitor.csv"))
+    assert logs == sorted(path.name for path in folder_b.glob("*.monitor.csv")) and logs
+    for name in logs:
+        log_a, log_b = (pd.read_csv(folder / name, skiprows=1) for folder in (folder_a, folder_b))
+        assert len(log_a) > 0
+        np.testing.assert_array_equal(log_a[["r", "l"]].to_numpy(), log_b[["r", "l"]].to_numpy())
+        # The time column continues from the run's start
+        assert (np.diff(log_b["t"].to_numpy()) >= 0).all()
+    with np.load(folder_a / "evaluations.npz") as eval_a, np.load(folder_b / "evaluations.npz") as eval_b:
+        for key in ("timesteps", "results", "ep_lengths"):
+            np.testing.assert_array_equal(eval_a[key], eval_b[key])
+
+
+def test_resume_after_sigkill_is_exact(tmp_path: Path):
+    train.main([*CARTPOLE, "-f", str(tmp_path / "a")])
+    run_a = tmp_path / "a" / "ppg" / "CartPole-v1_1"
+    assert (run_a / "checkpoints" / "ppg_2048_steps" / "manifest.json").is_file()
+
+    # The same command, killed once its third checkpoint is complete
+    run_b = tmp_path / "b" / "ppg" / "CartPole-v1_1"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sb3_ppg.train", *CARTPOLE, "-f", str(tmp_path / "b")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while not (run_b / "checkpoints" / "ppg_768_steps" / "manifest.json").is_file():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its third checkpoint"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (run_b / "CartPole-v1.zip").exists()
+
+    # Rerunning the command with --resume continues the latest run, in its folder
+    train.main([*CARTPOLE, "-f", str(tmp_path / "b"), "--resume"])
+    assert not (tmp_path / "b" / "ppg" / "CartPole-v1_2").exists()
+    assert_same_run(run_a, run_b, "CartPole-v1")
+
+
+def test_procgen_resume_from_an_older_checkpoint_is_exact(tmp_path: Path, capsys):
+    train.main([*PROCGEN, "-f", str(tmp_path / "a")])
+    run_a = tmp_path / "a" / "ppg" / "procgen-starpilot-v0_1"
+    # A run stopped after its checkpoint at step 96: what is on disk is the uninterrupted run's, minus the newer
+    # checkpoints and the final model; its episode log and evaluations go further than the checkpoint
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    run_b = tmp_path / "b" / "ppg" / "procgen-starpilot-v0_1"
+    for checkpoint in (run_b / "checkpoints").glob("ppg_*_steps"):
+        if int(checkpoint.name.split("_")[1]) > 96:
+            shutil.rmtree(checkpoint)
+    (run_b / "procgen-starpilot-v0.zip").unlink()
+    assert len(pd.read_csv(run_b / "0.monitor.csv", skiprows=1)) > 0
+
+    capsys.readouterr()
+    train.main([*PROCGEN, "-f", str(tmp_path / "b"), "--resume", str(run_b / "checkpoints" / "ppg_96_steps")])
+    assert "continuing" in capsys.readouterr().out
+    assert_same_run(run_a, run_b, "procgen-starpilot-v0")
+
+    # Once complete, resuming again changes nothing
+    train.main([*PROCGEN, "-f", str(tmp_path / "b"), "--resume"])
+    assert "already complete" in capsys.readouterr().out
+    assert_same_run(run_a, run_b, "procgen-starpilot-v0")
+
+
+def test_resume_without_checkpoint_starts_over(tmp_path: Path, capsys):
+    tiny = [*CARTPOLE[: CARTPOLE.index("-n")], "-n", "128", *CARTPOLE[CARTPOLE.index("-n") + 2 :]]
+    # No run yet: a new one
+    train.main([*tiny, "-f", str(tmp_path), "--resume"])
+    assert "starting a new one" in capsys.readouterr().out
+    run = tmp_path / "ppg" / "CartPole-v1_1"
+    assert PPG.load(run / "CartPole-v1.zip").num_timesteps == 128
+    # A run stopped before its first checkpoint: it starts over in its folder
+    shutil.rmtree(run / "checkpoints")
+    train.main([*tiny, "-f", str(tmp_path), "--resume"])
+    assert "no complete checkpoint yet" in capsys.readouterr().out
+    assert not (tmp_path / "ppg" / "CartPole-v1_2").exists()
+
+
+def test_keep_checkpoints(tmp_path: Path):
+    train.main([*CARTPOLE, "-f", str(tmp_path), "--keep-checkpoints", "2"])
+    names = sorted(path.name for path in (tmp_path / "ppg" / "CartPole-v1_1" / "checkpoints").iterdir())
+    assert names == ["ppg_1792_steps", "ppg_2048_steps", "ppg_rollouts"]
+
+
+def test_split_argv():
+    known, rest = train.split_argv(["--resume", "--env", "x", "--keep-checkpoints", "3", "--traceback", "-n", "5"])
+    assert (known.resume, known.keep_checkpoints, known.traceback, known.n_timesteps) == ("latest", 3, True, 5)
+    assert rest == ["--env", "x", "-n", "5"]
+    known, rest = train.split_argv(["--resume", "runs/x", "--seed", "1", "--resume=y"])
+    assert known.resume == "y" and rest == ["--seed", "1"]
+    assert "--resume" not in train.build_zoo_argv(["--env", "CartPole-v1", "--resume", "some/run"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-n", "-5"], r"-n/--n-timesteps must be a positive number of timesteps, got -5"),
+        (["-n", "0"], r"got 0 \(leave it out"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1"),
+        (["-params", "n_steps:-4"], r"ValueError: .*n_steps"),
+        (["--env", "procgen/notagame-v0"], r"error: .*notagame"),
+        (["--resume", "no/such/run"], r"FileNotFoundError: --resume no/such/run: no such run"),
+        (["--algo", "ppo", "--resume"], r"--resume continues PPG runs"),
+    ],
+)
+def test_bad_command_lines_end_in_one_line(tmp_path: Path, argv: list[str], message: str):
+    base = ["--env", "CartPole-v1", "-f", str(tmp_path), "--verbose", "0", "--device", "cpu"]
+    with pytest.raises(SystemExit) as error:
+        train.main([*base, *argv])
+    text = str(error.value.code)
+    assert text.startswith("error: ") and "\n" not in text.strip()
+    assert __import__("re").search(message, text), text
+
+
+def test_traceback_option_shows_the_error(tmp_path: Path):
+    with pytest.raises(ValueError, match="n_steps"):
+        train.main(["--env", "CartPole-v1", "-f", str(tmp_path), "-params", "n_steps:-4", "--traceback"])
+
+
+def test_resume_in_a_subprocess_exits_with_one_line(tmp_path: Path):
+    process = subprocess.run(
+        [sys.executable, "-m", "sb3_ppg.train", "--env", "CartPole-v1", "-f", str(tmp_path), "--resume", "nowhere"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        check=False,
+    )
+    assert process.returncode == 1
+    assert process.stderr.strip().splitlines()[-1].startswith("error: FileNotFoundError: --resume nowhere")
+    assert "Traceback" not in process.stderr
