@@ -190,6 +190,18 @@ def all_gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
+def gather_errors(error: BaseException | None) -> dict[int, str]:
+    """
+    Tell every rank which ranks failed at a step that each rank runs on its own (reading or writing its part of a
+    checkpoint), so that all of them raise together instead of the others waiting at the next collective.
+
+    :param error: this rank's exception, or None when it succeeded
+    :return: the message of each rank that failed, by rank (the same on every rank; empty when none failed)
+    """
+    messages = all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
+    return {rank: message for rank, message in enumerate(messages) if message is not None}
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` (picklable) on every rank."""
     objects = [obj]
