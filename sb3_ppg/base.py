@@ -15,9 +15,9 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.utils import check_for_correct_spaces, explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg import data_parallel, distributed
+from sb3_ppg import data_parallel, distributed, resume
 from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.checkpoints import iter_callbacks, load_checkpoint
+from sb3_ppg.checkpoints import iter_callbacks
 from sb3_ppg.policies import PPGPolicy
 from sb3_ppg.validation import check_aux_buffer_memory, gradient_norm, resolve_batch_size, schedule_value
 
@@ -98,7 +98,7 @@ class PPGBase(OnPolicyAlgorithm):
         progress_bar: bool = False,
     ) -> tuple[int, BaseCallback]:
         if distributed.is_active():
-            data_parallel.prepare_learn(self, total_timesteps, reset_num_timesteps)
+            data_parallel.prepare_learn(self, total_timesteps, reset_num_timesteps, callback)
         return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
@@ -309,10 +309,10 @@ class PPGBase(OnPolicyAlgorithm):
         ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (SB3 counts the steps of
         ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
         bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
-        Checkpoints hold pickles (the model zip, the envs of a ``DummyVecEnv``): load only trusted ones.
+        Under torchrun every rank calls it and restores its own part (envs, random generators, auxiliary buffer),
+        with the checkpoint's world size. Checkpoints hold pickles (the model zip, DummyVecEnv envs): load trusted ones.
 
-        :param path: a checkpoint folder, or the folder of the callback's ``save_path`` (its newest complete
-            checkpoint is used)
+        :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest complete checkpoint is used)
         :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
             of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
             could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
@@ -320,9 +320,9 @@ class PPGBase(OnPolicyAlgorithm):
         :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``)
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-        :raises ValueError: when the checkpoint is damaged (naming the previous complete one) or does not fit ``env``
+        :raises ValueError: when the checkpoint is damaged (naming the previous one), does not fit ``env`` or the world size
         """
-        return load_checkpoint(cls, path, env=env, device=device, **kwargs)  # type: ignore[return-value]
+        return resume.load_checkpoint(cls, path, env=env, device=device, **kwargs)  # type: ignore[return-value]
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
         super()._maybe_recommend_cpu(mlp_class_name)

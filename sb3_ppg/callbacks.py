@@ -15,6 +15,7 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 
+from sb3_ppg import distributed
 from sb3_ppg.array_files import fsync_directory
 from sb3_ppg.checkpoints import MANIFEST, checkpoint_steps, complete_checkpoints, read_manifest, write_checkpoint
 from sb3_ppg.env_state import get_vec_env_state, unsaved_parts
@@ -43,6 +44,11 @@ class PPGCheckpointCallback(CheckpointCallback):
     ``<save_path>/<name_prefix>_rollouts/``, and shared by successive checkpoints, so a checkpoint writes only the
     rollouts collected since the previous one. Every file is written under a temporary name, fsynced and renamed
     into place. Old checkpoints are pruned (``keep_last``) only once the new one is complete.
+
+    Under torchrun, give the callback to every rank, with the same arguments (``learn()`` checks it): each checkpoint
+    then holds every rank's part (rank 0 writes ``model.zip``, rank ``r`` its run state in ``rank_<r>/`` and its
+    rollouts in the shared rollouts folder), rank 0 writes the manifest once all ranks are done and alone prunes.
+    ``save_path`` must be a folder all ranks share (one machine, or a shared filesystem).
 
     Where the envs' states cannot be saved (e.g. ``SubprocVecEnv``), a warning says so when the first checkpoint is
     written, and resuming restarts the episodes with a warning. Checkpoints hold pickles (the model zip, the envs):
@@ -87,8 +93,16 @@ class PPGCheckpointCallback(CheckpointCallback):
 
     def _on_training_start(self) -> None:
         # Count env steps from the run's start, so that a resumed run saves at the same steps as an uninterrupted one
-        self.n_calls = self.model.num_timesteps // self.model.n_envs
+        # (num_timesteps counts the steps of all ranks under torchrun, n_calls this rank's calls to env.step())
+        self.n_calls = self.model.num_timesteps // (self.model.n_envs * distributed.get_world_size())
         self._pending = False
+        # A resumed run first tidies what a kill may have left: a checkpoint completed but not yet followed by its
+        # pruning, incomplete checkpoints, unused stored rollouts
+        folder = pathlib.Path(self.save_path)
+        if self.model.num_timesteps > 0 and distributed.get_rank() == 0 and folder.is_dir():
+            newest = [d for d in complete_checkpoints(folder) if checkpoint_steps(d, self.name_prefix) is not None]
+            if newest:
+                self._prune(newest[-1])
 
     def _on_step(self) -> bool:
         if self.n_calls % self.save_freq == 0:
@@ -101,8 +115,12 @@ class PPGCheckpointCallback(CheckpointCallback):
             self.save_checkpoint()
 
     def _on_training_end(self) -> None:
-        # After the last train(): a boundary, unless the rollout was cut short (a callback stopped training)
-        if self._pending and self.model.rollout_buffer.full:
+        # After the last train(): a boundary, unless the rollout was cut short (a callback stopped training; under
+        # torchrun, on any rank: the other ranks' rollouts were not trained on either)
+        due = self._pending and self.model.rollout_buffer.full
+        if distributed.is_active():
+            due = all(distributed.all_gather_object(due))
+        if due:
             self.save_checkpoint()
 
     def save_checkpoint(self) -> pathlib.Path:
@@ -117,11 +135,11 @@ class PPGCheckpointCallback(CheckpointCallback):
                     "these checkpoints restarts its episodes, so it does not continue exactly."
                 )
         directory = pathlib.Path(self.save_path) / f"{self.name_prefix}_{self.model.num_timesteps}_steps"
-        write_checkpoint(self.model, directory, self.rollouts_path)  # type: ignore[arg-type]
+        # Pruned once the checkpoint is complete, by the process that completed it (rank 0 under torchrun)
+        write_checkpoint(self.model, directory, self.rollouts_path, finish=lambda: self._prune(directory))  # type: ignore[arg-type]
         self.last_checkpoint = directory
-        if self.verbose >= 2:
+        if self.verbose >= 2 and distributed.get_rank() == 0:
             print(f"Saving PPG checkpoint to {directory}")
-        self._prune(directory)
         return directory
 
     def _prune(self, newest: pathlib.Path) -> None:
@@ -148,7 +166,7 @@ class PPGCheckpointCallback(CheckpointCallback):
                 if path.name not in used:
                     path.unlink(missing_ok=True)
         fsync_directory(folder)
-        for directory in (folder, newest, self.rollouts_path):
+        for directory in (folder, newest, self.rollouts_path, *newest.glob("rank_*")):
             for path in directory.glob(".*.tmp-*") if directory.is_dir() else []:
                 if not path.name.endswith(f".tmp-{os.getpid()}"):
                     path.unlink(missing_ok=True)

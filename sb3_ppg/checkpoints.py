@@ -1,21 +1,29 @@
-"""Checkpoints that resume a PPG run exactly: ``PPGCheckpointCallback`` writes them, ``PPG.load_checkpoint`` reads them."""
+"""
+Checkpoints that resume a PPG run exactly: ``PPGCheckpointCallback`` writes them (:func:`write_checkpoint`),
+``PPG.load_checkpoint`` finds and reads them (:func:`find_checkpoint` here, the rest in :mod:`sb3_ppg.resume`).
+
+Under torchrun (data-parallel training, :func:`sb3_ppg.distributed.is_active`) a checkpoint holds every rank's part:
+rank 0 writes ``model.zip`` (parameters and optimizers are the same on every rank), each rank ``r`` writes its run
+state (random generators, last observations, envs) into ``rank_<r>/`` and its auxiliary-buffer rollouts into the
+shared rollouts folder, then rank 0 gathers every rank's checksums and writes the manifest last. The folder must be
+shared by all ranks (one machine, or a shared filesystem).
+"""
 
 import json
 import os
 import pathlib
 import random
 import re
-import warnings
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EventCallback
 
-from sb3_ppg.array_files import array_digest, atomic_write, file_digest, fsync_directory, read_array_file, write_array_file
-from sb3_ppg.env_state import get_vec_env_state, monitor_log_sizes, set_vec_env_state, unsaved_parts
+from sb3_ppg import distributed
+from sb3_ppg.array_files import array_digest, atomic_write, file_digest, fsync_directory, write_array_file
+from sb3_ppg.env_state import get_vec_env_state, monitor_log_sizes
 
 if TYPE_CHECKING:
     from sb3_ppg.base import PPGBase
@@ -49,13 +57,6 @@ def _obs_arrays(name: str, obs: Any) -> dict[str, np.ndarray]:
     return {name: np.asarray(obs)}
 
 
-def _obs_from_arrays(name: str, arrays: dict[str, np.ndarray]) -> Any:
-    if name in arrays:
-        return arrays[name]
-    keys = [key[len(name) + 1 :] for key in arrays if key.startswith(name + ".")]
-    return {key: arrays[f"{name}.{key}"] for key in keys} if keys else None
-
-
 def _json_value(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else str(value)
 
@@ -66,29 +67,66 @@ def checkpoint_steps(directory: pathlib.Path, prefix: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def write_checkpoint(model: "PPGBase", directory: pathlib.Path, rollouts: pathlib.Path) -> None:
+def rank_folder(rank: int) -> str:
+    """The folder, inside a checkpoint written under torchrun, of rank ``rank``'s part."""
+    return f"rank_{rank}"
+
+
+def write_checkpoint(
+    model: "PPGBase", directory: pathlib.Path, rollouts: pathlib.Path, finish: Callable[[], None] | None = None
+) -> None:
     """
     Write a complete checkpoint of ``model`` into ``directory`` (see ``PPGCheckpointCallback``). The stored
     rollouts of the auxiliary buffer go to ``rollouts`` (one file each, written once); the manifest, written last
     and atomically, lists every file with its checksum: a folder without manifest is an incomplete checkpoint.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    rollouts.mkdir(parents=True, exist_ok=True)
-    # A checkpoint of the same step written before (by a run resumed from an older one) stops being complete first
-    if (directory / MANIFEST).exists():
-        (directory / MANIFEST).unlink()
-        fsync_directory(directory)
-    files = {}
+    Under torchrun this is collective: every rank calls it at the same rollout boundary and writes its own part
+    (see the module's docstring).
 
-    # The model zip (all optimizers): SB3's save() closes the file it writes, so write a temporary path and rename
+    :param model: the model, at a rollout boundary
+    :param directory: the checkpoint's folder
+    :param rollouts: the folder of the stored rollouts, shared by successive checkpoints
+    :param finish: run once the checkpoint is complete by the process that wrote the manifest (rank 0 under
+        torchrun), e.g. to prune older checkpoints; under torchrun its errors reach every rank
+    :raises RuntimeError: under torchrun, on every rank, when any rank failed (the message says which and why)
+    """
+    if distributed.is_active():
+        _write_distributed(model, directory, rollouts, finish)
+        return
+    _start_checkpoint(directory, rollouts, "")
+    files = {"model.zip": _write_model(model, directory)}
+    rollout_files = _write_rollouts(model, rollouts)
+    files.update(_write_run_state(model, directory, rollout_files))
+    _write_manifest(directory, _manifest(model, directory, rollouts, files, rollout_files))
+    if finish is not None:
+        finish()
+
+
+def _start_checkpoint(directory: pathlib.Path, rollouts: pathlib.Path, part: str) -> None:
+    """Create the folders; a checkpoint of the same step written before (by a run resumed from an older one) stops
+    being complete first."""
+    (directory / part).mkdir(parents=True, exist_ok=True)
+    rollouts.mkdir(parents=True, exist_ok=True)
+    if (directory / MANIFEST).exists():
+        (directory / MANIFEST).unlink(missing_ok=True)
+        fsync_directory(directory)
+
+
+def _write_model(model: "PPGBase", directory: pathlib.Path) -> str:
+    """Write ``model.zip`` (all optimizers) and return its checksum."""
+    # SB3's save() closes the file it writes, so write a temporary path and rename
     temporary = directory / f".model.zip.tmp-{os.getpid()}"
     model.save(temporary)
     with open(temporary, "rb+") as file:
         os.fsync(file.fileno())
     os.replace(temporary, directory / "model.zip")
-    files["model.zip"] = file_digest(directory / "model.zip")
+    return file_digest(directory / "model.zip")
 
-    # The auxiliary buffer: each stored policy iteration in its own file, shared by successive checkpoints
+
+def _write_rollouts(model: "PPGBase", rollouts: pathlib.Path) -> list[str]:
+    """
+    Store each policy iteration of the auxiliary buffer in its own file, named by its content and written once (shared
+    by successive checkpoints, and by the ranks if two ever held the same rollout); return their names, in order.
+    """
     rollout_files = []
     buffer = model.aux_buffer
     if buffer is not None:
@@ -103,8 +141,16 @@ def write_checkpoint(model: "PPGBase", directory: pathlib.Path, rollouts: pathli
                     write_array_file(rollouts / name, arrays, layout)
                 buffer.saved_rollout_files[iteration] = name
             rollout_files.append(name)
+    return rollout_files
 
-    # The run state: counters, last observations, random generators, episode statistics, the envs' states
+
+def _write_run_state(model: "PPGBase", folder: pathlib.Path, rollout_files: list[str]) -> dict[str, str]:
+    """
+    Write the run state into ``folder``: counters, last observations, random generators, episode statistics, the
+    envs' states (``run_state.npz``, and ``env_states.pkl`` for the pickled envs of a ``DummyVecEnv``).
+
+    :return: the checksum of each file written, by name
+    """
     metadata: dict[str, Any] = {"format": RUN_STATE_FORMAT, "version": 1}
     metadata["counters"] = {name: getattr(model, name) for name in COUNTERS}
     metadata["current_progress_remaining"] = model._current_progress_remaining
@@ -130,13 +176,18 @@ def write_checkpoint(model: "PPGBase", directory: pathlib.Path, rollouts: pathli
         arrays.update(env_arrays)
         metadata["monitor_log_sizes"] = monitor_log_sizes(model.env)
     metadata["n_envs"] = model.n_envs
-    write_array_file(directory / "run_state.npz", arrays, json.loads(json.dumps(metadata, default=_json_value)))
-    files["run_state.npz"] = file_digest(directory / "run_state.npz")
+    write_array_file(folder / "run_state.npz", arrays, json.loads(json.dumps(metadata, default=_json_value)))
+    files = {"run_state.npz": file_digest(folder / "run_state.npz")}
     if pickled_envs is not None:
-        atomic_write(directory / "env_states.pkl", lambda file: file.write(pickled_envs))
-        files["env_states.pkl"] = file_digest(directory / "env_states.pkl")
+        atomic_write(folder / "env_states.pkl", lambda file: file.write(pickled_envs))
+        files["env_states.pkl"] = file_digest(folder / "env_states.pkl")
+    return files
 
-    manifest = {
+
+def _manifest(
+    model: "PPGBase", directory: pathlib.Path, rollouts: pathlib.Path, files: dict[str, str], rollout_files: list[str]
+) -> dict[str, Any]:
+    return {
         "format": CHECKPOINT_FORMAT,
         "version": 1,
         "num_timesteps": model.num_timesteps,
@@ -144,7 +195,91 @@ def write_checkpoint(model: "PPGBase", directory: pathlib.Path, rollouts: pathli
         "rollouts_folder": os.path.relpath(rollouts, directory.parent),
         "aux_rollout_files": rollout_files,
     }
+
+
+def _write_manifest(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
     atomic_write(directory / MANIFEST, lambda file: file.write(json.dumps(manifest, indent=1).encode()))
+
+
+def _write_distributed(
+    model: "PPGBase", directory: pathlib.Path, rollouts: pathlib.Path, finish: Callable[[], None] | None
+) -> None:
+    """``write_checkpoint`` under torchrun: each rank writes its part, rank 0 the model zip and, last, the manifest."""
+    rank = distributed.get_rank()
+    part = rank_folder(rank)
+    files: dict[str, str] = {}
+    rollout_files: list[str] = []
+    error: BaseException | None = None
+    try:
+        _start_checkpoint(directory, rollouts, part)
+        if rank == 0:  # the parameters and optimizers are the same on every rank
+            files["model.zip"] = _write_model(model, directory)
+        rollout_files = _write_rollouts(model, rollouts)
+        run_state = _write_run_state(model, directory / part, rollout_files)
+        files.update({f"{part}/{name}": digest for name, digest in run_state.items()})
+    except Exception as caught:
+        error = caught
+    # Every rank learns whether all ranks wrote their part, then rank 0 completes the checkpoint and tells the others
+    failures = distributed.gather_errors(error)
+    message = None
+    if failures:
+        reasons = "; ".join(f"rank {failed}: {reason}" for failed, reason in failures.items())
+        message = f"Checkpoint {str(directory)!r} could not be written ({reasons}): it stays incomplete (no manifest)."
+    else:
+        parts = distributed.all_gather_object(
+            dict(files=files, rollout_files=rollout_files, folders=(str(directory), str(rollouts)))
+        )
+        if rank == 0:
+            outcome = _complete_distributed(model, directory, rollouts, parts, finish)
+            message, error = outcome if outcome is not None else (None, None)
+        message = distributed.broadcast_object(message)
+    if message is not None:
+        raise RuntimeError(message) from error
+
+
+def _complete_distributed(
+    model: "PPGBase",
+    directory: pathlib.Path,
+    rollouts: pathlib.Path,
+    parts: list[dict[str, Any]],
+    finish: Callable[[], None] | None,
+) -> tuple[str, BaseException] | None:
+    """
+    On rank 0, once every rank has written its part: check that rank 0 sees every rank's files (a shared folder), write
+    the manifest, then run ``finish``.
+
+    :return: None, or the error message for every rank and rank 0's exception
+    """
+    try:
+        files: dict[str, str] = {}
+        for rank, part in enumerate(parts):
+            if part["folders"] != parts[0]["folders"]:
+                raise ValueError(
+                    f"rank {rank} wrote to {part['folders']}, rank 0 to {parts[0]['folders']}: every rank must give "
+                    "PPGCheckpointCallback the same save_path and name_prefix"
+                )
+            missing = [name for name in part["files"] if not (directory / name).is_file()]
+            missing += [name for name in part["rollout_files"] if not (rollouts / name).is_file()]
+            if missing:
+                raise FileNotFoundError(
+                    f"rank {rank}'s files {missing} are not visible from rank 0: under torchrun, checkpoints need a "
+                    "save_path that all ranks share (one machine, or a shared filesystem)"
+                )
+            files.update(part["files"])
+        rollout_files = list(dict.fromkeys(name for part in parts for name in part["rollout_files"]))
+        manifest = _manifest(model, directory, rollouts, files, rollout_files)
+        manifest["world_size"] = len(parts)
+        manifest["rank_aux_rollout_files"] = [part["rollout_files"] for part in parts]
+        _write_manifest(directory, manifest)
+    except Exception as error:
+        reason = f"rank 0: {type(error).__name__}: {error}"
+        return f"Checkpoint {str(directory)!r} could not be written ({reason}): it stays incomplete (no manifest).", error
+    try:
+        if finish is not None:
+            finish()
+    except Exception as error:
+        return f"Checkpoint {str(directory)!r} is complete, but then rank 0 failed: {type(error).__name__}: {error}", error
+    return None
 
 
 def read_manifest(directory: pathlib.Path) -> dict[str, Any] | None:
@@ -184,106 +319,3 @@ def find_checkpoint(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path
     if not checkpoints:
         raise FileNotFoundError(f"No complete PPG checkpoint (a folder with a {MANIFEST}) in {str(path)!r}.")
     return checkpoints[-1], checkpoints[-2] if len(checkpoints) > 1 else None
-
-
-def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:
-    """
-    The sizes of the run's episode logs (``*.monitor.csv``, by real path) when a checkpoint was written: a resumed
-    run cuts them there, so that the episodes logged after the checkpoint (and played again) are not counted twice.
-
-    :param directory: A complete checkpoint folder
-    :return: ``{path: size}`` (empty for checkpoints of envs without episode logs)
-    """
-    metadata, _ = read_array_file(directory / "run_state.npz", RUN_STATE_FORMAT)
-    return {str(path): int(size) for path, size in metadata.get("monitor_log_sizes", {}).items()}
-
-
-def verify_files(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
-    """Check every file listed in a manifest against its checksum (``ValueError`` naming the first damaged one)."""
-    for name, digest in manifest["files"].items():
-        if not (directory / name).is_file():
-            raise ValueError(f"{name} is missing")
-        if file_digest(directory / name) != digest:
-            raise ValueError(f"{name} does not match its checksum (damaged or changed file)")
-    for name in manifest["aux_rollout_files"]:
-        if not (directory.parent / manifest["rollouts_folder"] / name).is_file():
-            raise ValueError(f"the stored rollout {manifest['rollouts_folder']}/{name} is missing")
-
-
-def restore_run(model: "PPGBase", directory: pathlib.Path, manifest: dict[str, Any]) -> None:
-    """Put the run state and the auxiliary buffer of a checkpoint (files already verified) into a loaded model."""
-    metadata, arrays = read_array_file(directory / "run_state.npz", RUN_STATE_FORMAT)
-    if metadata["n_envs"] != model.n_envs:
-        raise ValueError(
-            f"The checkpoint's run had {metadata['n_envs']} envs, the env passed has {model.n_envs}: pass an env with "
-            f"{metadata['n_envs']} envs to continue the run (or PPG.load() its model.zip and set_env() to start anew)."
-        )
-    # The auxiliary buffer
-    buffer = model.aux_buffer
-    rollout_files = metadata["aux_rollout_files"]
-    if buffer is not None:
-        layout = {"format": ROLLOUT_FORMAT, "version": 1, **buffer.layout_metadata()}
-        rollouts = directory.parent / manifest["rollouts_folder"]
-        for iteration, name in enumerate(rollout_files):
-            path = rollouts / name
-            rollout_metadata, rollout_arrays = read_array_file(path, ROLLOUT_FORMAT)
-            mismatches = [key for key, value in layout.items() if rollout_metadata.get(key) != value]
-            if mismatches:
-                raise ValueError(f"the stored rollout {str(path)!r} does not fit this model ({', '.join(mismatches)} differ)")
-            buffer.set_iteration_arrays(iteration, rollout_arrays, path)
-            buffer.saved_rollout_files[iteration] = name
-        buffer.pos = len(rollout_files) * buffer.n_envs
-    elif rollout_files:
-        raise ValueError("the checkpoint holds auxiliary-buffer rollouts but this model has no auxiliary buffer")
-
-    for name, value in metadata["counters"].items():
-        setattr(model, name, value)
-    model._current_progress_remaining = metadata["current_progress_remaining"]
-    model.ep_info_buffer = deque(metadata["ep_info_buffer"], maxlen=model._stats_window_size)
-    model.ep_success_buffer = deque(metadata["ep_success_buffer"], maxlen=model._stats_window_size)
-    model._last_obs = _obs_from_arrays("last_obs", arrays)
-    model._last_original_obs = _obs_from_arrays("last_original_obs", arrays)
-    model._last_episode_starts = arrays.get("last_episode_starts")
-
-    if model.env is not None and "env" in metadata:
-        pickled_envs = (directory / "env_states.pkl").read_bytes() if "env_states.pkl" in manifest["files"] else None
-        restored = set_vec_env_state(model.env, metadata["env"], arrays, pickled_envs)
-        if not restored:
-            warnings.warn(
-                "The envs' states could not be saved in this checkpoint ("
-                + "; ".join(unsaved_parts(metadata["env"]))
-                + "): the episodes restart from a reset, so the run does not continue exactly as it would have."
-            )
-            model._last_obs = None  # learn() resets the env
-    elif model.env is None:
-        model._last_obs = None
-
-    # The random generators last: nothing above may draw from them afterwards
-    np_state = metadata["numpy_rng"]
-    np.random.set_state((np_state["name"], arrays["numpy_rng_keys"], np_state["pos"], np_state["has_gauss"],
-                         np_state["cached_gaussian"]))  # fmt: skip
-    version, python_state, gauss_next = metadata["python_rng"]
-    random.setstate((version, tuple(python_state), gauss_next))
-    th.set_rng_state(th.from_numpy(arrays["torch_rng"].copy()))
-    cuda_states = [arrays[f"cuda_rng.{i}"] for i in range(len(arrays)) if f"cuda_rng.{i}" in arrays]
-    if cuda_states and th.cuda.is_available() and len(cuda_states) == th.cuda.device_count():
-        th.cuda.set_rng_state_all([th.from_numpy(state.copy()) for state in cuda_states])
-
-
-def load_checkpoint(
-    cls: type["PPGBase"], path: str | os.PathLike, env: Any = None, device: th.device | str = "auto", **kwargs: Any
-) -> "PPGBase":
-    """See ``PPGBase.load_checkpoint``."""
-    directory, previous = find_checkpoint(path)
-    try:
-        manifest = read_manifest(directory)
-        assert manifest is not None
-        verify_files(directory, manifest)
-        model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
-        restore_run(model, directory, manifest)
-    except (ValueError, KeyError, TypeError, OSError) as error:
-        fallback = f"the previous complete checkpoint is {str(previous)!r}" if previous else "there is no previous one"
-        raise ValueError(
-            f"Checkpoint {str(directory)!r} is damaged or does not fit ({error}); {fallback}: pass it to load_checkpoint()."
-        ) from error
-    return model

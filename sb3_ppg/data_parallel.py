@@ -22,6 +22,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 if TYPE_CHECKING:
     from sb3_ppg.base import PPGBase
 
+from sb3_ppg.checkpoints import iter_callbacks
 from sb3_ppg.distributed import (
     RunningStats,
     all_gather_object,
@@ -79,8 +80,13 @@ def _stable_repr(value: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
-def fingerprint(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool) -> dict[str, str]:
-    """What must be equal on every rank for the ranks to run the same number of identical updates."""
+def fingerprint(
+    model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool, callback: MaybeCallback = None
+) -> dict[str, str]:
+    """
+    What must be equal on every rank for the ranks to run the same number of identical updates, and to call the same
+    collectives (the callbacks acting at rollout boundaries, ``PPGCheckpointCallback``: checkpoints are collective).
+    """
     hyperparameters = [name for name in inspect.signature(type(model).__init__).parameters if name not in _PER_RANK_ARGUMENTS]
     values: dict[str, Any] = {name: getattr(model, name) for name in hyperparameters if hasattr(model, name)}
     values.update(
@@ -95,11 +101,23 @@ def fingerprint(model: "PPGBase", total_timesteps: int, reset_num_timesteps: boo
         aux_buffer_rollouts=model.aux_buffer.n_rollouts if model.aux_buffer is not None else None,
         vec_normalize=_vec_normalize_settings(model.get_vec_normalize_env()),
         total_timesteps=total_timesteps,
+        boundary_callbacks=_boundary_callbacks(callback),
         start_timesteps=0 if reset_num_timesteps else model.num_timesteps,
         device_type=model.device.type,
         versions=(stable_baselines3.__version__, th.__version__),
     )
     return {name: _stable_repr(value) for name, value in values.items()}
+
+
+def _boundary_callbacks(callback: MaybeCallback) -> list[tuple[Any, ...]]:
+    """The callbacks told of rollout boundaries (``PPGCheckpointCallback``), with their settings."""
+    found = []
+    for item in callback if isinstance(callback, list) else [callback]:
+        for child in iter_callbacks(item if isinstance(item, BaseCallback) else None):
+            if hasattr(child, "on_rollout_boundary"):
+                settings = (getattr(child, name, None) for name in ("save_freq", "save_path", "name_prefix"))
+                found.append((type(child).__qualname__, *settings))
+    return found
 
 
 def _vec_normalize_settings(vec_normalize: VecNormalize | None) -> Any:
@@ -129,11 +147,13 @@ def _optimizer_layout(optimizer: th.optim.Optimizer) -> Any:
     return type(optimizer).__qualname__, [(tuple(t.shape), str(t.dtype)) for t in _optimizer_state_tensors(optimizer)]
 
 
-def check_consistency(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool) -> None:
+def check_consistency(
+    model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool, callback: MaybeCallback = None
+) -> None:
     """
     Gather every rank's :func:`fingerprint` and raise the same ``ValueError`` on every rank when they differ.
     """
-    fingerprints = all_gather_object(fingerprint(model, total_timesteps, reset_num_timesteps))
+    fingerprints = all_gather_object(fingerprint(model, total_timesteps, reset_num_timesteps, callback))
     reference = fingerprints[0]
     differences = []
     for rank, other in enumerate(fingerprints[1:], start=1):
@@ -143,7 +163,8 @@ def check_consistency(model: "PPGBase", total_timesteps: int, reset_num_timestep
     if differences:
         raise ValueError(
             "Data-parallel PPG: the ranks disagree on settings that must be the same on every rank (every rank needs "
-            "the same hyperparameters, spaces, number of envs, learn() arguments and model state):\n" + "\n".join(differences)
+            "the same hyperparameters, spaces, number of envs, learn() arguments, checkpoint callbacks and model "
+            "state):\n" + "\n".join(differences)
         )
 
 
@@ -159,12 +180,12 @@ def broadcast_training_state(model: "PPGBase") -> None:
     model._distributed_stats_base = stats
 
 
-def prepare_learn(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool) -> None:
+def prepare_learn(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool, callback: MaybeCallback = None) -> None:
     """
     At the start of ``learn()`` (before SB3 sets up the logger): check that the ranks agree, give them rank 0's state,
     and silence the logger of every rank but 0.
     """
-    check_consistency(model, total_timesteps, reset_num_timesteps)
+    check_consistency(model, total_timesteps, reset_num_timesteps, callback)
     if dist.get_backend() == "nccl" and model.device.type != "cuda":
         raise ValueError("Data-parallel PPG with the NCCL backend needs the model on a GPU (device='auto' or 'cuda').")
     broadcast_training_state(model)

@@ -17,8 +17,10 @@ that group itself (:func:`auto_init`; set ``SB3_PPG_DISTRIBUTED=0`` to opt out).
   :func:`merge_running_stats`) and whether a callback stopped training on any rank.
 
 The rollout buffer, the old-policy pass and the auxiliary buffer stay local to each rank. Rank 0 alone logs, shows the
-progress bar and saves. A collective that fails (a rank died, or did not arrive within the process group's timeout)
-raises :class:`DistributedError` on the ranks still alive.
+progress bar and saves; a checkpoint holds every rank's part (:mod:`sb3_ppg.checkpoints`). A collective that fails (a
+rank died, or did not arrive within the process group's timeout) raises :class:`DistributedError` on the ranks still
+alive; a step that each rank runs alone (writing or reading its part of a checkpoint) shares its errors with
+:func:`gather_errors`, so that every rank raises at once.
 
 This module holds only what ``torch.distributed`` needs (process group, collectives, merging running statistics);
 the hooks that apply them to a PPG model are in :mod:`sb3_ppg.data_parallel`. Single-process training never calls
@@ -188,6 +190,18 @@ def all_gather_object(obj: Any) -> list[Any]:
     with _collective("gathering objects"):
         dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def gather_errors(error: BaseException | None) -> dict[int, str]:
+    """
+    Tell every rank which ranks failed at a step that each rank runs on its own (reading or writing its part of a
+    checkpoint), so that all of them raise together instead of the others waiting at the next collective.
+
+    :param error: this rank's exception, or None when it succeeded
+    :return: the message of each rank that failed, by rank (the same on every rank; empty when none failed)
+    """
+    messages = all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
+    return {rank: message for rank, message in enumerate(messages) if message is not None}
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

@@ -23,8 +23,9 @@ from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback
-from sb3_ppg.checkpoints import MANIFEST, complete_checkpoints, read_monitor_log_sizes
+from sb3_ppg.checkpoints import MANIFEST, complete_checkpoints
 from sb3_ppg.ppg import PPG
+from sb3_ppg.resume import read_monitor_log_sizes
 from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, is_procgen_env_id
 
 #: Sub-folder of a run folder that holds its checkpoints, and their name prefix

@@ -1,10 +1,11 @@
 """
-The training runs of tests/test_distributed.py, one per process: ``python tests/distributed_worker.py SCENARIO OUT_DIR``
-with torchrun's environment variables (or none, for the single-process reference). Each rank writes what the test
-checks to ``OUT_DIR/rank<r>.pt``.
+The training runs of tests/test_distributed.py and tests/test_distributed_checkpoints.py, one per process:
+``python tests/distributed_worker.py SCENARIO OUT_DIR`` with torchrun's environment variables (or none, for the
+single-process reference). Each rank writes what the test checks to ``OUT_DIR/rank<r>.pt``.
 """
 
 import os
+import pathlib
 import sys
 import time
 from typing import Any
@@ -15,7 +16,8 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppg import PPG, distributed
+from sb3_ppg import PPG, PPGCheckpointCallback, distributed
+from sb3_ppg.checkpoints import write_checkpoint
 
 th.set_num_threads(1)
 
@@ -194,12 +196,79 @@ def dies(how: str, out_dir: str) -> dict[str, Any]:
     return dict(error=None)
 
 
+# Checkpoint scenarios: 16 steps per iteration on each rank's 2 envs (64 global steps), an aux phase every 2 iterations
+CHECKPOINT_STEPS = 16
+CHECKPOINT_ITERATION = CHECKPOINT_STEPS * GLOBAL_ENVS
+CHECKPOINT_TOTAL = 5 * CHECKPOINT_ITERATION
+CHECKPOINT_CUT = 3 * CHECKPOINT_ITERATION  # one iteration in the aux buffer
+
+
+def checkpoint_env(seed: int = 0) -> VecNormalize:
+    return VecNormalize(make_vec_env("CartPole-v1", n_envs=distributed.local_n_envs(GLOBAL_ENVS), seed=seed), gamma=0.99)
+
+
+def checkpoint_callback(folder: pathlib.Path, keep_last: int | None = None) -> PPGCheckpointCallback:
+    return PPGCheckpointCallback(CHECKPOINT_STEPS, str(folder), name_prefix="ppg", keep_last=keep_last)
+
+
+def checkpoint_train(out_dir: pathlib.Path) -> dict[str, Any]:
+    """
+    The uninterrupted run, a checkpoint every iteration (all kept, and the last two in ``pruned/``), after a learn()
+    with a checkpoint callback on rank 0 only, which must fail on every rank.
+    """
+    settings = dict(n_steps=CHECKPOINT_STEPS, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, seed=0)
+    model = PPG("MlpPolicy", checkpoint_env(), policy_kwargs=dict(net_arch=[16]), **settings)
+    try:
+        model.learn(
+            CHECKPOINT_TOTAL, callback=checkpoint_callback(out_dir / "unused") if distributed.get_rank() == 0 else None
+        )
+        mismatch = None
+    except ValueError as error:
+        mismatch = str(error)
+    model = PPG("MlpPolicy", checkpoint_env(), policy_kwargs=dict(net_arch=[16]), **settings)
+    callbacks = [checkpoint_callback(out_dir / "checkpoints"), checkpoint_callback(out_dir / "pruned", keep_last=2)]
+    model.learn(CHECKPOINT_TOTAL, callback=callbacks)
+    return dict(
+        final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases, mismatch=mismatch
+    )
+
+
+def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
+    """
+    Resume the run from its checkpoint at ``CHECKPOINT_CUT`` (with envs seeded otherwise: their states come from the
+    checkpoint), then write a checkpoint where rank 1 cannot write (the test made its folder a file), load one whose
+    rank-1 part the test damaged and one written by a single process.
+    """
+    model = PPG.load_checkpoint(out_dir / "checkpoints" / f"ppg_{CHECKPOINT_CUT}_steps", env=checkpoint_env(seed=123))
+    result: dict[str, Any] = dict(resumed_at=model.num_timesteps, aux_iterations=model.aux_buffer.n_iterations)
+    callback = checkpoint_callback(out_dir / "resumed")
+    model.learn(CHECKPOINT_TOTAL - model.num_timesteps, reset_num_timesteps=False, callback=callback)
+    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases)
+    try:
+        write_checkpoint(model, out_dir / "blocked" / "ppg_0_steps", out_dir / "blocked" / "ppg_rollouts")
+        result["write_error"] = None
+    except RuntimeError as error:
+        result["write_error"] = str(error)
+    for name in ("damaged", "single_process"):
+        start = time.monotonic()
+        try:
+            PPG.load_checkpoint(out_dir / name, env=checkpoint_env())
+            result[name] = None
+        except Exception as error:
+            result[name] = dict(type=type(error).__name__, message=str(error), seconds=time.monotonic() - start)
+    return result
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     if scenario == "end_to_end":
         result = end_to_end(out_dir)
     elif scenario in ("dies", "stuck"):
         result = dies(scenario, out_dir)
+    elif scenario == "checkpoint_train":
+        result = checkpoint_train(pathlib.Path(out_dir))
+    elif scenario == "checkpoint_resume":
+        result = checkpoint_resume(pathlib.Path(out_dir))
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
         result["mismatch"] = mismatch()

@@ -130,6 +130,19 @@ def test_keep_last_prunes_checkpoints_and_rollouts(tmp_path, make_model):
     assert not list(tmp_path.rglob(".*tmp*"))
 
 
+def test_resumed_run_tidies_what_a_kill_left(tmp_path, make_model):
+    """A kill between a checkpoint's manifest and the pruning leaves one checkpoint too many: the resume prunes it."""
+    model = make_model(make_env(), **RUN)
+    model.learn(TOTAL, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg", keep_last=2))
+    shutil.copytree(tmp_path / "ppg_224_steps", tmp_path / "ppg_208_steps")  # a complete one the pruning missed
+    (tmp_path / "ppg_240_steps").mkdir()  # an incomplete one (no manifest)
+    (tmp_path / "ppg_rollouts" / "rollout_unused.npz").write_bytes(b"")
+    resumed = PPG.load_checkpoint(tmp_path, env=make_env())
+    resumed.learn(0, reset_num_timesteps=False, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path), "ppg", keep_last=2))
+    assert sorted(path.name for path in tmp_path.glob("ppg_*_steps")) == ["ppg_224_steps", "ppg_256_steps"]
+    assert len(list((tmp_path / "ppg_rollouts").iterdir())) == 2
+
+
 def test_save_freq_counts_env_steps(tmp_path, make_model):
     model = make_model(make_env(), **RUN)
     # Every 3 iterations' worth of steps (48 calls): written at the boundary after the 48th, 96th call

@@ -4,9 +4,11 @@ gym). Both run the same C++ games; the fingerprints below were recorded with pro
 with either package.
 """
 
+import gc
 import hashlib
 import json
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -81,3 +83,25 @@ def test_states_and_seeding_round_trip():
     venv.set_env_states(states)
     np.testing.assert_array_equal([env.step(actions)[0] for _ in range(5)], after)
     env.close()
+
+
+@pytest.mark.skipif(BACKEND != "procgen", reason="gym3/cffi envs only (procgen, procgen-mirror)")
+def test_lost_env_freed_by_the_garbage_collector_cannot_deadlock():
+    """
+    Regression: a lost env (in a reference cycle) freed by the garbage collector while cffi's lock was held (a new
+    env resolving its functions) closed itself through that same lock, and the test suite hung forever.
+    """
+    lost = make_native_env(1, "starpilot")
+    ffi = lost._ffi
+    cycle = [lost]
+    cycle.append(cycle)
+    del lost, cycle
+    done = threading.Event()
+
+    def collect_under_cffi_lock() -> None:
+        with ffi._lock:
+            gc.collect()
+        done.set()
+
+    threading.Thread(target=collect_under_cffi_lock, daemon=True).start()
+    assert done.wait(60), "closing a lost env needed cffi's lock: deadlock"

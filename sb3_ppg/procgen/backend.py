@@ -13,6 +13,7 @@ rewards, episode ends and states; the frames are bit-identical except for a few 
 the two builds' renderers draw differently (CoinRun, CaveFlyer, Jumper, Ninja).
 """
 
+import gc
 import os
 from types import ModuleType
 from typing import Any
@@ -137,7 +138,21 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
     :return: a ``procgen.ProcgenGym3Env``, or a :class:`ProcgenGymAdapter` over procgen-gym
     """
     if ProcgenGym3Env is not None:
-        return ProcgenGym3Env(num=num, env_name=env_name, render_mode=render_mode, **options)
+        # gym3 reaches the C library through cffi, which resolves each function on first use under a lock that is not
+        # reentrant. A lost env freed by the garbage collector at that moment closes itself through the same lock
+        # and the process hangs forever (seen in the test suite). So the collector is paused while the env is built,
+        # and every function of the new env is resolved then, so that no later call takes the lock.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            env = ProcgenGym3Env(num=num, env_name=env_name, render_mode=render_mode, **options)
+            library = getattr(env, "_c_lib", None)
+            for name in dir(library) if library is not None else ():
+                getattr(library, name, None)
+        finally:
+            if collecting:
+                gc.enable()
+        return env
     if _procgen_gym is not None:
         return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
     raise ImportError(
