@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> bool:
     curves: dict[str, list[np.ndarray]] = {}
     for algo, seed in runs:
         path = os.path.join(args.folder, f"{args.game}_{algo}_seed{seed}", "curve.csv")
-        curves.setdefault(algo, []).append(read_curve(path))
+        # At equal env steps: a run continued past the budget (by an earlier, larger --total-timesteps) is cut there
+        curves.setdefault(algo, []).append(read_curve(path, args.total_timesteps))
     image = os.path.join(os.path.dirname(os.path.abspath(args.output)), f"procgen_learning_{args.game}.png")
     plot(args, curves, image)
     text = report(args, curves, image, (time.monotonic() - start) / 60)
