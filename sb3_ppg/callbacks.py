@@ -206,7 +206,8 @@ class PPGEvalCallback(EvalCallback):
 
     def _on_training_start(self) -> None:
         super()._on_training_start()
-        self.n_calls = self.model.num_timesteps // self.model.n_envs
+        # (num_timesteps counts the steps of all ranks under torchrun)
+        self.n_calls = self.model.num_timesteps // (self.model.n_envs * distributed.get_world_size())
         if self.model.num_timesteps > 0 and self.log_path is not None and not self.evaluations_timesteps:
             self._restore_evaluations()
 

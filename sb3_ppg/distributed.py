@@ -119,6 +119,20 @@ def init_from_torchrun(backend: str | None = None, timeout: datetime.timedelta |
     return dist.get_rank()
 
 
+def init_if_launched(backend: str | None = None) -> bool:
+    """
+    Initialize the default process group (:func:`init_from_torchrun`) when this process was started by torchrun
+    (more than one process), unless ``SB3_PPG_DISTRIBUTED=0`` or it is already initialized.
+
+    :param backend: as in :func:`init_from_torchrun`
+    :return: whether this call initialized it
+    """
+    if dist.is_initialized() or not launched_by_torchrun() or os.environ.get(AUTO_INIT_VARIABLE, "1") == "0":
+        return False
+    init_from_torchrun(backend=backend)
+    return True
+
+
 def auto_init(device: th.device | str) -> th.device | str:
     """
     Called by PPG's constructor. In a process started by torchrun (more than one process; unless
@@ -131,8 +145,7 @@ def auto_init(device: th.device | str) -> th.device | str:
     """
     if not dist.is_available():
         return device
-    if not dist.is_initialized() and launched_by_torchrun() and os.environ.get(AUTO_INIT_VARIABLE, "1") != "0":
-        init_from_torchrun()
+    init_if_launched()
     if is_active() and str(device) in ("auto", "cuda") and th.cuda.is_available():
         local_rank = os.environ.get("LOCAL_RANK")
         return th.device("cuda", int(local_rank) if local_rank is not None else th.cuda.current_device())
@@ -210,6 +223,28 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     with _collective("broadcasting an object"):
         dist.broadcast_object_list(objects, src=src)
     return objects[0]
+
+
+def new_gloo_group(timeout: datetime.timedelta) -> Any:
+    """
+    A process group of all ranks on gloo (CPU), with its own collective timeout (collective: every rank calls it).
+
+    :param timeout: how long its collectives wait
+    :return: the group
+    """
+    with _collective("creating a process group"):
+        return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def barrier(group: Any, what: str) -> None:
+    """
+    Wait until every rank of ``group`` arrives here.
+
+    :param group: a group of :func:`new_gloo_group`
+    :param what: what the ranks wait for (for the error message)
+    """
+    with _collective(what):
+        dist.barrier(group=group)
 
 
 def broadcast_tensors(tensors: Iterable[th.Tensor], src: int = 0) -> None:

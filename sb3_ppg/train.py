@@ -17,22 +17,25 @@ Procgen StarPilot (easy) on the CPU, then an evaluation and a learning-curve PNG
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch.distributed
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
+from sb3_ppg import distributed
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenVecEnv
 from sb3_ppg.zoo import RESUME_LATEST, run_zoo
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 # sb3_ppg's own options: flags, options with a value, the option with an optional value
-OWN_FLAGS = ("--quickstart", "--traceback")
+OWN_FLAGS = ("--quickstart", "--traceback", "--global-n-envs")
 OWN_OPTIONS = ("--preset", "--keep-checkpoints")
 OWN_OPTIONAL_VALUE = ("--resume",)
 
@@ -70,6 +73,8 @@ sb3_ppg options (the RL Zoo's train options are listed below):
                          folder or checkpoint PATH. Same command as the first start, plus --resume; a run without a
                          checkpoint yet starts over, so a requeued cluster job can always pass it.
   --keep-checkpoints K   keep only the K newest checkpoints (default: all).
+  --global-n-envs        under torchrun: the config's n_envs (or -params n_envs:N) is the number of envs of all
+                         ranks together, each rank running n_envs / world size (default: n_envs per rank).
   --traceback            show the full traceback of an error instead of a one-line message.
 """
 
@@ -102,6 +107,8 @@ def _sb3_ppg_parser() -> argparse.ArgumentParser:
     parser.add_argument("-n", "--n-timesteps", dest="n_timesteps", type=int, default=None)
     parser.add_argument("--resume", nargs="?", const=RESUME_LATEST, default=None)
     parser.add_argument("--keep-checkpoints", dest="keep_checkpoints", type=int, default=None)
+    parser.add_argument("--global-n-envs", dest="global_n_envs", action="store_true", default=False)
+    parser.add_argument("--device", default=None)
     parser.add_argument("--traceback", action="store_true", default=False)
     return parser
 
@@ -135,8 +142,8 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def build_zoo_argv(argv: list[str]) -> list[str]:
     """
     The zoo's ``train`` arguments for sb3_ppg's: remove sb3_ppg's own options (``--preset``, ``--quickstart``,
-    ``--resume``, ``--keep-checkpoints``, ``--traceback``), add ``--algo ppg`` and ``-conf <packaged yml>`` unless
-    given.
+    ``--resume``, ``--keep-checkpoints``, ``--global-n-envs``, ``--traceback``), add ``--algo ppg`` and
+    ``-conf <packaged yml>`` unless given.
 
     :param argv: sb3_ppg's command line arguments
     :return: The zoo's command line arguments
@@ -295,8 +302,18 @@ def main(argv: list[str] | None = None) -> None:
         manager_kwargs["resume"] = known.resume
     if known.keep_checkpoints is not None:
         manager_kwargs["keep_checkpoints"] = known.keep_checkpoints
+    if known.global_n_envs:
+        manager_kwargs["global_n_envs"] = True
     try:
-        run_zoo("train", zoo_argv, **manager_kwargs)
+        # Under torchrun, the ranks join now: they share rank 0's run folder, and only rank 0 prints
+        started = known.algo in (None, "ppg") and distributed.init_if_launched("gloo" if known.device == "cpu" else None)
+        with (
+            open(os.devnull, "w") as devnull,
+            contextlib.redirect_stdout(devnull if started and distributed.get_rank() > 0 else sys.stdout),
+        ):
+            run_zoo("train", zoo_argv, **manager_kwargs)
+        if started:
+            torch.distributed.destroy_process_group()
     except Exception as error:
         # Bad input (hyperparameters, env ids, paths, checkpoints) fails somewhere inside the zoo: one line, not a
         # traceback through it

@@ -201,8 +201,8 @@ def make_experiment_manager(*args: Any, **kwargs: Any) -> "ExperimentManager":
     ``--resume``.
 
     :param args: Positional arguments of ``ExperimentManager``
-    :param kwargs: Keyword arguments of ``ExperimentManager``, plus ``resume`` and ``keep_checkpoints`` of
-        ``PPGExperimentManager``
+    :param kwargs: Keyword arguments of ``ExperimentManager``, plus ``resume``, ``keep_checkpoints`` and
+        ``global_n_envs`` of ``PPGExperimentManager``
     :return: The experiment manager
     """
     from sb3_ppg.zoo_manager import PPGExperimentManager
@@ -374,7 +374,7 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
     :param zoo_argv: The zoo's command line arguments (without the program name)
     :param manager_kwargs: ``train`` only: extra arguments of the experiment manager (``resume``,
-        ``keep_checkpoints``, see :class:`sb3_ppg.zoo_manager.PPGExperimentManager`)
+        ``keep_checkpoints``, ``global_n_envs``, see :class:`sb3_ppg.zoo_manager.PPGExperimentManager`)
     """
     if command not in ("train", "enjoy"):
         raise ValueError(f"Unknown zoo command {command!r}, expected 'train' or 'enjoy'")

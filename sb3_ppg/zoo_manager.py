@@ -9,9 +9,15 @@ On top of the zoo's behaviour:
   into ``<run folder>/checkpoints/`` instead of bare model zips, and evaluations use
   :class:`~sb3_ppg.PPGEvalCallback`, which leaves training's random generators alone;
 - ``--resume`` continues a run from its newest checkpoint, in its own run folder: the same parameters, bit for bit
-  on CPU, as if the run had never stopped, with its episode log, evaluation log and TensorBoard run continued.
+  on CPU, as if the run had never stopped, with its episode log, evaluation log and TensorBoard run continued;
+- under torchrun (data-parallel PPG, see docs/scaling_out.md) the job has one run folder, chosen by rank 0: rank 0
+  writes the usual files, rank ``r > 0`` its episode log into ``<run folder>/rank_<r>/``, every rank its part of the
+  checkpoints; rank 0 alone evaluates (the other ranks wait for it without the training timeout); ``--eval-freq`` and
+  ``--save-freq`` count the env steps of all ranks, as ``-n`` does; with ``global_n_envs``, ``n_envs`` is the total
+  over the ranks.
 """
 
+import datetime
 import os
 import pathlib
 from typing import Any
@@ -19,11 +25,13 @@ from typing import Any
 from rl_zoo3.exp_manager import ExperimentManager
 from rl_zoo3.utils import get_latest_run_id
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback, ProgressBarCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
+from sb3_ppg import distributed
 from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback
-from sb3_ppg.checkpoints import MANIFEST, complete_checkpoints
+from sb3_ppg.checkpoints import MANIFEST, complete_checkpoints, rank_folder
+from sb3_ppg.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.ppg import PPG
 from sb3_ppg.resume import read_monitor_log_sizes
 from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, is_procgen_env_id
@@ -31,6 +39,8 @@ from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, is_procgen_env_id
 #: Sub-folder of a run folder that holds its checkpoints, and their name prefix
 CHECKPOINTS_FOLDER = "checkpoints"
 CHECKPOINT_PREFIX = "ppg"
+#: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
+EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 
 
 def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
@@ -58,9 +68,34 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     return folder, checkpoints[-1] if checkpoints else None
 
 
+class WaitForEvaluation(BaseCallback):
+    """
+    Under torchrun, at every evaluation step (every ``eval_freq`` calls, as :class:`~sb3_ppg.PPGEvalCallback`),
+    every rank waits until rank 0 has evaluated, in a process group of its own whose timeout is
+    ``EVALUATION_TIMEOUT`` (the training collectives would otherwise wait for rank 0 within the training timeout).
+    Given to every rank, after rank 0's evaluation callback.
+
+    :param eval_freq: Evaluation frequency, in calls to ``env.step()``
+    :param group: A process group of all ranks (``sb3_ppg.distributed.new_gloo_group``)
+    """
+
+    def __init__(self, eval_freq: int, group: Any):
+        super().__init__()
+        self.eval_freq = eval_freq
+        self.group = group
+
+    def _on_training_start(self) -> None:
+        self.n_calls = self.model.num_timesteps // (self.model.n_envs * distributed.get_world_size())
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.eval_freq == 0:
+            distributed.barrier(self.group, "waiting for rank 0's evaluation")
+        return True
+
+
 class PPGExperimentManager(ExperimentManager):
     """
-    The zoo's ``ExperimentManager`` (same arguments, plus the two below) with PPG's adjustments (see the module
+    The zoo's ``ExperimentManager`` (same arguments, plus the three below) with PPG's adjustments (see the module
     docstring).
 
     :param resume: ``None`` (a new run), ``"latest"`` (the latest run of this algorithm and env in the log folder) or
@@ -70,21 +105,57 @@ class PPGExperimentManager(ExperimentManager):
         in that folder; ``"latest"`` with no run at all starts a new one, so that a requeued job can always pass
         ``--resume``.
     :param keep_checkpoints: Number of complete checkpoints kept (``None``: all)
+    :param global_n_envs: Whether the config's ``n_envs`` is the total over the ranks of a torchrun job (each rank
+        runs ``n_envs / world_size`` envs) instead of the number of envs of each rank
     """
 
-    def __init__(self, *args: Any, resume: str | None = None, keep_checkpoints: int | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        resume: str | None = None,
+        keep_checkpoints: int | None = None,
+        global_n_envs: bool = False,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         vec_env_type = kwargs.get("vec_env_type", "dummy")
         self.vec_env_class = ProcgenVecEnvFactory(SubprocVecEnv if vec_env_type == "subproc" else DummyVecEnv)  # type: ignore[assignment]
         if is_procgen_env_id(self.env_name.gym_id):
             self.deterministic_eval = False
         self.keep_checkpoints = keep_checkpoints
+        self.global_n_envs = global_n_envs
         self.resume_checkpoint: pathlib.Path | None = None
-        if resume is not None:
-            self._prepare_resume(resume)
+        # Data-parallel PPG (torchrun): the ranks share rank 0's run folder
+        self.data_parallel = distributed.is_active() and self.algo == "ppg"
+        self.rank = distributed.get_rank() if self.data_parallel else 0
+        self.world_size = distributed.get_world_size() if self.data_parallel else 1
+        if self.data_parallel:
+            self._share_run_folder(resume)
+        elif resume is not None:
+            self._apply_resume(*self._find_resume_point(resume))
 
-    def _prepare_resume(self, resume: str) -> None:
-        """Find the run to continue, make it this run's folder and cut its episode logs at the checkpoint."""
+    @property
+    def monitor_folder(self) -> str:
+        """Where this process writes its episode log: the run folder (rank 0), ``<run folder>/rank_<r>`` (rank r)."""
+        return self.save_path if self.rank == 0 else os.path.join(self.save_path, rank_folder(self.rank))
+
+    def _share_run_folder(self, resume: str | None) -> None:
+        """Rank 0 chooses the run folder (a new one, or the one to resume) and the other ranks take it."""
+        choice: Any = None
+        if self.rank == 0:
+            try:
+                choice = (self.save_path, *(self._find_resume_point(resume) if resume is not None else (None, None)))
+            except Exception as error:
+                choice = error
+        choice = distributed.broadcast_object(choice)
+        if isinstance(choice, Exception):
+            raise choice
+        self.save_path, run_folder, checkpoint = choice
+        self.params_path = f"{self.save_path}/{self.env_name}"
+        self._apply_resume(run_folder, checkpoint)
+
+    def _find_resume_point(self, resume: str) -> tuple[pathlib.Path | None, pathlib.Path | None]:
+        """The run folder to continue (None: a new run) and its newest complete checkpoint (None: none yet)."""
         if self.algo != "ppg":
             raise ValueError(f"--resume continues PPG runs (PPGCheckpointCallback checkpoints), not --algo {self.algo}.")
         if self.continue_training:
@@ -93,10 +164,14 @@ class PPGExperimentManager(ExperimentManager):
             run_id = get_latest_run_id(self.log_path, self.env_name)
             if run_id == 0:
                 print(f"--resume: no run of {self.env_name} in {self.log_path} yet, starting a new one.")
-                return
-            run_folder, checkpoint = find_resume_point(os.path.join(self.log_path, f"{self.env_name}_{run_id}"))
-        else:
-            run_folder, checkpoint = find_resume_point(resume)
+                return None, None
+            return find_resume_point(os.path.join(self.log_path, f"{self.env_name}_{run_id}"))
+        return find_resume_point(resume)
+
+    def _apply_resume(self, run_folder: pathlib.Path | None, checkpoint: pathlib.Path | None) -> None:
+        """Make the resumed run's folder this run's folder and cut this process's episode log at the checkpoint."""
+        if run_folder is None:
+            return
         self.save_path = str(run_folder)
         self.params_path = f"{self.save_path}/{self.env_name}"
         if checkpoint is None:
@@ -109,26 +184,74 @@ class PPGExperimentManager(ExperimentManager):
         self.trained_agent = str(checkpoint / "model.zip")
         # Episodes logged after the checkpoint are played again: cut the logs where the checkpoint left them
         for name, size in read_monitor_log_sizes(checkpoint).items():
-            log = run_folder / os.path.basename(name)
+            log = pathlib.Path(self.monitor_folder) / os.path.basename(name)
             if log.is_file() and log.stat().st_size > size:
                 with open(log, "r+b") as file:
                     file.truncate(size)
 
+    def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
+        """The zoo's; with ``global_n_envs``, ``n_envs`` becomes this rank's share of the config's."""
+        processed = super()._preprocess_hyperparams(hyperparams)
+        if self.global_n_envs:
+            try:
+                self.n_envs = distributed.local_n_envs(self.n_envs)
+            except ValueError as error:
+                raise ValueError(f"--global-n-envs: {error}") from None
+            if self.verbose > 0:
+                print(f"--global-n-envs: {self.n_envs} environments on each of the {self.world_size} ranks")
+        return processed
+
+    def create_log_folder(self) -> None:
+        """The zoo's; under torchrun, rank 0 alone writes the run folder's files."""
+        if self.rank == 0:
+            super().create_log_folder()
+
+    def _save_config(self, saved_hyperparams: dict[str, Any]) -> None:
+        """The zoo's; under torchrun, on rank 0 only."""
+        if self.rank == 0:
+            super()._save_config(saved_hyperparams)
+
+    def save_trained_model(self, model: BaseAlgorithm) -> None:
+        """The zoo's; under torchrun, on rank 0 only (the ranks hold the same model and VecNormalize statistics)."""
+        if self.rank == 0:
+            super().save_trained_model(model)
+
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
-        """The zoo's ``create_envs``; a resumed run's episode logs are appended to instead of started anew."""
+        """
+        The zoo's ``create_envs``; a resumed run's episode logs are appended to instead of started anew, and rank
+        ``r > 0`` of a torchrun job logs its episodes into ``<run folder>/rank_<r>/``.
+        """
         if self.resume_checkpoint is not None and not (eval_env or no_log):
             self.monitor_kwargs = {**self.monitor_kwargs, "override_existing": False}
-        return super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
+        if self.rank == 0 or eval_env or no_log:
+            return super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
+        # The zoo logs the training envs into save_path
+        run_folder = self.save_path
+        self.save_path = self.monitor_folder
+        try:
+            return super().create_envs(n_envs, eval_env=eval_env, no_log=no_log)
+        finally:
+            self.save_path = run_folder
 
     def create_callbacks(self) -> None:
-        """The zoo's callbacks, with PPG's checkpoint and evaluation callbacks in place of SB3's."""
+        """
+        The zoo's callbacks, with PPG's checkpoint and evaluation callbacks in place of SB3's. Under torchrun, every
+        rank gets the checkpoint callback, rank 0 alone the evaluation callback and the progress bar (which counts
+        the steps of all ranks), and the frequencies count the env steps of all ranks.
+        """
+        save_freq, eval_freq = self.save_freq, self.eval_freq
+        if self.rank > 0:
+            self.eval_freq = 0
+            self.show_progress = False
         super().create_callbacks()
         if self.algo != "ppg":
             return
+        # Calls to env.step() per frequency: the env steps of all ranks, as the zoo counts them in one process
+        steps_per_call = self.n_envs * self.world_size
         for index, callback in enumerate(self.callbacks):
             if type(callback) is CheckpointCallback:
                 self.callbacks[index] = PPGCheckpointCallback(
-                    save_freq=callback.save_freq,
+                    save_freq=max(save_freq // steps_per_call, 1),
                     save_path=os.path.join(self.save_path, CHECKPOINTS_FOLDER),
                     name_prefix=CHECKPOINT_PREFIX,
                     verbose=2 if self.verbose > 0 else 0,
@@ -140,7 +263,7 @@ class PPGExperimentManager(ExperimentManager):
                     callback_on_new_best=callback.callback_on_new_best,
                     callback_after_eval=callback.callback,
                     n_eval_episodes=callback.n_eval_episodes,
-                    eval_freq=callback.eval_freq,
+                    eval_freq=max(eval_freq // steps_per_call, 1),
                     log_path=os.path.dirname(callback.log_path) if callback.log_path else None,
                     best_model_save_path=callback.best_model_save_path,
                     deterministic=callback.deterministic,
@@ -149,6 +272,11 @@ class PPGExperimentManager(ExperimentManager):
                     warn=callback.warn,
                     seed=self.seed,
                 )
+            elif type(callback) is ProgressBarCallback and self.data_parallel:
+                self.callbacks[index] = GlobalProgressBarCallback()
+        if self.data_parallel and eval_freq > 0 and not self.optimize_hyperparameters:
+            group = distributed.new_gloo_group(EVALUATION_TIMEOUT)
+            self.callbacks.append(WaitForEvaluation(max(eval_freq // steps_per_call, 1), group))
 
     def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: VecEnv) -> BaseAlgorithm:
         """
