@@ -93,3 +93,21 @@ def test_procgen_learning_resumes_in_chunks(tmp_path):
     assert curve[:, 0].tolist() == [64, 128]
     report = (tmp_path / "report.md").read_text()
     assert "| PPG | 1 |" in report and (tmp_path / "procgen_learning_starpilot.png").stat().st_size > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_memory_runs(tmp_path, capsys):
+    memory = load_script("memory")
+    result = memory.main(
+        ["--n-envs", "2", "--n-steps", "8", "--n-policy-iters", "2", "--aux-seconds", "60", "--json", str(tmp_path / "m.json")]
+    )
+    stages = result["stages"]
+    assert list(stages) == ["start", "model built", "one policy iteration", "auxiliary buffer full", "auxiliary phase"]
+    assert stages["auxiliary phase"]["finished"]
+    # The peak only grows, and is the largest resident size seen
+    peaks = [stage["peak_mib"] for stage in stages.values()]
+    assert peaks == sorted(peaks) and result["peak_mib"] == peaks[-1] >= max(s["rss_mib"] for s in stages.values())
+    # 2 envs x 8 steps x 2 iterations of 3x64x64 uint8 frames, plus the small per-step arrays
+    assert 2 * 8 * 2 * 3 * 64 * 64 <= result["aux_buffer_mib"] * 2**20 < 1.1 * 2 * 8 * 2 * 3 * 64 * 64
+    assert json.loads((tmp_path / "m.json").read_text())["peak_mib"] == result["peak_mib"]
+    assert "Auxiliary buffer:" in capsys.readouterr().out
