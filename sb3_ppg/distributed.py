@@ -27,6 +27,7 @@ the hooks that apply them to a PPG model are in :mod:`sb3_ppg.data_parallel`. Si
 into either beyond :func:`is_active` and :func:`get_rank`.
 """
 
+import atexit
 import datetime
 import os
 from collections.abc import Iterable, Sequence
@@ -116,7 +117,17 @@ def init_from_torchrun(backend: str | None = None, timeout: datetime.timedelta |
         th.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     _timeout = timeout
+    if backend == "gloo":
+        # Stop gloo's threads before the interpreter's teardown: a process group left for the exit can abort the
+        # process ("terminate called without an active exception")
+        atexit.register(_destroy_at_exit)
     return dist.get_rank()
+
+
+def _destroy_at_exit() -> None:
+    """Destroy the default process group if it is still there (registered by :func:`init_from_torchrun`)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def init_if_launched(backend: str | None = None) -> bool:

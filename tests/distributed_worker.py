@@ -276,6 +276,15 @@ def main() -> None:
     else:
         raise ValueError(scenario)
     th.save(result, os.path.join(out_dir, f"rank{distributed.get_rank()}.pt"))
+    if scenario not in ("dies", "stuck") and th.distributed.is_initialized():
+        # Leave together, then skip the interpreter's teardown: on gloo/CPU a rank sometimes aborts there, after its
+        # work is done ("terminate called without an active exception", about 1 run in 8 of this file under load;
+        # see docs/scaling_out.md). The tests check what the ranks computed, not that teardown.
+        th.distributed.barrier()
+        th.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
