@@ -7,7 +7,7 @@ rollout boundary that would overrun), and the whole invocation for at most ``--m
 resumes every unfinished run from its newest checkpoint (``PPG.load_checkpoint``). Run it again until it prints
 that every run is complete. Each run appends its learning curve (mean return of the last 100 training episodes,
 raw rewards, after each rollout) to ``curve.csv``; when all runs are complete the script writes a plot of the mean
-over seeds, next to the paper's published curves (hard mode, 25M steps: different settings, shown for scale only),
+over seeds, next to the paper's published curves (hard mode, 100M steps: different settings, shown for scale only),
 and a Markdown report.
 
 - PPG: ``arch="detach"`` (the paper's single-network PPG, as CleanRL), E_pi 1, N_pi 32, E_aux 6.
@@ -192,7 +192,7 @@ def plot(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], path: st
         paper.plot(paper_steps, np.mean([r for _, r in published], axis=0), label=f"paper {algo.upper()} (hard)")
     ours.axvline(args.total_timesteps, color="grey", linewidth=0.5)
     ours.set(title=f"{args.game} ({args.distribution_mode}), this package", xlabel="env steps", ylabel="episode return")
-    paper.set(title=f"{args.game} (hard), published 25M-step curves", xlabel="env steps")
+    paper.set(title=f"{args.game} (hard), the paper's published curves", xlabel="env steps")
     for axis in (ours, paper):
         axis.legend()
     figure.tight_layout()
@@ -210,7 +210,8 @@ def report(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], image:
         f"device {args.device}; last invocation {minutes:.0f} min",
         f"- {args.total_timesteps:,} env steps per run, {args.n_envs} envs x {args.n_steps} steps, IMPALA channels "
         f"{args.channels}; PPG N_pi {args.n_policy_iters}, E_aux {args.n_aux_epochs}",
-        "- Early training only: the paper's curves run to 25M steps in hard mode; this budget shows at most the first "
+        "- Early training only: the paper's curves run to 100M steps in hard mode (CleanRL's to 25M in easy mode); "
+        "this budget shows at most the first "
         "few percent of them, where PPG's auxiliary phases have run only a few times.",
         "",
         "| algorithm | seeds | mean return over the last 10% of steps (per seed) | episodes in the final window |",
