@@ -13,12 +13,25 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 
 from sb3_ppg import distributed
 from sb3_ppg.array_files import fsync_directory
 from sb3_ppg.checkpoints import MANIFEST, checkpoint_steps, complete_checkpoints, read_manifest, write_checkpoint
 from sb3_ppg.env_state import get_vec_env_state, unsaved_parts
+
+
+def env_step_calls(model: BaseAlgorithm) -> int:
+    """
+    The calls to ``env.step()`` this process has made since the run's start, from ``model.num_timesteps`` (which
+    counts the env steps of all ranks under torchrun): what callbacks count their frequencies in, so that a resumed
+    run saves and evaluates at the same steps as an uninterrupted one.
+
+    :param model: The model being trained
+    :return: The number of calls
+    """
+    return model.num_timesteps // (model.n_envs * distributed.get_world_size())
 
 
 class PPGCheckpointCallback(CheckpointCallback):
@@ -92,17 +105,12 @@ class PPGCheckpointCallback(CheckpointCallback):
         return pathlib.Path(self.save_path) / f"{self.name_prefix}_rollouts"
 
     def _on_training_start(self) -> None:
-        # Count env steps from the run's start, so that a resumed run saves at the same steps as an uninterrupted one
-        # (num_timesteps counts the steps of all ranks under torchrun, n_calls this rank's calls to env.step())
-        self.n_calls = self.model.num_timesteps // (self.model.n_envs * distributed.get_world_size())
+        self.n_calls = env_step_calls(self.model)
         self._pending = False
         # A resumed run first tidies what a kill may have left: a checkpoint completed but not yet followed by its
         # pruning, incomplete checkpoints, unused stored rollouts
-        folder = pathlib.Path(self.save_path)
-        if self.model.num_timesteps > 0 and distributed.get_rank() == 0 and folder.is_dir():
-            newest = [d for d in complete_checkpoints(folder) if checkpoint_steps(d, self.name_prefix) is not None]
-            if newest:
-                self._prune(newest[-1])
+        if self.model.num_timesteps > 0 and distributed.get_rank() == 0 and pathlib.Path(self.save_path).is_dir():
+            self._prune()
 
     def _on_step(self) -> bool:
         if self.n_calls % self.save_freq == 0:
@@ -142,10 +150,18 @@ class PPGCheckpointCallback(CheckpointCallback):
             print(f"Saving PPG checkpoint to {directory}")
         return directory
 
-    def _prune(self, newest: pathlib.Path) -> None:
-        """Delete checkpoints beyond ``keep_last``, incomplete ones, and stored rollouts no checkpoint uses."""
+    def _prune(self, newest: pathlib.Path | None = None) -> None:
+        """
+        Delete checkpoints beyond ``keep_last``, incomplete ones, and stored rollouts no checkpoint uses.
+
+        :param newest: The checkpoint just written (kept whatever happens); None: the newest complete one
+        """
         folder = pathlib.Path(self.save_path)
         complete = [d for d in complete_checkpoints(folder) if checkpoint_steps(d, self.name_prefix) is not None]
+        if newest is None:
+            if not complete:
+                return
+            newest = complete[-1]
         remove = [d for d in complete[: -self.keep_last] if d != newest] if self.keep_last is not None else []
         for directory in folder.iterdir():
             if directory.is_dir() and checkpoint_steps(directory, self.name_prefix) is not None:
@@ -206,8 +222,7 @@ class PPGEvalCallback(EvalCallback):
 
     def _on_training_start(self) -> None:
         super()._on_training_start()
-        # (num_timesteps counts the steps of all ranks under torchrun)
-        self.n_calls = self.model.num_timesteps // (self.model.n_envs * distributed.get_world_size())
+        self.n_calls = env_step_calls(self.model)
         if self.model.num_timesteps > 0 and self.log_path is not None and not self.evaluations_timesteps:
             self._restore_evaluations()
 

@@ -29,7 +29,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback,
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg import distributed
-from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback
+from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
 from sb3_ppg.checkpoints import MANIFEST, complete_checkpoints, rank_folder
 from sb3_ppg.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.ppg import PPG
@@ -85,7 +85,7 @@ class WaitForEvaluation(BaseCallback):
         self.group = group
 
     def _on_training_start(self) -> None:
-        self.n_calls = self.model.num_timesteps // (self.model.n_envs * distributed.get_world_size())
+        self.n_calls = env_step_calls(self.model)
 
     def _on_step(self) -> bool:
         if self.n_calls % self.eval_freq == 0:
@@ -248,6 +248,7 @@ class PPGExperimentManager(ExperimentManager):
             return
         # Calls to env.step() per frequency: the env steps of all ranks, as the zoo counts them in one process
         steps_per_call = self.n_envs * self.world_size
+        eval_calls = max(eval_freq // steps_per_call, 1)
         for index, callback in enumerate(self.callbacks):
             if type(callback) is CheckpointCallback:
                 self.callbacks[index] = PPGCheckpointCallback(
@@ -263,7 +264,7 @@ class PPGExperimentManager(ExperimentManager):
                     callback_on_new_best=callback.callback_on_new_best,
                     callback_after_eval=callback.callback,
                     n_eval_episodes=callback.n_eval_episodes,
-                    eval_freq=max(eval_freq // steps_per_call, 1),
+                    eval_freq=eval_calls,
                     log_path=os.path.dirname(callback.log_path) if callback.log_path else None,
                     best_model_save_path=callback.best_model_save_path,
                     deterministic=callback.deterministic,
@@ -276,7 +277,7 @@ class PPGExperimentManager(ExperimentManager):
                 self.callbacks[index] = GlobalProgressBarCallback()
         if self.data_parallel and eval_freq > 0 and not self.optimize_hyperparameters:
             group = distributed.new_gloo_group(EVALUATION_TIMEOUT)
-            self.callbacks.append(WaitForEvaluation(max(eval_freq // steps_per_call, 1), group))
+            self.callbacks.append(WaitForEvaluation(eval_calls, group))
 
     def _load_pretrained_agent(self, hyperparams: dict[str, Any], env: VecEnv) -> BaseAlgorithm:
         """
