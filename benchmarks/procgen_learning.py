@@ -12,10 +12,13 @@ and a Markdown report.
 
 - PPG: ``arch="detach"`` (the paper's single-network PPG, as CleanRL), E_pi 1, N_pi 32, E_aux 6.
 - PPO baseline: the same class with ``arch="shared"``, ``n_aux_epochs=0`` and E_pi 3 (the paper's PPO).
+- ``ppg-bf16``: PPG with the policy and auxiliary phases under bfloat16 autocast (rollouts in fp32), the fast setting of
+  ``docs/throughput.md``; on the same seeds as ``ppg``, for learning parity.
 - Both: CleanRL's Procgen settings otherwise (lr 5e-4, gamma 0.999, lambda 0.95, entropy 0.01, value clipping 0.2
   with weight 0.25, gradient clipping 0.5, reward normalization), ``n_envs`` x ``n_steps`` as given.
 
 Usage: ``python benchmarks/procgen_learning.py --game starpilot --seeds 0,1 --total-timesteps 500000``
+(``--algos ppg,ppg-bf16 --output docs/bf16_parity.md`` for the precision comparison)
 """
 
 import argparse
@@ -29,7 +32,9 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
-ALGOS = ("ppg", "ppo")
+ALGOS = ("ppg", "ppo", "ppg-bf16")
+#: Precision of each phase for ``ppg-bf16``
+BF16_PRECISION = dict(rollout="fp32", policy="bf16", aux="bf16")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,9 +78,10 @@ def hyperparameters(args: argparse.Namespace, algo: str) -> dict[str, Any]:
     )
     channels = tuple(int(c) for c in args.channels.split(","))
     extractor = dict(channels=channels)
-    if algo == "ppg":
+    if algo in ("ppg", "ppg-bf16"):
         return dict(
             common,
+            precision=BF16_PRECISION if algo == "ppg-bf16" else "fp32",
             n_epochs=1,
             n_policy_iters=args.n_policy_iters,
             n_aux_epochs=args.n_aux_epochs,
@@ -181,15 +187,20 @@ def plot(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], path: st
     from sb3_ppg.curves import load_paper_curves
 
     figure, (ours, paper) = plt.subplots(1, 2, figsize=(12, 4.5))
+    published_algos = []
     for algo, runs in curves.items():
         length = min(len(run) for run in runs)
         steps = runs[0][:length, 0]
         returns = np.stack([run[:length, 1] for run in runs])
         ours.plot(steps, np.nanmean(returns, axis=0), label=f"{algo.upper()} ({len(runs)} seeds)")
         ours.fill_between(steps, np.nanmin(returns, axis=0), np.nanmax(returns, axis=0), alpha=0.2)
-        published = load_paper_curves(args.game, algo)
-        paper_steps = published[0][0]
-        paper.plot(paper_steps, np.mean([r for _, r in published], axis=0), label=f"paper {algo.upper()} (hard)")
+        published_algo = algo.split("-")[0]  # ppg-bf16: the paper's PPG
+        if published_algo not in published_algos:
+            published_algos.append(published_algo)
+            published = load_paper_curves(args.game, published_algo)
+            paper_steps = published[0][0]
+            label = f"paper {published_algo.upper()} (hard)"
+            paper.plot(paper_steps, np.mean([r for _, r in published], axis=0), label=label)
     ours.axvline(args.total_timesteps, color="grey", linewidth=0.5)
     ours.set(title=f"{args.game} ({args.distribution_mode}), this package", xlabel="env steps", ylabel="episode return")
     paper.set(title=f"{args.game} (hard), the paper's published curves", xlabel="env steps")
@@ -213,6 +224,13 @@ def report(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], image:
         "- Early training only: the paper's curves run to 100M steps in hard mode (CleanRL's to 25M in easy mode); "
         "this budget shows at most the first "
         "few percent of them, where PPG's auxiliary phases have run only a few times.",
+    ]
+    if "ppg-bf16" in curves:
+        lines.append(
+            "- PPG-BF16: the same PPG with its policy and auxiliary phases under bfloat16 autocast (rollouts in fp32), "
+            "on the same seeds"
+        )
+    lines += [
         "",
         "| algorithm | seeds | mean return over the last 10% of steps (per seed) | episodes in the final window |",
         "|---|---|---|---|",
@@ -258,7 +276,8 @@ def main(argv: list[str] | None = None) -> bool:
         path = os.path.join(args.folder, f"{args.game}_{algo}_seed{seed}", "curve.csv")
         # At equal env steps: a run continued past the budget (by an earlier, larger --total-timesteps) is cut there
         curves.setdefault(algo, []).append(read_curve(path, args.total_timesteps))
-    image = os.path.join(os.path.dirname(os.path.abspath(args.output)), f"procgen_learning_{args.game}.png")
+    stem = os.path.splitext(os.path.basename(args.output))[0]
+    image = os.path.join(os.path.dirname(os.path.abspath(args.output)), f"{stem}_{args.game}.png")
     plot(args, curves, image)
     text = report(args, curves, image, (time.monotonic() - start) / 60)
     with open(args.output, "w") as file:

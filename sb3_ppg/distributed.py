@@ -30,16 +30,14 @@ into either beyond :func:`is_active` and :func:`get_rank`.
 import atexit
 import datetime
 import os
+import time
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch as th
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    pass
 
 #: Set to "0" to keep PPG from initializing torch.distributed in a process started by torchrun
 AUTO_INIT_VARIABLE = "SB3_PPG_DISTRIBUTED"
@@ -50,6 +48,8 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 
 # The timeout given to init_process_group by init_from_torchrun, for error messages
 _timeout: datetime.timedelta | None = None
+# How long the exit handler releases the GIL after destroying a gloo process group (see _destroy_at_exit)
+_GLOO_EXIT_GRACE_S = 0.25
 
 
 class DistributedError(RuntimeError):
@@ -118,16 +118,25 @@ def init_from_torchrun(backend: str | None = None, timeout: datetime.timedelta |
     dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     _timeout = timeout
     if backend == "gloo":
-        # Stop gloo's threads before the interpreter's teardown: a process group left for the exit can abort the
-        # process ("terminate called without an active exception")
+        # Let gloo's threads finish with the last collective before the interpreter's teardown (see _destroy_at_exit)
         atexit.register(_destroy_at_exit)
     return dist.get_rank()
 
 
 def _destroy_at_exit() -> None:
-    """Destroy the default process group if it is still there (registered by :func:`init_from_torchrun`)."""
+    """
+    Destroy the default process group if it is still there, then release the GIL for a moment (registered by
+    :func:`init_from_torchrun` for gloo).
+
+    A gloo worker thread frees the tensors of a collective after the caller has been told it finished (or failed).
+    Freeing a tensor whose Python object is gone takes the GIL; a thread that takes the GIL once the interpreter has
+    started its teardown is stopped with ``pthread_exit``, which aborts the process ("terminate called without an
+    active exception", exit code 134). A rank that stopped with a :class:`DistributedError` and exited at once did
+    this about one time in three. The pause lets that thread finish first.
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
+    time.sleep(_GLOO_EXIT_GRACE_S)
 
 
 def init_if_launched(backend: str | None = None) -> bool:

@@ -38,6 +38,8 @@ HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 OWN_FLAGS = ("--quickstart", "--traceback", "--global-n-envs")
 OWN_OPTIONS = ("--preset", "--keep-checkpoints")
 OWN_OPTIONAL_VALUE = ("--resume",)
+#: The zoo's flags for a hyperparameter search (refused under torchrun)
+OPTIMIZE_FLAGS = frozenset(("-optimize", "--optimize-hyperparameters"))
 
 # The same settings as make_procgen_env(preset=...) / sb3_ppg.procgen.presets ("easy" is CleanRL's, as "cleanrl")
 PRESETS = {"paper": "ppg.yml", "cleanrl": "ppg_easy.yml", "easy": "ppg_easy.yml"}
@@ -297,6 +299,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         sys.exit(f"error: {error}")
     known, _ = split_argv(argv)
+    if distributed.launched_by_torchrun() and OPTIMIZE_FLAGS.intersection(argv):
+        sys.exit(
+            "error: -optimize does not run under torchrun (each rank would run its own trials): run the search in one "
+            "process (--n-jobs runs trials in parallel), then train with the best hyperparameters under torchrun."
+        )
     manager_kwargs = {}
     if known.resume is not None:
         manager_kwargs["resume"] = known.resume

@@ -82,17 +82,22 @@ def test_throughput_runs(tmp_path):
 def test_procgen_learning_resumes_in_chunks(tmp_path):
     """benchmarks/procgen_learning.py: a chunk limit stops each invocation after one rollout; the next resumes it."""
     learning = load_script("procgen_learning")
-    args = ["--algos", "ppg", "--seeds", "0", "--total-timesteps", "128", "--n-envs", "2", "--n-steps", "32"]
+    args = ["--algos", "ppg,ppg-bf16", "--seeds", "0", "--total-timesteps", "128", "--n-envs", "2", "--n-steps", "32"]
     args += ["--n-policy-iters", "2", "--n-aux-epochs", "1", "--channels", "2,2,2", "--chunk-minutes", "0"]
-    args += ["--folder", str(tmp_path / "runs"), "--output", str(tmp_path / "report.md")]
+    args += ["--folder", str(tmp_path / "runs"), "--output", str(tmp_path / "parity.md")]
     assert not learning.main(args)
     curve = learning.read_curve(str(tmp_path / "runs" / "starpilot_ppg_seed0" / "curve.csv"))
     assert curve[:, 0].tolist() == [64]
     assert learning.main(args)
     curve = learning.read_curve(str(tmp_path / "runs" / "starpilot_ppg_seed0" / "curve.csv"))
     assert curve[:, 0].tolist() == [64, 128]
-    report = (tmp_path / "report.md").read_text()
-    assert "| PPG | 1 |" in report and (tmp_path / "procgen_learning_starpilot.png").stat().st_size > 0
+    report = (tmp_path / "parity.md").read_text()
+    assert "| PPG | 1 |" in report and "| PPG-BF16 | 1 |" in report and "bfloat16 autocast" in report
+    assert (tmp_path / "parity_starpilot.png").stat().st_size > 0
+    # ppg-bf16 is the same PPG with its policy and aux phases in bf16
+    ppg, bf16 = (learning.hyperparameters(learning.parse_args(args), algo) for algo in ("ppg", "ppg-bf16"))
+    assert bf16.pop("precision") == dict(rollout="fp32", policy="bf16", aux="bf16") and ppg.pop("precision") == "fp32"
+    assert ppg == bf16
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")

@@ -190,18 +190,35 @@ def test_lost_rank(tmp_path, how):
     assert result["seconds"] < timeout_s + 20
 
 
-def test_torchrun_end_to_end(tmp_path):
+@pytest.mark.parametrize("n_nodes", [1, 2])
+def test_torchrun_end_to_end(tmp_path, n_nodes):
     """
     torchrun, two ranks, CartPole with reward normalization through two aux phases: identical parameters and merged
     statistics on both ranks, global step count, rank 0 alone saves, and the model loads in this process.
+    With ``n_nodes=2``: two torchrun launchers with the multi-node flags (``--nnodes=2 --node_rank=N``), one process
+    each, as on two machines (both have ``LOCAL_RANK=0``).
     """
-    command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"),
-        *("--master_addr=127.0.0.1", f"--master_port={free_port()}", WORKER, "end_to_end", str(tmp_path)),
-    ]
-    completed = subprocess.run(command, env=worker_environment(), capture_output=True, text=True, timeout=180)
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    port = free_port()
+    launchers = []
+    for node_rank in range(n_nodes):
+        command = [
+            *(sys.executable, "-m", "torch.distributed.run", f"--nnodes={n_nodes}", f"--node_rank={node_rank}"),
+            *(f"--nproc_per_node={2 // n_nodes}", "--master_addr=127.0.0.1", f"--master_port={port}"),
+            *(WORKER, "end_to_end", str(tmp_path)),
+        ]
+        launchers.append(
+            subprocess.Popen(command, env=worker_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    try:
+        for launcher in launchers:
+            _, stderr = launcher.communicate(timeout=180)
+            assert launcher.returncode == 0, stderr[-3000:]
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
     rank0, rank1 = results(tmp_path)
+    assert [rank0["local_rank"], rank1["local_rank"]] == ([0, 1] if n_nodes == 1 else [0, 0])
     assert_identical(rank0["final"], rank1["final"])
     assert rank0["num_timesteps"] == rank1["num_timesteps"] == 4 * 16 * 4
     assert rank0["n_aux_phases"] == rank1["n_aux_phases"] == 2

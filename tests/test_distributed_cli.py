@@ -4,6 +4,7 @@ prints and saves, rank 1 logs its episodes into ``rank_1/``, both write their pa
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from stable_baselines3.common.env_util import make_vec_env
+from test_cli_checkpoints import assert_same_run  # tests/ is on sys.path (pytest's rootdir-relative imports)
 
 from sb3_ppg import PPG, distributed
 
@@ -84,9 +86,45 @@ def test_train_cli_under_torchrun(tmp_path):
     assert episode_lengths(run / "rank_1" / "0.monitor.csv") == rank1[0]
 
 
+def test_resume_mid_run_under_torchrun(tmp_path):
+    """
+    A torchrun job stopped after its first checkpoint (its episode logs and evaluations already go further) and
+    resumed with ``--resume CHECKPOINT`` ends exactly as the uninterrupted job: parameters, both ranks' episode logs,
+    evaluations.
+    """
+    completed = torchrun_train(*CARTPOLE, "n_envs:4", "-f", str(tmp_path / "a"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    run_a = tmp_path / "a" / "ppg" / "CartPole-v1_1"
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    run_b = tmp_path / "b" / "ppg" / "CartPole-v1_1"
+    shutil.rmtree(run_b / "checkpoints" / "ppg_256_steps")
+    (run_b / "CartPole-v1.zip").unlink()
+
+    checkpoint = run_b / "checkpoints" / "ppg_128_steps"
+    completed = torchrun_train(*CARTPOLE, "n_envs:4", "-f", str(tmp_path / "b"), "--resume", str(checkpoint))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "continuing" in completed.stdout and "ppg_128_steps" in completed.stdout
+    assert [path.name for path in (tmp_path / "b" / "ppg").iterdir()] == ["CartPole-v1_1"]
+    assert_same_run(run_a, run_b, "CartPole-v1")
+    for name in ("0.monitor.csv", "1.monitor.csv"):
+        assert episode_lengths(run_b / "rank_1" / name) == episode_lengths(run_a / "rank_1" / name)
+
+
 def test_global_n_envs_under_torchrun(tmp_path):
     completed = torchrun_train(*CARTPOLE, "n_envs:3", "-f", str(tmp_path))
     assert completed.returncode != 0
     message = "error: ValueError: --global-n-envs: 3 envs cannot be split evenly over 2 ranks"
     assert completed.stderr.count(message) == 2  # one line from each rank
     assert not (tmp_path / "ppg").exists() or not list((tmp_path / "ppg").iterdir())
+
+
+def test_optimize_refused_under_torchrun(monkeypatch, capsys):
+    """-optimize is not data-parallel: under torchrun every rank stops at once with a clear error (no rendezvous)."""
+    from sb3_ppg import train
+
+    variables = dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    for name, value in dict(variables, SB3_PPG_DIST_TIMEOUT="5").items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit, match="-optimize does not run under torchrun"):
+        train.main(["--env", "CartPole-v1", "-n", "64", "-optimize", "--n-trials", "2"])
+    assert not distributed.is_active()
