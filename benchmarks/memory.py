@@ -43,8 +43,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-policy-iters", type=int, default=32, help="N_pi")
     parser.add_argument("--aux-seconds", type=int, default=300, help="Longest time spent in the auxiliary phase")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", help="PPG's precision: fp32, bf16, or JSON per phase")
     parser.add_argument("--json", default=None, help="Write the results as JSON to this file")
     return parser.parse_args(argv)
+
+
+def precision(text: str) -> str | dict[str, str]:
+    """PPG's ``precision`` argument from the command line (a name, or a JSON dict per phase)."""
+    return json.loads(text) if text.strip().startswith("{") else text
 
 
 def memory_mib() -> dict[str, float]:
@@ -71,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stages: dict[str, dict[str, float]] = {"start": memory_mib()}
     env = make_procgen_env(args.game, n_envs=args.n_envs, preset=args.preset, seed=0)
     kwargs = get_procgen_preset(args.preset).ppg_kwargs(args.n_envs)
-    kwargs.update(n_steps=args.n_steps, n_policy_iters=args.n_policy_iters)
+    kwargs.update(n_steps=args.n_steps, n_policy_iters=args.n_policy_iters, precision=precision(args.precision))
     model = PPG("ProcgenCnn", env, device=args.device, seed=0, **kwargs)
     stages["model built"] = memory_mib()
     buffer = model.aux_buffer
@@ -124,7 +130,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"- Command: `{command}`",
         f"- {config['game']} ({config['preset']} preset), {config['n_envs']} envs x {config['n_steps']} steps, "
         f"N_pi {config['n_policy_iters']}, policy minibatch {result['batch_size']}, auxiliary minibatch "
-        f"{result['aux_minibatch_samples']} samples, device {config['device']}",
+        f"{result['aux_minibatch_samples']} samples, device {config['device']}, precision {config['precision']}",
         "",
         "| stage | resident MiB | peak so far MiB |",
         "|---|---|---|",

@@ -103,9 +103,9 @@ def test_procgen_learning_resumes_in_chunks(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_memory_runs(tmp_path, capsys):
     memory = load_script("memory")
-    result = memory.main(
-        ["--n-envs", "2", "--n-steps", "8", "--n-policy-iters", "2", "--aux-seconds", "60", "--json", str(tmp_path / "m.json")]
-    )
+    args = ["--n-envs", "2", "--n-steps", "8", "--n-policy-iters", "2", "--aux-seconds", "60"]
+    args += ["--json", str(tmp_path / "m.json"), "--precision", '{"policy": "bf16", "aux": "bf16"}']
+    result = memory.main(args)
     stages = result["stages"]
     assert list(stages) == ["start", "model built", "one policy iteration", "auxiliary buffer full", "auxiliary phase"]
     assert stages["auxiliary phase"]["finished"]
@@ -115,4 +115,5 @@ def test_memory_runs(tmp_path, capsys):
     # 2 envs x 8 steps x 2 iterations of 3x64x64 uint8 frames, plus the small per-step arrays
     assert 2 * 8 * 2 * 3 * 64 * 64 <= result["aux_buffer_mib"] * 2**20 < 1.1 * 2 * 8 * 2 * 3 * 64 * 64
     assert json.loads((tmp_path / "m.json").read_text())["peak_mib"] == result["peak_mib"]
-    assert "Auxiliary buffer:" in capsys.readouterr().out
+    output = capsys.readouterr().out
+    assert "Auxiliary buffer:" in output and 'precision {"policy": "bf16", "aux": "bf16"}' in output

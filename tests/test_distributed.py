@@ -180,7 +180,7 @@ def test_lost_rank(tmp_path, how):
     timeout_s = 5
     processes = start_ranks(how, tmp_path, timeout_s=timeout_s)
     try:
-        assert processes[0].wait(timeout=60) == 0, (tmp_path / "log0.txt").read_text()[-3000:]
+        assert processes[0].wait(timeout=120) == 0, (tmp_path / "log0.txt").read_text()[-3000:]
     finally:
         for process in processes:
             if process.poll() is None:
