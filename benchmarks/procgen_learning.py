@@ -75,13 +75,14 @@ def hyperparameters(args: argparse.Namespace, algo: str) -> dict[str, Any]:
         clip_range_vf=0.2,
         vf_coef=0.25,
         max_grad_norm=0.5,
+        precision="fp32",  # not "auto" (the default): the same computation on every machine
     )
     channels = tuple(int(c) for c in args.channels.split(","))
     extractor = dict(channels=channels)
     if algo in ("ppg", "ppg-bf16"):
         return dict(
             common,
-            precision=BF16_PRECISION if algo == "ppg-bf16" else "fp32",
+            precision=BF16_PRECISION if algo == "ppg-bf16" else common["precision"],
             n_epochs=1,
             n_policy_iters=args.n_policy_iters,
             n_aux_epochs=args.n_aux_epochs,
@@ -232,17 +233,20 @@ def report(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], image:
         )
     lines += [
         "",
-        "| algorithm | seeds | mean return over the last 10% of steps (per seed) | episodes in the final window |",
-        "|---|---|---|---|",
+        "| algorithm | seeds | mean return over the last 10% of steps (per seed) | mean over the whole run (per seed) "
+        "| episodes in the final window |",
+        "|---|---|---|---|---|",
     ]
     for algo, runs in curves.items():
-        finals = []
+        finals, overall = [], []
         for run in runs:
             tail = run[run[:, 0] >= 0.9 * args.total_timesteps]
             finals.append(float(np.nanmean(tail[:, 1])) if len(tail) else float("nan"))
+            overall.append(float(np.nanmean(run[:, 1])) if len(run) else float("nan"))
         episodes = int(sum(run[-1, 2] for run in runs if len(run)))
         lines.append(
             f"| {algo.upper()} | {len(runs)} | {np.mean(finals):.2f} ({', '.join(f'{f:.2f}' for f in finals)}) "
+            f"| {np.mean(overall):.2f} ({', '.join(f'{f:.2f}' for f in overall)}) "
             f"| last-100 windows, {episodes} in the final windows |"
         )
     lines += ["", f"![learning curves]({os.path.basename(image)})", ""]

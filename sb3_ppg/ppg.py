@@ -19,7 +19,13 @@ from sb3_ppg.base import PPGBase
 from sb3_ppg.buffers import AuxiliaryBufferSamples
 from sb3_ppg.distributions import get_distribution_params
 from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
-from sb3_ppg.validation import check_hyperparameters, resolve_batch_size, resolve_precision
+from sb3_ppg.validation import (
+    PRECISIONS,
+    check_hyperparameters,
+    has_convolutions,
+    resolve_batch_size,
+    resolve_precision,
+)
 
 
 class PPG(PPGBase):
@@ -76,9 +82,13 @@ class PPG(PPGBase):
         paper's code) or share the policy phase's optimizer (False, as CleanRL)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step (a memory
         knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
-    :param precision: ``"fp32"`` (default) or ``"bf16"``: the features extractors run under bfloat16 autocast (the
-        heads, distributions, losses and optimizer stay in float32); or a dict choosing per phase, e.g.
-        ``{"rollout": "bf16", "policy": "fp32", "aux": "bf16"}`` (missing phases are ``"fp32"``)
+    :param precision: ``"auto"`` (default): bfloat16 autocast in the policy and auxiliary phases (float32 rollouts)
+        for a convolutional features extractor on a CPU with AMX, where it was measured 2.1x faster end to end with
+        the same learning curves; float32 otherwise (MLP extractors, GPUs: not measured yet). ``"fp32"`` or
+        ``"bf16"``: every phase; with ``"bf16"`` the features extractors run under bfloat16 autocast (the heads,
+        distributions, losses and optimizer stay in float32). Or a dict choosing per phase, e.g.
+        ``{"rollout": "bf16", "policy": "fp32", "aux": "bf16"}`` (missing phases are ``"fp32"``).
+        ``phase_precision`` tells what a model uses.
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: only at rollout start)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
@@ -132,7 +142,7 @@ class PPG(PPGBase):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
-        precision: str | dict[str, str] = "fp32",
+        precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
         sde_sample_freq: int = -1,
         rollout_buffer_class: type[RolloutBuffer] | None = None,
@@ -208,7 +218,7 @@ class PPG(PPGBase):
             self.aux_learning_rate = FloatSchedule(self.aux_learning_rate)
         self.batch_size = resolve_batch_size(self, self.n_envs)
         # The features extractors' precision in each phase; between train() calls (rollouts, predict) the rollouts'
-        self._phase_dtypes = resolve_precision(self.precision)
+        self._phase_dtypes = resolve_precision(self.precision, self.device, has_convolutions(self.policy))
         self.policy.compute_dtype = self._phase_dtypes["rollout"]
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
@@ -216,6 +226,12 @@ class PPG(PPGBase):
         self.aux_optimizer = self._make_optimizer() if self.n_aux_epochs > 0 and self.separate_aux_optimizer else None
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
+
+    @property
+    def phase_precision(self) -> dict[str, str]:
+        """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
+        names = {dtype: name for name, dtype in PRECISIONS.items()}
+        return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
 
     # ------------------------------------------------------------------------------------------------------------
     # Training: SB3's learn() collects a rollout, then calls train()
@@ -236,7 +252,11 @@ class PPG(PPGBase):
                 mean, std = advantages.mean(), advantages.std()
             self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
         self.policy.compute_dtype = self._phase_dtypes["policy"]
-        self._train_policy_phase()
+        try:
+            self._train_policy_phase()
+        finally:
+            # The next rollout (and predict) runs at the rollout precision, whether or not an aux phase follows
+            self.policy.compute_dtype = self._phase_dtypes["rollout"]
         if self.aux_buffer is not None:
             self._finish_interrupted_aux_phase()
             self.aux_buffer.add(self.rollout_buffer)

@@ -11,7 +11,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
 
-from sb3_ppg import PPG
+from sb3_ppg import PPG, validation
 from sb3_ppg.distributions import kl_divergence_from_params
 
 
@@ -350,6 +350,7 @@ def test_channels_last_and_nchw_train_to_the_same_parameters():
             aux_batch_rollouts=1,
             policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4, 8), channels_last=channels_last)),
             seed=0,
+            precision="fp32",  # float tolerance: both in float32 on any CPU
         )
         # One iteration (the same rollout: same initial weights), its policy phase and an aux phase
         model.learn(16)
@@ -363,7 +364,9 @@ def test_channels_last_and_nchw_train_to_the_same_parameters():
     assert close >= 0.99 * sum(a.numel() for a in trained[0])
 
 
-@pytest.mark.parametrize("precision", ["bf16", {"rollout": "bf16"}, {"aux": "bf16", "policy": "fp32"}])
+@pytest.mark.parametrize(
+    "precision", ["bf16", {"rollout": "bf16"}, {"aux": "bf16", "policy": "fp32"}, {"policy": "bf16", "aux": "bf16"}]
+)
 def test_bf16_precision_trains_and_stays_close(make_model, precision):
     """bf16 autocast runs the features extractor only: outputs stay float32 and close to fp32's."""
     reference = make_model(n_aux_epochs=1)
@@ -376,17 +379,44 @@ def test_bf16_precision_trains_and_stays_close(make_model, precision):
         expected = reference.policy.predict_values(obs)
     assert values.dtype == th.float32 and distribution.distribution.logits.dtype == th.float32
     th.testing.assert_close(values, expected, rtol=0.05, atol=0.05)
-    model.learn(32)
-    assert model._n_aux_phases == 1
-    # Between train() calls (rollouts, predict) the policy runs at the rollout precision
+    # Between train() calls (rollouts, predict) the policy runs at the rollout precision, after an iteration without
+    # an aux phase too (regression: the policy phase's precision used to stay on for the next rollout)
     expected_dtype = th.bfloat16 if precision == "bf16" or precision.get("rollout") == "bf16" else th.float32
-    assert model.policy.compute_dtype == expected_dtype
+    model.learn(16)
+    assert model._n_aux_phases == 0 and model.policy.compute_dtype == expected_dtype
+    model.learn(16, reset_num_timesteps=False)
+    assert model._n_aux_phases == 1 and model.policy.compute_dtype == expected_dtype
     assert all(th.isfinite(p).all() for p in model.policy.parameters())
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_precision(monkeypatch, tmp_path, amx):
+    """
+    The default, "auto": bf16 policy and aux phases (fp32 rollouts) for a convolutional extractor on a CPU with AMX;
+    fp32 for an MLP extractor, without AMX, and on CUDA (not measured yet). A saved model resolves it again on load.
+    """
+    monkeypatch.setattr(validation, "cpu_has_amx", lambda: amx)
+    images = FakeImageEnv(screen_height=16, screen_width=16, n_channels=3, discrete=True)
+    cnn = PPG("ProcgenCnn", images, n_steps=8, batch_size=8, policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4,))))
+    mlp = PPG("MlpPolicy", "CartPole-v1", n_steps=8, batch_size=8)
+    assert cnn.precision == mlp.precision == "auto"
+    auto_bf16, all_fp32 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}, dict.fromkeys(validation.PHASES, "fp32")
+    assert cnn.phase_precision == (auto_bf16 if amx else all_fp32)
+    assert mlp.phase_precision == all_fp32
+    assert cnn.policy.compute_dtype == th.float32  # rollouts
+    assert validation.resolve_precision("auto", "cuda", convolutional=True) == dict.fromkeys(validation.PHASES, th.float32)
+    # An explicit precision is used as given
+    assert PPG("ProcgenCnn", images, n_steps=8, precision="fp32").phase_precision == all_fp32
+    cnn.save(tmp_path / "cnn")
+    monkeypatch.setattr(validation, "cpu_has_amx", lambda: not amx)
+    loaded = PPG.load(tmp_path / "cnn", env=images)
+    assert loaded.precision == "auto"
+    assert loaded.phase_precision == (all_fp32 if amx else auto_bf16)  # this machine's answer now
 
 
 @pytest.mark.parametrize(
     "precision, message",
-    [("fp16", "'fp16' .* is not one of"), ({"rollouts": "bf16"}, "unknown phases"), (16, "must be 'fp32', 'bf16'")],
+    [("fp16", "'fp16' .* is not one of"), ({"rollouts": "bf16"}, "unknown phases"), (16, "must be 'auto', 'fp32'")],
 )
 def test_invalid_precision(make_model, precision, message):
     with pytest.raises(ValueError, match=message):
