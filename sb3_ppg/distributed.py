@@ -118,7 +118,9 @@ def init_from_torchrun(backend: str | None = None, timeout: datetime.timedelta |
     dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
     _timeout = timeout
     if backend == "gloo":
-        # Let gloo's threads finish with the last collective before the interpreter's teardown (see _destroy_at_exit)
+        # Let gloo's threads finish with the last collective before the interpreter's teardown (see _destroy_at_exit);
+        # once per process, however often the group is initialized again
+        atexit.unregister(_destroy_at_exit)
         atexit.register(_destroy_at_exit)
     return dist.get_rank()
 

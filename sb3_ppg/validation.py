@@ -207,7 +207,7 @@ def resolve_precision(
     :param convolutional: whether the policy's features extractors hold convolutions (for ``"auto"``)
     :return: a dtype for each phase
     """
-    if isinstance(precision, str) and precision == "auto":
+    if precision == "auto":
         fast_bf16 = device is not None and th.device(device).type == "cpu" and convolutional and cpu_has_amx()
         precision = dict(AUTO_BF16) if fast_bf16 else "fp32"
     per_phase = dict.fromkeys(PHASES, precision) if isinstance(precision, str) else dict.fromkeys(PHASES, "fp32")

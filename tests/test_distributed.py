@@ -122,6 +122,27 @@ def test_single_process(monkeypatch):
     assert distributed.auto_init("cpu") == "cpu" and not distributed.is_active()
 
 
+def test_gloo_exit_handler_registered_once(monkeypatch):
+    """init_from_torchrun registers the gloo exit handler once per process, however often the group is re-created."""
+    registered = []
+
+    def unregister(function) -> None:  # as atexit.unregister: every registration of the function
+        registered[:] = [other for other in registered if other is not function]
+
+    monkeypatch.setattr(distributed.atexit, "register", registered.append)
+    monkeypatch.setattr(distributed.atexit, "unregister", unregister)
+    variables = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    try:
+        for _ in range(2):
+            distributed.init_from_torchrun(backend="gloo", timeout=30)
+            th.distributed.destroy_process_group()
+    finally:
+        distributed._destroy_at_exit()  # what the handler (not registered here) does, before pytest's own exit
+    assert registered == [distributed._destroy_at_exit]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Two processes
 # ---------------------------------------------------------------------------------------------------------------------
