@@ -5,11 +5,13 @@ A full N_pi cycle at the paper's scale (64 envs x 256 steps x N_pi 32 = 524,288 
 small CPU, but its memory does not depend on what the rollouts hold. So the script:
 
 1. builds PPG with a Procgen preset's settings on ``make_procgen_env(game, n_envs, preset=...)``;
-2. trains one real policy iteration (a rollout and a policy phase: the rollout buffer and the policy phase's
-   activations at its minibatch size);
-3. fills the other ``N_pi - 1`` slots of the auxiliary buffer with copies of that rollout;
-4. runs the auxiliary phase (the old-policy pass over the whole buffer, then the auxiliary epochs) for at most
-   ``--aux-seconds`` (it stops there: the memory of the next minibatches is the same).
+2. trains one real policy iteration (a rollout and a policy phase);
+3. fills the auxiliary buffer's other slots but one with copies of that rollout;
+4. trains the cycle's last policy iteration for real: its policy phase runs beside ``N_pi - 1`` buffered rollouts
+   (training's largest footprint when the policy minibatch is the larger one), then its rollout fills the buffer and
+   the auxiliary phase starts: the old-policy pass over the whole buffer, then the auxiliary epochs, for at most
+   ``--aux-seconds`` in all (it stops there: the memory of the next minibatches is the same; the old-policy pass
+   must end within that time).
 
 The peak resident memory (``VmHWM``) is read after each stage; the report gives it against the auxiliary buffer's
 raw bytes (``AuxiliaryBuffer.nbytes``). Linux only (``/proc/self/status``).
@@ -44,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--aux-seconds", type=int, default=300, help="Longest time spent in the auxiliary phase")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", help="PPG's precision: fp32, bf16, or JSON per phase")
+    parser.add_argument("--micro-batch-size", default="auto", help="PPG's micro_batch_size: auto (default), none or N")
     parser.add_argument("--json", default=None, help="Write the results as JSON to this file")
     return parser.parse_args(argv)
 
@@ -78,6 +81,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = make_procgen_env(args.game, n_envs=args.n_envs, preset=args.preset, seed=0)
     kwargs = get_procgen_preset(args.preset).ppg_kwargs(args.n_envs)
     kwargs.update(n_steps=args.n_steps, n_policy_iters=args.n_policy_iters, precision=precision(args.precision))
+    text = args.micro_batch_size
+    kwargs.update(micro_batch_size=text if text == "auto" else None if text == "none" else int(text))
     model = PPG("ProcgenCnn", env, device=args.device, seed=0, **kwargs)
     stages["model built"] = memory_mib()
     buffer = model.aux_buffer
@@ -86,31 +91,53 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     model.learn(rollout_size)  # one rollout and policy phase; the rollout goes to the auxiliary buffer
     stages["one policy iteration"] = {**memory_mib(), "seconds": time.perf_counter() - start}
-    while not buffer.full():
+    while buffer.n_iterations < buffer.n_policy_iters - 1:
         buffer.add(model.rollout_buffer)
-    stages["auxiliary buffer full"] = memory_mib()
+    stages["auxiliary buffer full but one rollout"] = memory_mib()
+
+    run_aux_phase = model._run_aux_phase
+    aux_phase: dict[str, Any] = {}
 
     def time_up(signum: int, frame: Any) -> None:
         raise TimeUp
 
+    def timed_aux_phase() -> None:
+        # Called by train() once the last rollout has filled the buffer
+        stages["last policy iteration"] = {**memory_mib(), "seconds": time.perf_counter() - start}
+        stages["last policy iteration"]["buffered_iterations_in_policy_phase"] = buffer.n_iterations - 1
+        aux_phase["start"] = time.perf_counter()
+        signal.alarm(args.aux_seconds)
+        run_aux_phase()
+
+    compute_old_distributions = model._compute_old_distributions
+
+    def recorded_old_distributions() -> None:
+        compute_old_distributions()
+        stages["old-policy pass"] = {**memory_mib(), "seconds": time.perf_counter() - aux_phase["start"]}
+
+    model._run_aux_phase = timed_aux_phase  # type: ignore[method-assign]
+    model._compute_old_distributions = recorded_old_distributions  # type: ignore[method-assign]
     previous = signal.signal(signal.SIGALRM, time_up)
-    signal.alarm(args.aux_seconds)
     start = time.perf_counter()
     try:
-        model._run_aux_phase()
+        model.learn(rollout_size, reset_num_timesteps=False)
         finished = True
     except TimeUp:
         finished = False
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    stages["auxiliary phase"] = {**memory_mib(), "seconds": time.perf_counter() - start, "finished": finished}
+    seconds = time.perf_counter() - aux_phase["start"]
+    stages["auxiliary phase"] = {**memory_mib(), "seconds": seconds, "finished": finished}
+    if "old-policy pass" not in stages:
+        raise RuntimeError(f"The old-policy pass did not end within --aux-seconds {args.aux_seconds}: raise it.")
     env.close()
     aux_mib = buffer.nbytes / 2**20
     peak = max(stage["peak_mib"] for stage in stages.values())
     return {
         "config": vars(args),
         "batch_size": model.batch_size,
+        "micro_batch_size": model._micro_batch_size,
         "aux_minibatch_samples": model.aux_batch_rollouts * args.n_steps,
         "aux_buffer_mib": aux_mib,
         "stages": stages,
@@ -130,7 +157,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"- Command: `{command}`",
         f"- {config['game']} ({config['preset']} preset), {config['n_envs']} envs x {config['n_steps']} steps, "
         f"N_pi {config['n_policy_iters']}, policy minibatch {result['batch_size']}, auxiliary minibatch "
-        f"{result['aux_minibatch_samples']} samples, device {config['device']}, precision {config['precision']}",
+        f"{result['aux_minibatch_samples']} samples, micro-batches {result['micro_batch_size'] or 'none'} "
+        f"(micro_batch_size {config['micro_batch_size']}), "
+        f"device {config['device']}, precision {config['precision']}",
         "",
         "| stage | resident MiB | peak so far MiB |",
         "|---|---|---|",

@@ -9,13 +9,16 @@ mode runs in a fresh subprocess (so that peak memory is its own) and reports:
   CUDA);
 - the **compute bound**: the same network alone, timed on random images at the batch sizes training uses (forward
   at the rollout batch of ``n_envs``; forward + backward + optimizer step at the policy and auxiliary minibatch
-  sizes; forward at the old-policy chunk size), in the same precision and memory format. The bound is the env steps
+  sizes, in the micro-batches training splits them into; forward at the old-policy chunk size), in the same
+  precision and memory format. The bound is the env steps
   per second that training would reach if it spent time only on those network calls; ``end-to-end / bound`` says
   how close training comes to it.
 
-Modes: ``optimized`` (the package's defaults plus the options given: ``--precision``, ``--compile``) and
+Modes: ``optimized`` (the package's defaults plus the options given: ``--precision``, ``--compile``,
+``--micro-batch-size``) and
 ``reference`` (every optimization off: fp32, NCHW convolutions, no compile). The report prints optimized /
-reference. Results go to ``--json`` and a Markdown table to ``--output`` (machine, date, versions, command).
+reference. Results go to ``--json`` and a Markdown table to ``--output`` (machine, date, versions, command;
+default ``docs/throughput_run.md``, the latest run, which ``docs/throughput.md`` collects and explains).
 
 Usage, from the repository root with sb3_ppg installed:
 ``python benchmarks/throughput.py --game starpilot --n-envs 32 --n-steps 128 --arch detach --n-policy-iters 4``
@@ -53,14 +56,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-cycles", type=int, default=1, help="Timed N_pi cycles (each ends with an aux phase)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", help="Optimized mode's precision: fp32, bf16, or JSON per phase")
+    parser.add_argument(
+        "--micro-batch-size", type=micro_batch_size, default="auto", help="Optimized mode's micro_batch_size: auto, none or N"
+    )
     parser.add_argument("--compile", action="store_true", help="Optimized mode: torch.compile the features extractors")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--bound-repeats", type=int, default=3, help="Timed repeats of each network call")
     parser.add_argument("--modes", default="optimized,reference", help="Comma-separated modes to run")
     parser.add_argument("--json", default=None, help="Write the results as JSON to this file")
-    parser.add_argument("--output", default=os.path.join("docs", "throughput.md"), help="Markdown file to write")
+    parser.add_argument(
+        "--output", default=os.path.join("docs", "throughput_run.md"), help="Markdown file to write (the latest run)"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def micro_batch_size(text: str) -> int | str | None:
+    """PPG's ``micro_batch_size`` from the command line: ``auto``, ``none`` or a positive number."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto, none or a positive integer, got {text!r}")
+    return int(text)
 
 
 def _precision(text: str) -> str | dict[str, str]:
@@ -95,6 +112,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         n_aux_epochs=args.n_aux_epochs,
         aux_batch_rollouts=args.aux_batch_rollouts,
         precision=_precision(args.precision) if optimized else "fp32",
+        micro_batch_size=args.micro_batch_size if optimized else None,
         policy_kwargs=policy_kwargs,
         device=args.device,
         seed=0,
@@ -154,6 +172,8 @@ def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dic
     """
     import torch as th
 
+    from sb3_ppg.buffers import split_observations
+
     policy = model.policy
     dtypes = model._phase_dtypes
     shape = model.observation_space.shape
@@ -169,6 +189,12 @@ def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dic
     actions = th.randint(0, model.action_space.n, (batch_size,), device=device)
     optimizer = model.policy.optimizer
 
+    # The passes that training runs: micro-batches of the minibatches when the model splits them
+    micro_batch_size = model._micro_batch_size
+
+    def parts(batch: th.Tensor) -> list[th.Tensor]:
+        return split_observations(batch, micro_batch_size)  # type: ignore[return-value]
+
     def rollout_forward() -> None:
         policy.compute_dtype = dtypes["rollout"]
         with th.no_grad():
@@ -176,20 +202,23 @@ def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dic
 
     def policy_step() -> None:
         policy.compute_dtype = dtypes["policy"]
-        values, log_prob, entropy = policy.evaluate_actions(policy_obs, actions)
-        (values.mean() + log_prob.mean() + entropy.mean()).backward()
+        for observations, part_actions in zip(parts(policy_obs), parts(actions), strict=True):
+            values, log_prob, entropy = policy.evaluate_actions(observations, part_actions)
+            (values.mean() + log_prob.mean() + entropy.mean()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def old_policy_forward() -> None:
         policy.compute_dtype = dtypes["aux"]
         with th.inference_mode():
-            policy.get_distribution(aux_obs)
+            for observations in parts(aux_obs):
+                policy.get_distribution(observations)
 
     def aux_step() -> None:
         policy.compute_dtype = dtypes["aux"]
-        distribution, values, aux_values = policy.forward_aux(aux_obs)
-        (distribution.entropy().mean() + values.mean() + aux_values.mean()).backward()
+        for observations in parts(aux_obs):
+            distribution, values, aux_values = policy.forward_aux(observations)
+            (distribution.entropy().mean() + values.mean() + aux_values.mean()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -260,6 +289,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "precision": args.precision if mode == "optimized" else "fp32",
         "channels_last": mode == "optimized",
         "compile": bool(args.compile and mode == "optimized"),
+        "phase_precision": model.phase_precision,
+        "micro_batch_size": model._micro_batch_size,
     }
     if cuda:
         result["peak_device_mib"] = th.cuda.max_memory_allocated() / 2**20
@@ -288,10 +319,20 @@ def machine() -> str:
     )
 
 
+def precision_text(result: dict[str, Any]) -> str:
+    """The precision asked for and, where it differs, what it resolved to per phase (``"auto"``)."""
+    resolved = result["phase_precision"]
+    if len(set(resolved.values())) == 1:
+        actual = next(iter(resolved.values()))
+    else:
+        actual = ", ".join(f"{phase} {name}" for phase, name in resolved.items())
+    return actual if result["precision"] == actual else f"{result['precision']} ({actual})"
+
+
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
     """The report as Markdown."""
     lines = [
-        "# PPG training throughput",
+        "# PPG training throughput: the latest run",
         "",
         "Written by `benchmarks/throughput.py`; do not edit by hand.",
         "",
@@ -300,15 +341,17 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"- Command: `{command}`",
         f"- Config: {args.game} (easy), `{args.policy}` arch `{args.arch}`, {args.n_envs} envs x {args.n_steps} steps, "
         f"{args.n_minibatches} policy minibatches, N_pi {args.n_policy_iters}, E_aux {args.n_aux_epochs}, "
-        f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi cycle(s)",
+        f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
+        f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}",
         "",
-        "| mode | precision | channels_last | compile | end-to-end env steps/s | rollout env steps/s | policy samples/s "
-        "| aux samples/s | compute bound env steps/s | end-to-end / bound | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "
+        "| policy samples/s | aux samples/s | compute bound env steps/s | end-to-end / bound | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
+        micro = result["micro_batch_size"] or "whole minibatches"
         lines.append(
-            f"| {result['mode']} | {result['precision']} | {result['channels_last']} | {result['compile']} "
+            f"| {result['mode']} | {precision_text(result)} | {micro} | {result['channels_last']} | {result['compile']} "
             f"| {result['end_to_end_env_steps_per_s']:.1f} | {result['rollout_env_steps_per_s']:.1f} "
             f"| {result['policy_phase_samples_per_s']:.1f} | {result['aux_phase_samples_per_s']:.1f} "
             f"| {result['bound_env_steps_per_s']:.1f} | {result['end_to_end_over_bound']:.0%} | {result['peak_rss_mib']:.0f} |"

@@ -15,8 +15,8 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.utils import check_for_correct_spaces, explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg import data_parallel, distributed, resume
-from sb3_ppg.buffers import AuxiliaryBuffer
+from sb3_ppg import data_parallel, distributed, losses, resume
+from sb3_ppg.buffers import AuxiliaryBuffer, Minibatch, split_minibatch
 from sb3_ppg.checkpoints import iter_callbacks
 from sb3_ppg.policies import PPGPolicy
 from sb3_ppg.validation import check_aux_buffer_memory, gradient_norm, resolve_batch_size, schedule_value
@@ -40,6 +40,7 @@ class PPGBase(OnPolicyAlgorithm):
     value_optimizer: th.optim.Optimizer | None
     _auto_batch_size: bool
     _phase_dtypes: dict[str, th.dtype]
+    _micro_batch_size: int | None
     _n_aux_phases: int
     _compute_old_distributions: Callable[[], None]
     _train_aux_phase: Callable[[], None]
@@ -216,13 +217,39 @@ class PPGBase(OnPolicyAlgorithm):
         self._schedule_value("learning_rate", self._current_progress_remaining)
         super()._update_learning_rate(optimizers)
 
-    def _optimizer_step(self, optimizer: th.optim.Optimizer, loss: th.Tensor, phase: str) -> None:
+    def _backward(
+        self,
+        minibatch: Minibatch,
+        compute_loss: Callable[[Minibatch], tuple[th.Tensor, losses.Diagnostics]],
+        phase: str,
+        divisor: int = 1,
+    ) -> tuple[th.Tensor, losses.Diagnostics]:
         """
-        Check the loss, backpropagate it, average the gradients over the ranks, check and clip them, step and clear
-        them.
+        Compute a minibatch's loss, check it and backpropagate ``loss / divisor`` (adding to the gradients). With
+        ``micro_batch_size``, a larger minibatch runs as micro-batches, one forward and backward pass each, with their
+        losses weighted by their share of the samples: the same gradient up to float rounding, with the activations
+        of one micro-batch at a time.
+
+        :param minibatch: the minibatch
+        :param compute_loss: its loss (a mean over the samples) and diagnostics (means as well)
+        :param phase: "policy" or "auxiliary", for the error message of a non-finite loss
+        :param divisor: what the loss is divided by (the minibatches of an accumulated gradient)
+        :return: the minibatch's loss (detached) and diagnostics
         """
-        self._check_finite(loss, phase)
-        loss.backward()
+        results = []
+        for micro_batch, share in split_minibatch(minibatch, self._micro_batch_size):
+            loss, diagnostics = compute_loss(micro_batch)
+            self._check_finite(loss, phase)
+            (loss * share / divisor).backward()
+            results.append((share, loss.detach(), diagnostics))
+        if len(results) == 1:
+            return results[0][1], results[0][2]
+        total_loss = sum(share * loss for share, loss, _ in results)
+        names = results[0][2].keys()
+        return total_loss, {name: sum(share * diagnostics[name] for share, _, diagnostics in results) for name in names}  # type: ignore[misc]
+
+    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
+        """Average the gradients over the ranks, check and clip them, step the optimizer and clear them."""
         self._average_gradients()
         self._clip_gradients(phase)
         optimizer.step()

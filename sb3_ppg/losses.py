@@ -21,6 +21,18 @@ def append_diagnostics(stats: dict[str, list[th.Tensor]], diagnostics: Diagnosti
         stats[name].append(value)
 
 
+def normalize_advantages(advantages: th.Tensor) -> th.Tensor:
+    """
+    Advantages normalized to mean 0 and std 1 over the given samples (a single sample is left as it is).
+
+    :param advantages: the advantages of a minibatch
+    :return: the normalized advantages
+    """
+    if len(advantages) > 1:
+        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    return advantages
+
+
 def policy_loss(
     advantages: th.Tensor,
     log_prob: th.Tensor,
@@ -29,26 +41,22 @@ def policy_loss(
     clip_range: float | None,
     ent_coef: float,
     kl_coef: float,
-    normalize_advantage: bool,
 ) -> tuple[th.Tensor, Diagnostics]:
     """
     The policy phase's policy loss ``L_surrogate + ent_coef * L_entropy (+ kl_coef * L_kl)``: PPO's clipped
     surrogate (or, with ``clip_range=None``, the unclipped one, usually with the paper's KL penalty
     ``0.5 * mean(log_ratio ** 2)``) and the entropy bonus.
 
-    :param advantages: the minibatch's advantages
+    :param advantages: the minibatch's advantages (normalized already, if they are; see ``normalize_advantages``)
     :param log_prob: log-probabilities of its actions under the current policy
     :param old_log_prob: log-probabilities of its actions under the behaviour policy
     :param entropy: entropies of the current policy (``None`` when it has no closed form: ``-log_prob`` is used)
     :param clip_range: the surrogate's clip range, ``None`` for no clipping
     :param ent_coef: entropy coefficient
     :param kl_coef: KL-penalty coefficient (0: no penalty)
-    :param normalize_advantage: normalize the advantages over this minibatch first (SB3's PPO)
     :return: the loss and its diagnostics (policy_gradient_loss, entropy_loss, approx_kl, and clip_fraction /
         kl_penalty when they apply)
     """
-    if normalize_advantage and len(advantages) > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     log_ratio = log_prob - old_log_prob
     ratio = th.exp(log_ratio)
     diagnostics: Diagnostics = {}

@@ -16,7 +16,7 @@ from stable_baselines3.common.utils import (
 
 from sb3_ppg import distributed, losses
 from sb3_ppg.base import PPGBase
-from sb3_ppg.buffers import AuxiliaryBufferSamples
+from sb3_ppg.buffers import AuxiliaryBufferSamples, split_observations
 from sb3_ppg.distributions import get_distribution_params
 from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
 from sb3_ppg.validation import (
@@ -24,6 +24,7 @@ from sb3_ppg.validation import (
     check_hyperparameters,
     has_convolutions,
     resolve_batch_size,
+    resolve_micro_batch_size,
     resolve_precision,
 )
 
@@ -82,6 +83,12 @@ class PPG(PPGBase):
         paper's code) or share the policy phase's optimizer (False, as CleanRL)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step (a memory
         knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
+    :param micro_batch_size: The most samples that one forward and backward pass holds. Larger minibatches of
+        either phase run as micro-batches whose gradients add up before the optimizer step: the same update up to
+        float rounding, with the activations of one micro-batch at a time (the old-policy pass runs in parts of
+        this size too). ``"auto"`` (default): 256 for a convolutional features extractor on a CPU (measured faster
+        there, and the activations live in host memory), whole minibatches elsewhere (MLP extractors, GPUs).
+        ``None``: whole minibatches.
     :param precision: ``"auto"`` (default): bfloat16 autocast in the policy and auxiliary phases (float32 rollouts)
         for a convolutional features extractor on a CPU with AMX, where it was measured 2.1x faster end to end with
         the same learning curves; float32 otherwise (MLP extractors, GPUs: not measured yet). ``"fp32"`` or
@@ -142,6 +149,7 @@ class PPG(PPGBase):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
+        micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
         sde_sample_freq: int = -1,
@@ -199,6 +207,7 @@ class PPG(PPGBase):
         self.aux_learning_rate = aux_learning_rate
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
+        self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
         self._n_aux_phases = 0
@@ -220,6 +229,7 @@ class PPG(PPGBase):
         # The features extractors' precision in each phase; between train() calls (rollouts, predict) the rollouts'
         self._phase_dtypes = resolve_precision(self.precision, self.device, has_convolutions(self.policy))
         self.policy.compute_dtype = self._phase_dtypes["rollout"]
+        self._micro_batch_size = resolve_micro_batch_size(self.micro_batch_size, self.device, has_convolutions(self.policy))
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
         # The auxiliary phase's own Adam (the paper's code), unless it shares the policy phase's (CleanRL)
@@ -277,40 +287,46 @@ class PPG(PPGBase):
         stats: dict[str, list[th.Tensor]] = defaultdict(list)
         continue_training, loss = True, th.full((), float("nan"))
 
-        if self.value_optimizer is None:
-            for _ in range(self.n_epochs):
-                stats["approx_kl"] = []
-                for rollout_data in self.rollout_buffer.get(self.batch_size):
-                    values, log_prob, entropy = self.policy.evaluate_actions(
-                        rollout_data.observations, self._actions(rollout_data)
-                    )
-                    policy_loss = self._policy_loss(rollout_data, log_prob, entropy, clip_range, stats)
-                    if not (continue_training := self._below_target_kl(stats)):
-                        break
-                    loss = policy_loss + self.vf_coef * self._value_loss(rollout_data, values, clip_range_vf, stats)
-                    self._optimizer_step(self.policy.optimizer, loss, "policy")
-                self._n_updates += 1
-                if not continue_training:
-                    break
-        else:
+        def joint_loss(data: RolloutBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
+            values, log_prob, entropy = self.policy.evaluate_actions(data.observations, self._actions(data))
+            policy_loss, diagnostics = self._policy_loss(data, log_prob, entropy, clip_range)
+            value_loss, value_diagnostics = self._value_loss(data, values, clip_range_vf)
+            return policy_loss + self.vf_coef * value_loss, {**diagnostics, **value_diagnostics}
+
+        def policy_only_loss(data: RolloutBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
+            _, log_prob, entropy = self.policy.evaluate_actions(data.observations, self._actions(data))
+            return self._policy_loss(data, log_prob, entropy, clip_range)
+
+        def value_only_loss(data: RolloutBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
+            value_loss, diagnostics = self._value_loss(data, self.policy.predict_values(data.observations), clip_range_vf)
+            return self.vf_coef * value_loss, diagnostics
+
+        if self.value_optimizer is not None:
             update_learning_rate(self.value_optimizer, self.lr_schedule(progress))
             for _ in range(self.n_value_epochs):
                 for rollout_data in self.rollout_buffer.get(self.batch_size):
-                    values = self.policy.predict_values(rollout_data.observations)
-                    value_loss = self.vf_coef * self._value_loss(rollout_data, values, clip_range_vf, stats)
-                    self._optimizer_step(self.value_optimizer, value_loss, "policy")
+                    _, diagnostics = self._backward(rollout_data, value_only_loss, "policy")
+                    losses.append_diagnostics(stats, diagnostics)
+                    self._step(self.value_optimizer, "policy")
                 self._n_updates += 1
-            for _ in range(self.n_epochs):
-                stats["approx_kl"] = []
-                for rollout_data in self.rollout_buffer.get(self.batch_size):
-                    _, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
-                    loss = self._policy_loss(rollout_data, log_prob, entropy, clip_range, stats)
-                    if not (continue_training := self._below_target_kl(stats)):
-                        break
-                    self._optimizer_step(self.policy.optimizer, loss, "policy")
-                self._n_updates += 1
-                if not continue_training:
+        for _ in range(self.n_epochs):
+            stats["approx_kl"] = []
+            for rollout_data in self.rollout_buffer.get(self.batch_size):
+                rollout_data = self._normalize_minibatch_advantages(rollout_data)
+                compute_loss = joint_loss if self.value_optimizer is None else policy_only_loss
+                minibatch_loss, diagnostics = self._backward(rollout_data, compute_loss, "policy")
+                # The value loss of a minibatch that early stopping discards is not logged
+                value_diagnostics = {name: diagnostics.pop(name) for name in ("value_loss",) if name in diagnostics}
+                losses.append_diagnostics(stats, diagnostics)
+                if not (continue_training := self._below_target_kl(stats)):
+                    self.policy.optimizer.zero_grad(set_to_none=True)
                     break
+                losses.append_diagnostics(stats, value_diagnostics)
+                loss = minibatch_loss
+                self._step(self.policy.optimizer, "policy")
+            self._n_updates += 1
+            if not continue_training:
+                break
 
         self._log_policy_phase(stats, loss, clip_range, clip_range_vf, continue_training)
 
@@ -320,16 +336,21 @@ class PPG(PPGBase):
             return rollout_data.actions.long().flatten()
         return rollout_data.actions
 
+    def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
+        """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
+        if self.normalize_advantage != "minibatch":
+            return rollout_data
+        return rollout_data._replace(advantages=losses.normalize_advantages(rollout_data.advantages))
+
     def _policy_loss(
         self,
         rollout_data: RolloutBufferSamples,
         log_prob: th.Tensor,
         entropy: th.Tensor | None,
         clip_range: float | None,
-        stats: dict[str, list[th.Tensor]],
-    ) -> th.Tensor:
-        """The policy loss of a minibatch (see :func:`sb3_ppg.losses.policy_loss`); its diagnostics go to ``stats``."""
-        loss, diagnostics = losses.policy_loss(
+    ) -> tuple[th.Tensor, losses.Diagnostics]:
+        """The policy loss of a minibatch and its diagnostics (see :func:`sb3_ppg.losses.policy_loss`)."""
+        return losses.policy_loss(
             rollout_data.advantages,
             log_prob,
             rollout_data.old_log_prob,
@@ -337,10 +358,7 @@ class PPG(PPGBase):
             clip_range,
             self.ent_coef,
             self.kl_coef,
-            normalize_advantage=self.normalize_advantage == "minibatch",
         )
-        losses.append_diagnostics(stats, diagnostics)
-        return loss
 
     def _below_target_kl(self, stats: dict[str, list[th.Tensor]]) -> bool:
         """
@@ -354,16 +372,10 @@ class PPG(PPGBase):
         return stats["approx_kl"][-1].item() <= 1.5 * self.target_kl
 
     def _value_loss(
-        self,
-        rollout_data: RolloutBufferSamples,
-        values: th.Tensor,
-        clip_range_vf: float | None,
-        stats: dict[str, list[th.Tensor]],
-    ) -> th.Tensor:
-        """The value loss of a minibatch (see :func:`sb3_ppg.losses.value_loss`); its diagnostics go to ``stats``."""
-        loss, diagnostics = losses.value_loss(values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf)
-        losses.append_diagnostics(stats, diagnostics)
-        return loss
+        self, rollout_data: RolloutBufferSamples, values: th.Tensor, clip_range_vf: float | None
+    ) -> tuple[th.Tensor, losses.Diagnostics]:
+        """The value loss of a minibatch and its diagnostics (see :func:`sb3_ppg.losses.value_loss`)."""
+        return losses.value_loss(values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf)
 
     def _compute_old_distributions(self) -> None:
         """
@@ -373,8 +385,9 @@ class PPG(PPGBase):
         assert self.aux_buffer is not None
         with th.inference_mode():
             for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
-                distribution = self.policy.get_distribution(observations)
-                self.aux_buffer.store_old_distribution_params(rows, get_distribution_params(distribution))
+                parts = split_observations(observations, self._micro_batch_size)
+                params = [get_distribution_params(self.policy.get_distribution(part)) for part in parts]
+                self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
 
     def _train_aux_phase(self) -> None:
         """
@@ -393,17 +406,13 @@ class PPG(PPGBase):
         optimizer.zero_grad(set_to_none=True)
         for _ in range(self.n_aux_epochs):
             for batch_index, batch in enumerate(self.aux_buffer.get(self.aux_batch_rollouts)):
-                loss = self._aux_loss(batch, stats)
-                self._check_finite(loss, "auxiliary")
                 # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
                 group_start = batch_index - batch_index % accum
                 group_size = min(accum, n_batches - group_start)
-                (loss / group_size).backward()
+                _, diagnostics = self._backward(batch, self._aux_loss, "auxiliary", divisor=group_size)
+                losses.append_diagnostics(stats, diagnostics)
                 if batch_index - group_start == group_size - 1:
-                    self._average_gradients()
-                    self._clip_gradients("auxiliary")
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+                    self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
         self._n_aux_phases += 1
 
@@ -413,11 +422,9 @@ class PPG(PPGBase):
         self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
 
-    def _aux_loss(self, batch: AuxiliaryBufferSamples, stats: dict[str, list[th.Tensor]]) -> th.Tensor:
-        """The auxiliary loss of a minibatch, one forward pass (see :func:`sb3_ppg.losses.aux_loss`)."""
+    def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
+        """The auxiliary loss of a minibatch and its diagnostics, one forward pass (see :func:`sb3_ppg.losses.aux_loss`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
-        loss, diagnostics = losses.aux_loss(
+        return losses.aux_loss(
             distribution, batch.old_distribution_params, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef
         )
-        losses.append_diagnostics(stats, diagnostics)
-        return loss

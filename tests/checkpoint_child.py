@@ -44,10 +44,10 @@ elif kill_at.startswith("aux:"):
     should_kill = kill_on(int(kill_at.split(":")[1]))
     original_aux_loss = PPG._aux_loss
 
-    def aux_loss(self, batch, stats):
+    def aux_loss(self, batch):
         if should_kill():
             os.kill(os.getpid(), signal.SIGKILL)
-        return original_aux_loss(self, batch, stats)
+        return original_aux_loss(self, batch)
 
     PPG._aux_loss = aux_loss
 

@@ -64,9 +64,11 @@ def test_throughput_runs(tmp_path):
     throughput = load_script("throughput")
     output, json_path = tmp_path / "throughput.md", tmp_path / "throughput.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--n-policy-iters", "2", "--n-aux-epochs", "1"]
-    args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1"]
+    args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1", "--micro-batch-size", "3"]
     results = throughput.main([*args, "--output", str(output), "--json", str(json_path)])
     assert [result["mode"] for result in results] == ["optimized", "reference"]
+    # Minibatches of 8 (policy) and 16 (aux) samples run in micro-batches of 3 in the optimized mode only
+    assert [result["micro_batch_size"] for result in results] == [3, None]
     for result in results:
         assert result["env_steps"] == 2 * 2 * 8
         for key in ("end_to_end_env_steps_per_s", "rollout_env_steps_per_s", "bound_env_steps_per_s", "peak_rss_mib"):
@@ -74,9 +76,22 @@ def test_throughput_runs(tmp_path):
         assert 0 < result["end_to_end_over_bound"] < 10
     assert results[0]["channels_last"] and not results[1]["channels_last"]
     report = output.read_text()
-    assert "| optimized | fp32 | True | False |" in report and "| reference | fp32 | False | False |" in report
+    assert "| optimized | fp32 | 3 | True | False |" in report
+    assert "| reference | fp32 | whole minibatches | False | False |" in report
+    assert results[0]["phase_precision"] == dict(rollout="fp32", policy="fp32", aux="fp32")
+    # "auto" and per-phase precisions show what they resolved to
+    resolved = dict(precision="auto", phase_precision=dict(rollout="fp32", policy="bf16", aux="bf16"))
+    assert throughput.precision_text(resolved) == "auto (rollout fp32, policy bf16, aux bf16)"
+    assert throughput.precision_text(dict(precision="auto", phase_precision=dict(rollout="fp32", policy="fp32"))) == (
+        "auto (fp32)"
+    )
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
+    assert "optimized mode's micro_batch_size: 3" in report
+    for text, expected in (("auto", "auto"), ("none", None), ("64", 64)):
+        assert throughput.parse_args([f"--micro-batch-size={text}"]).micro_batch_size == expected
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--micro-batch-size", "0"])
 
 
 def test_procgen_learning_resumes_in_chunks(tmp_path):
@@ -107,7 +122,10 @@ def test_memory_runs(tmp_path, capsys):
     args += ["--json", str(tmp_path / "m.json"), "--precision", '{"policy": "bf16", "aux": "bf16"}']
     result = memory.main(args)
     stages = result["stages"]
-    assert list(stages) == ["start", "model built", "one policy iteration", "auxiliary buffer full", "auxiliary phase"]
+    names = ["start", "model built", "one policy iteration", "auxiliary buffer full but one rollout"]
+    assert list(stages) == [*names, "last policy iteration", "old-policy pass", "auxiliary phase"]
+    # The last policy phase ran beside the other N_pi - 1 rollouts, as in training
+    assert stages["last policy iteration"]["buffered_iterations_in_policy_phase"] == 1
     assert stages["auxiliary phase"]["finished"]
     # The peak only grows, and is the largest resident size seen
     peaks = [stage["peak_mib"] for stage in stages.values()]

@@ -228,11 +228,11 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
     calls = []
     original = PPG._aux_loss
 
-    def failing_aux_loss(self, batch, stats):
+    def failing_aux_loss(self, batch):
         calls.append(1)
         if len(calls) == 2:
             raise error("interrupted")
-        return original(self, batch, stats)
+        return original(self, batch)
 
     monkeypatch.setattr(PPG, "_aux_loss", failing_aux_loss)
     with pytest.raises(error) as info:

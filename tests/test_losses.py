@@ -4,7 +4,7 @@ import pytest
 import torch as th
 from stable_baselines3.common.distributions import CategoricalDistribution
 
-from sb3_ppg.losses import aux_loss, policy_loss, value_loss
+from sb3_ppg.losses import aux_loss, normalize_advantages, policy_loss, value_loss
 
 
 def test_clipped_surrogate_entropy_and_diagnostics() -> None:
@@ -12,7 +12,7 @@ def test_clipped_surrogate_entropy_and_diagnostics() -> None:
     old_log_prob = th.tensor([-1.0, -1.0, -2.0, -0.5])
     log_prob = old_log_prob + th.tensor([0.5, -0.5, 0.05, 0.0])
     entropy = th.tensor([1.0, 2.0, 3.0, 4.0])
-    loss, diagnostics = policy_loss(advantages, log_prob, old_log_prob, entropy, 0.2, 0.01, 0.0, normalize_advantage=False)
+    loss, diagnostics = policy_loss(advantages, log_prob, old_log_prob, entropy, 0.2, 0.01, 0.0)
     ratio = (log_prob - old_log_prob).exp()
     surrogate = th.min(advantages * ratio, advantages * ratio.clamp(0.8, 1.2))
     th.testing.assert_close(loss, -surrogate.mean() - 0.01 * entropy.mean())
@@ -24,8 +24,10 @@ def test_kl_penalty_objective_and_minibatch_normalization() -> None:
     advantages = th.tensor([1.0, 3.0])
     old_log_prob = th.tensor([-1.0, -1.0])
     log_prob = th.tensor([-0.8, -1.1])
-    loss, diagnostics = policy_loss(advantages, log_prob, old_log_prob, None, None, 0.0, 1.0, normalize_advantage=True)
-    normalized = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    normalized = normalize_advantages(advantages)
+    th.testing.assert_close(normalized, th.tensor([-1.0, 1.0]) / 2**0.5)  # mean 0, std 1 (unbiased)
+    th.testing.assert_close(normalize_advantages(th.tensor([5.0])), th.tensor([5.0]))  # one sample: unchanged
+    loss, diagnostics = policy_loss(normalized, log_prob, old_log_prob, None, None, 0.0, 1.0)
     log_ratio = log_prob - old_log_prob
     th.testing.assert_close(loss, -(normalized * log_ratio.exp()).mean() + 0.5 * (log_ratio**2).mean())
     assert "clip_fraction" not in diagnostics and diagnostics["kl_penalty"] > 0

@@ -11,7 +11,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
 
-from sb3_ppg import PPG, validation
+from sb3_ppg import PPG, losses, validation
 from sb3_ppg.distributions import kl_divergence_from_params
 
 
@@ -133,6 +133,25 @@ def test_batch_advantage_normalization(make_model):
     assert abs(captured["none"].std() - 1) > 1e-2
     assert make_model(normalize_advantage=True).normalize_advantage == "batch"
     assert make_model(normalize_advantage=False).normalize_advantage == "none"
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 3])
+def test_minibatch_advantage_normalization(monkeypatch, make_model, micro_batch_size):
+    """With "minibatch", the policy loss sees each minibatch's advantages normalized over the whole minibatch."""
+    seen = []
+    policy_loss = losses.policy_loss
+
+    def recording_policy_loss(advantages, *args):
+        seen.append(advantages.detach().clone())
+        return policy_loss(advantages, *args)
+
+    monkeypatch.setattr(losses, "policy_loss", recording_policy_loss)
+    model = make_model(normalize_advantage="minibatch", batch_size=8, n_aux_epochs=0, micro_batch_size=micro_batch_size)
+    model.learn(16)
+    minibatches = [th.cat(seen[i : i + 3]) for i in range(0, len(seen), 3)] if micro_batch_size else seen
+    assert len(minibatches) == 2 and all(len(advantages) == 8 for advantages in minibatches)
+    for advantages in minibatches:
+        assert abs(advantages.mean().item()) < 1e-6 and advantages.std().item() == pytest.approx(1.0, abs=1e-4)
 
 
 def test_separate_value_epochs(make_model):
