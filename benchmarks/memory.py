@@ -81,8 +81,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = make_procgen_env(args.game, n_envs=args.n_envs, preset=args.preset, seed=0)
     kwargs = get_procgen_preset(args.preset).ppg_kwargs(args.n_envs)
     kwargs.update(n_steps=args.n_steps, n_policy_iters=args.n_policy_iters, precision=precision(args.precision))
+    # "none" is None and digits a number; anything else goes to PPG as it is, whose check names the valid values
     text = args.micro_batch_size
-    kwargs.update(micro_batch_size=text if text == "auto" else None if text == "none" else int(text))
+    kwargs.update(micro_batch_size=None if text == "none" else int(text) if text.isdigit() else text)
     model = PPG("ProcgenCnn", env, device=args.device, seed=0, **kwargs)
     stages["model built"] = memory_mib()
     buffer = model.aux_buffer

@@ -309,19 +309,20 @@ class PPG(PPGBase):
                     losses.append_diagnostics(stats, diagnostics)
                     self._step(self.value_optimizer, "policy")
                 self._n_updates += 1
+        compute_loss = joint_loss if self.value_optimizer is None else policy_only_loss
         for _ in range(self.n_epochs):
             stats["approx_kl"] = []
             for rollout_data in self.rollout_buffer.get(self.batch_size):
                 rollout_data = self._normalize_minibatch_advantages(rollout_data)
-                compute_loss = joint_loss if self.value_optimizer is None else policy_only_loss
                 minibatch_loss, diagnostics = self._backward(rollout_data, compute_loss, "policy")
                 # The value loss of a minibatch that early stopping discards is not logged
-                value_diagnostics = {name: diagnostics.pop(name) for name in ("value_loss",) if name in diagnostics}
+                value_loss = diagnostics.pop("value_loss", None)
                 losses.append_diagnostics(stats, diagnostics)
                 if not (continue_training := self._below_target_kl(stats)):
                     self.policy.optimizer.zero_grad(set_to_none=True)
                     break
-                losses.append_diagnostics(stats, value_diagnostics)
+                if value_loss is not None:
+                    stats["value_loss"].append(value_loss)
                 loss = minibatch_loss
                 self._step(self.policy.optimizer, "policy")
             self._n_updates += 1

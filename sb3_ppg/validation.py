@@ -110,7 +110,10 @@ def check_hyperparameters(model: "PPG") -> None:
     checker.number("max_grad_norm", 0, positive=True, optional=True, hint=": pass None to disable gradient clipping")
     checker.number("target_kl", 0, positive=True, optional=True, hint=" (or None for no limit)")
     if model.micro_batch_size is not None and model.micro_batch_size != "auto":
-        checker.integer("micro_batch_size", 1, " (or 'auto', or None: whole minibatches)")
+        if is_integer(model.micro_batch_size):
+            checker.integer("micro_batch_size", 1, " (or 'auto', or None: whole minibatches)")
+        else:
+            checker.type_error("micro_batch_size", "an integer >= 1, 'auto' or None (whole minibatches)")
     if checker.integer("n_aux_epochs", 0, " (0 disables the auxiliary phase)") and model.n_aux_epochs > 0:
         checker.integer("n_policy_iters", 1, " when n_aux_epochs > 0 (set n_aux_epochs=0 for plain PPO)")
         checker.integer("aux_batch_rollouts", 1)

@@ -100,6 +100,12 @@ def test_invalid_micro_batch_size(value):
         PPG("MlpPolicy", "CartPole-v1", micro_batch_size=value)
 
 
+@pytest.mark.parametrize("value", [2.5, "64", "none"])
+def test_micro_batch_size_type_error_names_the_valid_values(value):
+    with pytest.raises(ValueError, match="micro_batch_size must be an integer >= 1, 'auto' or None"):
+        PPG("MlpPolicy", "CartPole-v1", micro_batch_size=value)
+
+
 def test_auto_micro_batch_size():
     """ "auto" (the default) splits the minibatches of a convolutional policy on a CPU only."""
     assert PPG("MlpPolicy", "CartPole-v1")._micro_batch_size is None
