@@ -212,6 +212,17 @@ class PPGBase(OnPolicyAlgorithm):
             name, schedule = "learning_rate", self.lr_schedule
         return None if schedule is None else schedule_value(schedule, name, progress_remaining)
 
+    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
+        """
+        SB3's remaining progress (``1 - num_timesteps / total_timesteps``), kept at 0 once the total is reached:
+        the last rollout may end beyond ``total_timesteps`` (its length is ``n_steps * n_envs``), and schedules are
+        functions of a progress from 1 to 0 (a linear schedule would otherwise give a negative learning rate).
+
+        :param num_timesteps: current number of timesteps
+        :param total_timesteps: the total number of timesteps of this ``learn()``
+        """
+        self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(total_timesteps))
+
     def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
         """SB3's learning-rate update, after checking the schedule's value (a ``ValueError`` names a bad one)."""
         self._schedule_value("learning_rate", self._current_progress_remaining)

@@ -73,6 +73,22 @@ def test_schedules_reaching_zero_are_fine(make_model):
     make_model(learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, clip_range_vf=lambda p: p).learn(64)
 
 
+def test_schedules_are_evaluated_at_progress_zero_after_the_total(make_model):
+    # Regression: the last rollout (16 steps) ends at 48 > 40 steps, where SB3's progress_remaining is -0.2 and a
+    # linear schedule is negative; PPG evaluates schedules at max(progress_remaining, 0)
+    seen = []
+
+    def learning_rate(progress: float) -> float:
+        seen.append(progress)
+        return 1e-3 * progress
+
+    model = make_model(learning_rate=learning_rate, clip_range=lambda p: 0.2 * p, aux_learning_rate=lambda p: 1e-3 * p)
+    model.learn(40)
+    assert model.num_timesteps == 48 and model._n_aux_phases == 1
+    assert min(seen) == 0.0 and model._current_progress_remaining == 0.0
+    assert model.policy.optimizer.param_groups[0]["lr"] == 0.0
+
+
 def test_valid_integer_and_float_types_still_train(make_model):
     model = make_model(gamma=np.float32(0.99), ent_coef=0, learning_rate=np.float64(1e-3), n_aux_epochs=np.int32(1))
     model.learn(32)

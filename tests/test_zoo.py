@@ -122,6 +122,28 @@ def test_classic_entries_construct(env_id: str, tmp_path: Path):
     model.env.close()
 
 
+@pytest.mark.parametrize(
+    "config, env_id, params",
+    [(PAPER_FILE, env_id, []) for env_id in CLASSIC_IDS]
+    + [(PAPER_FILE, "procgen/coinrun-v0", TINY_PARAMS), (EASY_FILE, "procgen/starpilot-v0", TINY_PARAMS)],
+    ids=[*CLASSIC_IDS, "paper-procgen", "easy-procgen"],
+)
+def test_entries_finish_with_a_total_that_is_not_a_multiple_of_the_rollout(config: str, env_id: str, params: list, tmp_path):
+    # Regression: the last rollout ends beyond -n, where SB3's progress_remaining is negative and the entries' linear
+    # schedules (lin_1e-3) gave a negative learning rate: the run crashed at its end without saving the model
+    entry = load_yaml(config)[env_id]
+    n_envs, n_steps = (2, 16) if params else (entry["n_envs"], entry["n_steps"])
+    total = n_envs * n_steps + 1  # two rollouts, the second ending beyond the total
+    train.main(["--env", env_id, "-conf", config, "-n", str(total), "--eval-freq", "-1", *run_folder_args(tmp_path)]
+               + (["-params", *params] if params else []))  # fmt: skip
+    name = env_id.replace("/", "-")
+    model = PPG.load(tmp_path / "ppg" / f"{name}_1" / f"{name}.zip", device="cpu")
+    assert model.num_timesteps == 2 * n_envs * n_steps
+    # The last update ran at progress 0 (a linear learning rate of 0), not below
+    assert model._current_progress_remaining == 0.0
+    assert model.lr_schedule(model._current_progress_remaining) >= 0.0
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Zoo plumbing
 
