@@ -30,6 +30,7 @@ The reference's files are not modified.
 import argparse
 import itertools
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -267,6 +268,8 @@ def record_case(ref: dict[str, Any], name: str, arch: str, clip: float, kl: floa
         )
     finally:
         recorder.restore()
+        ref["logger"].get_current().close()
+        shutil.rmtree(log_dir, ignore_errors=True)
     arrays = recorder.finish(e_pi, e_vf)
     assert recorder.n_learn_calls == 2 and recorder.n_aux_epochs_done == s["n_aux_epochs"]
     # The aux minibatches index (env, iteration) pairs in this order (ppg.make_minibatches)
