@@ -17,14 +17,14 @@ import torch as th
 from sb3_ppg import distributed
 from sb3_ppg.array_files import file_digest, read_array_file
 from sb3_ppg.checkpoints import ROLLOUT_FORMAT, RUN_STATE_FORMAT, find_checkpoint, rank_folder, read_manifest
-from sb3_ppg.env_state import set_vec_env_state, unsaved_parts
+from sb3_ppg.env_state import EnvMismatchError, set_vec_env_state, unsaved_parts
 from sb3_ppg.validation import HyperparameterError
 
 if TYPE_CHECKING:
     from sb3_ppg.base import PPGBase
 
-#: Errors of the arguments (hyperparameters), not of the checkpoint: an older checkpoint would not fit either
-ARGUMENT_ERRORS = (HyperparameterError,)
+#: Errors of the arguments (hyperparameters, the env), not of the checkpoint: an older checkpoint would not fit either
+ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError)
 
 
 def _obs_from_arrays(name: str, arrays: dict[str, np.ndarray]) -> Any:
