@@ -749,6 +749,7 @@ def test_load_checkpoint_applies_valid_keyword_arguments(checkpoint):
     assert resumed._n_aux_phases == 2 and resumed._n_aux_updates == 2 * 2 + 2 * 2 * 2
 
 
+@pytest.mark.filterwarnings("ignore:.*CartPole-v0 is out of date")
 def test_load_checkpoint_with_envs_of_another_id_is_refused(checkpoint):
     """A DummyVecEnv's saved envs replace those given: envs made with another id would be silently ignored."""
     with pytest.raises(ValueError, match=r"settings of its env 0 differ \(id='CartPole-v0' in the env, 'CartPole-v1' in"):
