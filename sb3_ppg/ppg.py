@@ -15,7 +15,7 @@ from stable_baselines3.common.utils import (
 )
 
 from sb3_ppg import distributed, losses
-from sb3_ppg.base import PPGBase
+from sb3_ppg.base import PPGBase, SavedPolicyClass
 from sb3_ppg.buffers import AuxiliaryBufferSamples, split_observations
 from sb3_ppg.distributions import get_distribution_params
 from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
@@ -25,6 +25,7 @@ from sb3_ppg.validation import (
     has_convolutions,
     resolve_batch_size,
     resolve_micro_batch_size,
+    resolve_normalize_advantage,
     resolve_precision,
 )
 
@@ -187,16 +188,12 @@ class PPG(PPGBase):
             _init_setup_model=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary),
         )
-        if normalize_advantage is True:
-            normalize_advantage = "batch"
-        elif normalize_advantage is False:
-            normalize_advantage = "none"
         self.batch_size = batch_size
         self.n_epochs = n_epochs
         self.n_value_epochs = n_epochs if n_value_epochs is None else n_value_epochs
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
-        self.normalize_advantage = normalize_advantage
+        self.normalize_advantage = resolve_normalize_advantage(normalize_advantage)
         self.kl_coef = kl_coef
         self.target_kl = target_kl
         self.n_policy_iters = n_policy_iters
@@ -220,6 +217,12 @@ class PPG(PPGBase):
             self._setup_model()
 
     def _setup_model(self) -> None:
+        # PPG.load() sets the saved hyperparameters (and those given to load()) before this call: check them as the
+        # constructor does, before anything is built from them
+        if isinstance(self.policy_class, SavedPolicyClass):
+            self.policy_class = self.policy_class.policy_class
+        self.normalize_advantage = resolve_normalize_advantage(self.normalize_advantage)
+        check_hyperparameters(self)
         super()._setup_model()
         self.clip_range = FloatSchedule(self.clip_range) if self.clip_range is not None else None  # type: ignore[assignment]
         self.clip_range_vf = FloatSchedule(self.clip_range_vf) if self.clip_range_vf is not None else None  # type: ignore[assignment]
