@@ -13,12 +13,22 @@ from stable_baselines3.common.utils import (
     FloatSchedule,
     update_learning_rate,
 )
+from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 from sb3_ppg import distributed, losses
 from sb3_ppg.base import PPGBase, SavedPolicyClass
 from sb3_ppg.buffers import AuxiliaryBufferSamples, split_observations
 from sb3_ppg.distributions import get_distribution_params
-from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
+from sb3_ppg.policies import (
+    CnnPolicy,
+    MlpPolicy,
+    MultiInputPolicy,
+    PPGPolicy,
+    ProcgenCnn,
+    check_action_space,
+    check_observation_space,
+)
 from sb3_ppg.validation import (
     PRECISIONS,
     check_hyperparameters,
@@ -215,6 +225,25 @@ class PPG(PPGBase):
 
         if _init_setup_model:
             self._setup_model()
+
+    @staticmethod
+    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
+        """
+        SB3's wrapping of the env (``Monitor``, ``DummyVecEnv``, ``VecTransposeImage``), after checking its spaces:
+        an observation or action space that PPG does not support is a ``ValueError`` naming it and the fix, before
+        SB3 fails on it (a Graph, Sequence or Text space) or runs with it silently wrong (a Discrete action space
+        whose ``start`` is not 0). Called by the constructor, ``set_env()`` and ``load()``.
+
+        :param env: the env
+        :param verbose: Verbosity level: 1 prints the wrappers used
+        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
+        :return: the wrapped env
+        """
+        if not isinstance(env, VecEnv):
+            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
+        check_observation_space(env.observation_space)
+        check_action_space(env.action_space)
+        return PPGBase._wrap_env(env, verbose, monitor_wrapper)
 
     def _setup_model(self) -> None:
         # PPG.load() sets the saved hyperparameters (and those given to load()) before this call: check them as the
