@@ -31,7 +31,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg import distributed
 from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
-from sb3_ppg.checkpoints import MANIFEST, CheckpointDamagedError, list_checkpoints, lock_folder, rank_folder, read_manifest
+from sb3_ppg.checkpoints import MANIFEST, CheckpointDamagedError, lock_folder, rank_folder, read_manifest
 from sb3_ppg.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.ppg import PPG
 from sb3_ppg.resume import damaged_error, newest_verified, read_monitor_log_sizes, verify_files
@@ -81,9 +81,9 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
             )
         return folder, None
     lock_folder(checkpoints)
-    if not list_checkpoints(checkpoints):
-        return folder, None
     found, skipped = newest_verified(checkpoints)
+    if found is None and not skipped:  # no complete checkpoint yet
+        return folder, None
     if found is None:
         raise CheckpointDamagedError(
             f"--resume {path}: no checkpoint of {str(checkpoints)!r} verifies, every one is damaged: {'; '.join(skipped)}"
