@@ -71,6 +71,37 @@ def _json_digest(metadata: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(metadata, sort_keys=True).encode()).hexdigest()
 
 
+def metadata_checksum(metadata: dict[str, Any]) -> str:
+    """
+    The checksum of a file written by ``write_array_file``, from the metadata ``read_array_file`` returned: a digest of
+    the whole content (the metadata and the SHA-256 of every array), as ``array_file_checksum`` reads it.
+
+    :param metadata: the metadata returned by ``read_array_file`` (without its ``checksum``)
+    :return: the checksum, as hex
+    """
+    return _json_digest({key: value for key, value in metadata.items() if key != "checksum"})
+
+
+def array_file_checksum(path: str | pathlib.Path) -> str:
+    """
+    The checksum a file written by ``write_array_file`` claims for its content, read from its metadata alone (fast:
+    the arrays are not read, nor checked; ``read_array_file`` checks them).
+
+    :param path: the file
+    :return: the checksum, as hex
+    :raises ValueError: when the file is not such a file (truncated, damaged, of another kind), naming it
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            metadata = json.loads(archive.read(METADATA_MEMBER))
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as error:
+        raise ValueError(f"{str(path)!r} is not a readable array file (truncated or damaged): {error!r}") from error
+    checksum = metadata.get("checksum") if isinstance(metadata, dict) else None
+    if not isinstance(checksum, str):
+        raise ValueError(f"{str(path)!r} has no checksum in its metadata (damaged, or not written by sb3_ppg)")
+    return checksum
+
+
 def _json_number(value: float) -> float | str:
     """A float for JSON; infinities and NaN as the strings "inf", "-inf", "nan" (strict JSON has no such numbers)."""
     return float(value) if math.isfinite(value) else str(float(value))

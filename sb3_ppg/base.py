@@ -185,6 +185,10 @@ class PPGBase(OnPolicyAlgorithm):
     _compute_old_distributions: Callable[[], None]
     _train_aux_phase: Callable[[], None]
     max_grad_norm: float | None  # type: ignore[assignment]
+    #: Whether the model is at a rollout boundary: ``train()`` has consumed the last rollout collected (or none was
+    #: collected yet). False from the start of a rollout until its ``train()`` returns, so also after an exception
+    #: (Ctrl-C) inside either: ``PPGCheckpointCallback`` writes a checkpoint only at a boundary.
+    _at_rollout_boundary: bool = True
 
     def _check_aux_buffer_memory(self, n_envs: int) -> None:
         """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
@@ -307,6 +311,7 @@ class PPGBase(OnPolicyAlgorithm):
         for child in iter_callbacks(callback):
             if hasattr(child, "on_rollout_boundary"):
                 child.on_rollout_boundary()
+        self._at_rollout_boundary = False  # until train() has consumed this rollout
         if distributed.is_active():
             return data_parallel.collect_rollouts(
                 self, lambda: super(PPGBase, self).collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
@@ -547,7 +552,8 @@ class PPGBase(OnPolicyAlgorithm):
         Under torchrun every rank calls it and restores its own part (envs, random generators, auxiliary buffer),
         with the checkpoint's world size. Checkpoints hold pickles (the model zip, DummyVecEnv envs): load trusted ones.
 
-        :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest complete checkpoint is used)
+        :param path: a checkpoint folder, or the callback's ``save_path``: then the newest checkpoint (the one written
+            last) that verifies is used, and a warning names the damaged newer ones it skipped
         :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
             of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
             could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
@@ -558,8 +564,9 @@ class PPGBase(OnPolicyAlgorithm):
             buffer are laid out for them): start anew from the checkpoint's ``model.zip`` with :meth:`load` for that
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-        :raises ValueError: when the checkpoint is damaged (naming the previous one), does not fit ``env`` or the world
-            size; ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
+        :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), every
+            checkpoint of the folder ``path`` is damaged, or the checkpoint does not fit ``env`` or the world size;
+            ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
         model = resume.load_checkpoint(cls, path, env=env, device=device, **kwargs)
@@ -578,7 +585,8 @@ class PPGBase(OnPolicyAlgorithm):
         super()._maybe_recommend_cpu(mlp_class_name)
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "aux_buffer", "aux_optimizer", "value_optimizer", "_distributed_stats_base"]
+        excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "_distributed_stats_base", "_at_rollout_boundary"]
+        return [*super()._excluded_save_params(), *excluded]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"]

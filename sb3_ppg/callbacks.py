@@ -7,7 +7,7 @@ disturbing training's random generators and continuing its evaluation log after 
 import os
 import pathlib
 import random
-import shutil
+import re
 import warnings
 from typing import Any
 
@@ -18,7 +18,18 @@ from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 
 from sb3_ppg import distributed
 from sb3_ppg.array_files import fsync_directory
-from sb3_ppg.checkpoints import MANIFEST, checkpoint_steps, complete_checkpoints, read_manifest, write_checkpoint
+from sb3_ppg.base import PPGBase
+from sb3_ppg.checkpoints import (
+    CHECKPOINT_FILES,
+    MANIFEST,
+    ROLLOUT_NAME,
+    TEMPORARY_NAME,
+    checkpoint_steps,
+    list_checkpoints,
+    lock_folder,
+    release_folder,
+    write_checkpoint,
+)
 from sb3_ppg.env_state import get_vec_env_state, unsaved_parts
 
 
@@ -56,7 +67,15 @@ class PPGCheckpointCallback(CheckpointCallback):
     incomplete and ignored. The auxiliary buffer's rollouts are stored once each, in
     ``<save_path>/<name_prefix>_rollouts/``, and shared by successive checkpoints, so a checkpoint writes only the
     rollouts collected since the previous one. Every file is written under a temporary name, fsynced and renamed
-    into place. Old checkpoints are pruned (``keep_last``) only once the new one is complete.
+    into place. Old checkpoints are pruned (``keep_last``) only once the new one is complete; the newest checkpoint
+    is the one written last (the manifest's ``sequence``), not the one with the most steps.
+
+    While it trains, the run holds a lock on ``save_path`` (``.sb3_ppg.lock``): a second run writing there stops at
+    its start with an error naming the first one's process. A run resumed from a checkpoint of ``save_path`` keeps it,
+    and every checkpoint written after it, until it has written a checkpoint of its own; then the checkpoints written
+    after the resume point (an abandoned branch) and those beyond ``keep_last`` are deleted. Pruning deletes only the
+    files this package writes, by their names, never through a symbolic link: foreign files and folders stay (with a
+    warning when they are inside a checkpoint or the rollouts folder). See docs/checkpoints.md.
 
     Under torchrun, give the callback to every rank, with the same arguments (``learn()`` checks it): each checkpoint
     then holds every rank's part (rank 0 writes ``model.zip``, rank ``r`` its run state in ``rank_<r>/`` and its
@@ -71,7 +90,7 @@ class PPGCheckpointCallback(CheckpointCallback):
         is written at the next rollout boundary. The count follows ``model.num_timesteps``, so a resumed run
         writes its checkpoints at the same steps as an uninterrupted one.
     :param save_path: Folder of the checkpoints
-    :param name_prefix: Common prefix of the checkpoint folders
+    :param name_prefix: Common prefix of the checkpoint folders (a name, not a path)
     :param save_replay_buffer: Accepted for compatibility with SB3; the auxiliary buffer is always saved (an exact
         resume needs it)
     :param save_vecnormalize: Accepted for compatibility with SB3; ``VecNormalize`` statistics are always saved
@@ -94,9 +113,15 @@ class PPGCheckpointCallback(CheckpointCallback):
             raise ValueError(f"save_freq must be an integer >= 1, got {save_freq!r}")
         if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1):
             raise ValueError(f"keep_last must be an integer >= 1 or None (keep all), got {keep_last!r}")
+        if not isinstance(name_prefix, str) or re.search(r"[/\\\x00]", name_prefix):
+            raise ValueError(
+                f"name_prefix must be a name, without '/' or '\\', got {name_prefix!r}: the checkpoints go into "
+                "save_path (give the folder as save_path, e.g. save_path=os.path.join(save_path, 'sub'))"
+            )
         self.keep_last = keep_last
         self._pending = False
         self._warned_unsaved = False
+        self._warned: set[str] = set()
         self.last_checkpoint: pathlib.Path | None = None
 
     @property
@@ -104,13 +129,40 @@ class PPGCheckpointCallback(CheckpointCallback):
         """The folder of the auxiliary buffer's stored rollouts, shared by the checkpoints."""
         return pathlib.Path(self.save_path) / f"{self.name_prefix}_rollouts"
 
+    def _init_callback(self) -> None:
+        # Before SB3's, which creates save_path: a wrong model leaves nothing behind
+        if not isinstance(self.model, PPGBase):
+            name = type(self.model).__name__
+            raise TypeError(
+                f"PPGCheckpointCallback checkpoints PPG models (sb3_ppg.PPG), not {name}: its checkpoints hold PPG's "
+                f"auxiliary buffer and resume PPG's training loop. For {name}, use SB3's CheckpointCallback."
+            )
+        super()._init_callback()
+
     def _on_training_start(self) -> None:
         self.n_calls = env_step_calls(self.model)
         self._pending = False
-        # A resumed run first tidies what a kill may have left: a checkpoint completed but not yet followed by its
-        # pruning, incomplete checkpoints, unused stored rollouts
-        if self.model.num_timesteps > 0 and distributed.get_rank() == 0 and pathlib.Path(self.save_path).is_dir():
-            self._prune()
+        # Rank 0 writes the manifests and prunes: it holds the folder's lock (the other ranks write their parts when
+        # rank 0 tells them to). Under torchrun, every rank learns whether rank 0 could start.
+        error = None
+        try:
+            if distributed.get_rank() == 0:
+                self._start()
+        except Exception as caught:
+            if not distributed.is_active():
+                raise
+            error = caught
+        if distributed.is_active():
+            failures = distributed.gather_errors(error)
+            if failures:
+                reasons = "; ".join(f"rank {failed}: {reason}" for failed, reason in failures.items())
+                raise RuntimeError(f"PPGCheckpointCallback could not start ({reasons})") from error
+
+    def _start(self) -> None:
+        """Lock ``save_path``; a resumed run then tidies what a kill may have left (see ``_prune``)."""
+        lock_folder(self.save_path)
+        if self.model.num_timesteps > 0:
+            self._prune(resume_point=pathlib.Path(self.save_path) / f"{self.name_prefix}_{self.model.num_timesteps}_steps")
 
     def _on_step(self) -> bool:
         if self.n_calls % self.save_freq == 0:
@@ -123,13 +175,18 @@ class PPGCheckpointCallback(CheckpointCallback):
             self.save_checkpoint()
 
     def _on_training_end(self) -> None:
-        # After the last train(): a boundary, unless the rollout was cut short (a callback stopped training; under
-        # torchrun, on any rank: the other ranks' rollouts were not trained on either)
-        due = self._pending and self.model.rollout_buffer.full
-        if distributed.is_active():
-            due = all(distributed.all_gather_object(due))
-        if due:
-            self.save_checkpoint()
+        # After the last train(): a boundary. Not when the rollout was cut short (a callback stopped training; under
+        # torchrun, on any rank: the other ranks' rollouts were not trained on either), nor when an exception (Ctrl-C)
+        # interrupted a rollout or train() and the RL Zoo calls this anyway: the model is then half-way
+        try:
+            due = self._pending and self.model._at_rollout_boundary  # type: ignore[attr-defined]
+            if distributed.is_active():
+                due = all(distributed.all_gather_object(due))
+            if due:
+                self.save_checkpoint()
+        finally:
+            if distributed.get_rank() == 0:
+                release_folder(self.save_path)
 
     def save_checkpoint(self) -> pathlib.Path:
         """Write a checkpoint now (the caller makes sure this is a rollout boundary) and prune older ones."""
@@ -150,42 +207,147 @@ class PPGCheckpointCallback(CheckpointCallback):
             print(f"Saving PPG checkpoint to {directory}")
         return directory
 
-    def _prune(self, newest: pathlib.Path | None = None) -> None:
+    def _prune(self, newest: pathlib.Path | None = None, resume_point: pathlib.Path | None = None) -> None:
         """
-        Delete checkpoints beyond ``keep_last``, incomplete ones, and stored rollouts no checkpoint uses.
+        Delete what the run no longer needs: complete checkpoints beyond ``keep_last`` and those of an abandoned
+        branch, incomplete checkpoints, stored rollouts no checkpoint uses, temporary files of interrupted writes.
+        Only the files this package writes are deleted, by their names, never through a symbolic link out of
+        ``save_path``; a folder is removed once empty. Other files and folders stay (with a warning inside a
+        checkpoint or the rollouts folder), as do checkpoints whose manifest cannot be read (with a warning).
 
-        :param newest: The checkpoint just written (kept whatever happens); None: the newest complete one
+        :param newest: The checkpoint this run has just written (complete; kept whatever happens); None: the start of
+            a resumed run
+        :param resume_point: At the start of a resumed run, the checkpoint of ``save_path`` it continues from: it and
+            every checkpoint written after it are kept (the run has not written a checkpoint of its own yet)
         """
         folder = pathlib.Path(self.save_path)
-        complete = [d for d in complete_checkpoints(folder) if checkpoint_steps(d, self.name_prefix) is not None]
-        if newest is None:
-            if not complete:
-                return
-            newest = complete[-1]
-        remove = [d for d in complete[: -self.keep_last] if d != newest] if self.keep_last is not None else []
-        for directory in folder.iterdir():
-            if directory.is_dir() and checkpoint_steps(directory, self.name_prefix) is not None:
-                if not (directory / MANIFEST).exists() and directory != newest:
-                    remove.append(directory)
-        for directory in remove:
-            # The manifest first: a checkpoint half deleted by a kill is incomplete, never damaged
-            (directory / MANIFEST).unlink(missing_ok=True)
-            fsync_directory(directory)
-            shutil.rmtree(directory, ignore_errors=True)
+        checkpoints = list_checkpoints(folder)
+        own = []
+        for directory, manifest in checkpoints:
+            if checkpoint_steps(directory, self.name_prefix) is None:
+                continue
+            if directory.is_symlink() or self._outside(directory):
+                self._warn_once(directory, "is a symbolic link: pruning leaves it (and what it links to) alone")
+            else:
+                own.append((directory, manifest))
+        removed = self._checkpoints_to_remove(own, newest, resume_point)
+        for directory in removed:
+            self._remove_checkpoint(directory)
+        for directory in sorted(folder.iterdir()):
+            # Incomplete checkpoints (no manifest): a kill during a write
+            incomplete = not os.path.lexists(directory / MANIFEST)
+            if checkpoint_steps(directory, self.name_prefix) is not None and incomplete and directory != newest:
+                if directory.is_dir() and not directory.is_symlink() and not self._outside(directory):
+                    self._remove_checkpoint(directory)
+        for directory, _ in own:
+            if directory.is_dir():
+                for part in (directory, *self._rank_folders(directory)):
+                    self._remove_files(part, keep=CHECKPOINT_FILES)
         used = set()
-        for directory in complete_checkpoints(folder):
-            manifest = read_manifest(directory)
-            if manifest is not None and checkpoint_steps(directory, self.name_prefix) is not None:
+        for directory, manifest in checkpoints:
+            if directory not in removed and manifest["rollouts_folder"] == self.rollouts_path.name:
                 used.update(manifest["aux_rollout_files"])
-        if self.rollouts_path.is_dir():
-            for path in self.rollouts_path.iterdir():
+        self._prune_rollouts(used)
+        fsync_directory(folder)
+
+    def _checkpoints_to_remove(
+        self,
+        checkpoints: list[tuple[pathlib.Path, dict[str, Any]]],
+        newest: pathlib.Path | None,
+        resume_point: pathlib.Path | None,
+    ) -> list[pathlib.Path]:
+        """
+        The complete checkpoints (this callback's, oldest first) that pruning deletes: with ``keep_last``, those
+        superseded by a newer one with fewer steps (an abandoned branch, or the first ``learn()`` before one that
+        counts from 0 again), then all but the ``keep_last`` newest; never ``newest``, nor the resume point and what
+        was written after it.
+        """
+        if self.keep_last is None:
+            return []
+        directories = [directory for directory, _ in checkpoints]
+        steps = [manifest["num_timesteps"] for _, manifest in checkpoints]
+        protected = {newest}
+        if newest is None and resume_point in directories:
+            protected.update(directories[directories.index(resume_point) :])
+        superseded = {directory for i, directory in enumerate(directories) if any(s <= steps[i] for s in steps[i + 1 :])}
+        remove = [directory for directory in directories if directory in superseded and directory not in protected]
+        kept = [directory for directory in directories if directory not in remove]
+        return remove + [directory for directory in kept[: -self.keep_last] if directory not in protected]
+
+    def _remove_checkpoint(self, directory: pathlib.Path) -> None:
+        """Delete a checkpoint's files (the manifest first: a checkpoint half deleted by a kill is incomplete)."""
+        manifest = directory / MANIFEST
+        if manifest.is_file() and not manifest.is_symlink():
+            manifest.unlink()
+            fsync_directory(directory)
+        for part in (*self._rank_folders(directory), directory):
+            self._remove_files(part)
+            try:
+                part.rmdir()
+            except OSError:
+                if part == directory:
+                    others = sorted(path.name for path in directory.rglob("*"))
+                    self._warn_once(directory, f"holds files sb3_ppg does not write ({', '.join(others)}): left in place")
+
+    @staticmethod
+    def _rank_folders(directory: pathlib.Path) -> list[pathlib.Path]:
+        """The ``rank_<r>/`` folders of a checkpoint written under torchrun (real folders, not links)."""
+        return [
+            path
+            for path in sorted(directory.iterdir())
+            if re.fullmatch(r"rank_\d+", path.name) and path.is_dir() and not path.is_symlink()
+        ]
+
+    @staticmethod
+    def _remove_files(folder: pathlib.Path, keep: tuple[str, ...] = ()) -> None:
+        """
+        Delete the checkpoint files in ``folder`` (those of ``CHECKPOINT_FILES`` not in ``keep``) and the temporary
+        files of interrupted writes of other processes (this one's may be in progress); plain files only.
+        """
+        for path in folder.iterdir():
+            if path.is_symlink() or not path.is_file():
+                continue
+            temporary = TEMPORARY_NAME.fullmatch(path.name)
+            if temporary is not None:
+                if temporary["name"] in CHECKPOINT_FILES and int(temporary["pid"]) != os.getpid():
+                    path.unlink(missing_ok=True)
+            elif path.name in CHECKPOINT_FILES and path.name not in keep:
+                path.unlink(missing_ok=True)
+
+    def _prune_rollouts(self, used: set[str]) -> None:
+        """Delete the stored rollouts no complete checkpoint uses, and temporary files of interrupted writes."""
+        rollouts = self.rollouts_path
+        if not rollouts.is_dir():
+            return
+        if self._outside(rollouts):
+            self._warn_once(
+                rollouts,
+                "leads out of save_path (a symbolic link): pruning deletes nothing there, so stored rollouts no "
+                "checkpoint uses stay (delete them yourself, or make it a folder of save_path)",
+            )
+            return
+        for path in sorted(rollouts.iterdir()):
+            temporary = TEMPORARY_NAME.fullmatch(path.name)
+            if path.is_symlink() or not path.is_file():
+                self._warn_once(path, "is not a stored rollout of sb3_ppg (a folder or a link): left alone")
+            elif ROLLOUT_NAME.fullmatch(path.name):
                 if path.name not in used:
                     path.unlink(missing_ok=True)
-        fsync_directory(folder)
-        for directory in (folder, newest, self.rollouts_path, *newest.glob("rank_*")):
-            for path in directory.glob(".*.tmp-*") if directory.is_dir() else []:
-                if not path.name.endswith(f".tmp-{os.getpid()}"):
+            elif temporary is not None and ROLLOUT_NAME.fullmatch(temporary["name"]):
+                if int(temporary["pid"]) != os.getpid():
                     path.unlink(missing_ok=True)
+            else:
+                self._warn_once(path, "is not a stored rollout of sb3_ppg: left alone")
+        fsync_directory(rollouts)
+
+    def _outside(self, path: pathlib.Path) -> bool:
+        """Whether ``path`` leads out of ``save_path`` (through a symbolic link)."""
+        return not pathlib.Path(os.path.realpath(path)).is_relative_to(os.path.realpath(self.save_path))
+
+    def _warn_once(self, path: pathlib.Path, problem: str) -> None:
+        if str(path) not in self._warned:
+            self._warned.add(str(path))
+            warnings.warn(f"PPGCheckpointCallback: {str(path)!r} {problem}.", stacklevel=2)
 
 
 class PPGEvalCallback(EvalCallback):

@@ -305,6 +305,7 @@ class PPG(PPGBase):
             if self.aux_buffer.full():
                 self._run_aux_phase()
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
+        self._at_rollout_boundary = True
 
     def _train_policy_phase(self) -> None:
         """

@@ -15,8 +15,17 @@ import numpy as np
 import torch as th
 
 from sb3_ppg import distributed
-from sb3_ppg.array_files import file_digest, read_array_file
-from sb3_ppg.checkpoints import ROLLOUT_FORMAT, RUN_STATE_FORMAT, find_checkpoint, rank_folder, read_manifest
+from sb3_ppg.array_files import array_file_checksum, file_digest, metadata_checksum, read_array_file
+from sb3_ppg.checkpoints import (
+    MANIFEST,
+    ROLLOUT_FORMAT,
+    RUN_STATE_FORMAT,
+    CheckpointDamagedError,
+    list_checkpoints,
+    lock_holder,
+    rank_folder,
+    read_manifest,
+)
 from sb3_ppg.env_state import EnvMismatchError, set_vec_env_state, unsaved_parts
 from sb3_ppg.validation import HyperparameterError
 
@@ -58,13 +67,16 @@ def check_world_size(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
         )
 
 
-def verify_files(directory: pathlib.Path, manifest: dict[str, Any], rank: int | None = None) -> None:
+def verify_files(directory: pathlib.Path, manifest: dict[str, Any], rank: int | None = None, full: bool = False) -> None:
     """
-    Check every file listed in a manifest against its checksum (``ValueError`` naming the first damaged one).
+    Check the files a manifest lists: each checkpoint file against its SHA-256, each stored rollout for its presence
+    and its checksum (read from the file's metadata; ``full``: the whole file read and checked, as loading it does).
 
     :param directory: the checkpoint's folder
     :param manifest: its manifest
     :param rank: for a checkpoint written under torchrun, check only the model zip and this rank's part; None: all
+    :param full: read every stored rollout completely (a rollout damaged inside its arrays is found only so)
+    :raises CheckpointDamagedError: naming the first file that does not match
     """
     files, rollout_files = manifest["files"], manifest["aux_rollout_files"]
     if rank is not None and "world_size" in manifest:
@@ -73,12 +85,49 @@ def verify_files(directory: pathlib.Path, manifest: dict[str, Any], rank: int | 
         rollout_files = manifest["rank_aux_rollout_files"][rank]
     for name, digest in files.items():
         if not (directory / name).is_file():
-            raise ValueError(f"{name} is missing")
+            raise CheckpointDamagedError(f"{name} is missing")
         if file_digest(directory / name) != digest:
-            raise ValueError(f"{name} does not match its checksum (damaged or changed file)")
+            raise CheckpointDamagedError(f"{name} does not match its checksum (damaged or changed file)")
+    digests = manifest.get("aux_rollout_digests", {})  # not in the manifests of sb3_ppg 0.x
     for name in rollout_files:
-        if not (directory.parent / manifest["rollouts_folder"] / name).is_file():
-            raise ValueError(f"the stored rollout {manifest['rollouts_folder']}/{name} is missing")
+        where = f"{manifest['rollouts_folder']}/{name}"
+        path = directory.parent / manifest["rollouts_folder"] / name
+        if not path.is_file():
+            raise CheckpointDamagedError(f"the stored rollout {where} is missing")
+        try:
+            checksum = metadata_checksum(read_array_file(path, ROLLOUT_FORMAT)[0]) if full else array_file_checksum(path)
+        except ValueError as error:
+            raise CheckpointDamagedError(f"the stored rollout {where} is damaged: {error}") from error
+        if name in digests and checksum != digests[name]:
+            raise CheckpointDamagedError(f"the stored rollout {where} does not match its checksum (another or changed file)")
+
+
+def newest_verified(
+    folder: pathlib.Path, before: pathlib.Path | None = None
+) -> tuple[tuple[pathlib.Path, dict[str, Any]] | None, list[str]]:
+    """
+    The newest checkpoint of ``folder`` whose files all verify (``verify_files(..., full=True)``: every stored rollout
+    read), older than ``before``.
+
+    :param folder: a checkpoint folder (``save_path``)
+    :param before: a checkpoint of ``folder``: only those written before it (all others when its manifest is
+        unreadable); None: all
+    :return: (the checkpoint and its manifest, or None when none verifies; what was skipped, newest first, each with
+        the reason)
+    """
+    entries = list_checkpoints(folder, quiet=before)
+    directories = [directory for directory, _ in entries]
+    if before is not None:
+        entries = entries[: directories.index(before)] if before in directories else [e for e in entries if e[0] != before]
+    skipped = []
+    for directory, manifest in reversed(entries):
+        try:
+            verify_files(directory, manifest, full=True)
+        except CheckpointDamagedError as error:
+            skipped.append(f"{str(directory)!r} ({error})")
+            continue
+        return (directory, manifest), skipped
+    return None, skipped
 
 
 def restore_run(model: "PPGBase", directory: pathlib.Path, manifest: dict[str, Any], part: str = "") -> None:
@@ -87,7 +136,10 @@ def restore_run(model: "PPGBase", directory: pathlib.Path, manifest: dict[str, A
 
     :param part: the folder of this rank's part in a checkpoint written under torchrun (``rank_<r>``), else ""
     """
-    metadata, arrays = read_array_file(directory / part / "run_state.npz", RUN_STATE_FORMAT)
+    try:
+        metadata, arrays = read_array_file(directory / part / "run_state.npz", RUN_STATE_FORMAT)
+    except (ValueError, OSError) as error:
+        raise CheckpointDamagedError(f"{os.path.join(part, 'run_state.npz')} cannot be read: {error}") from error
     if metadata["n_envs"] != model.n_envs:
         raise ValueError(
             f"The checkpoint's run had {metadata['n_envs']} envs, the env passed has {model.n_envs}: pass an env with "
@@ -101,7 +153,11 @@ def restore_run(model: "PPGBase", directory: pathlib.Path, manifest: dict[str, A
         rollouts = directory.parent / manifest["rollouts_folder"]
         for iteration, name in enumerate(rollout_files):
             path = rollouts / name
-            rollout_metadata, rollout_arrays = read_array_file(path, ROLLOUT_FORMAT)
+            try:
+                rollout_metadata, rollout_arrays = read_array_file(path, ROLLOUT_FORMAT)
+            except (ValueError, OSError) as error:
+                where = f"{manifest['rollouts_folder']}/{name}"
+                raise CheckpointDamagedError(f"the stored rollout {where} is damaged: {error}") from error
             mismatches = [key for key, value in layout.items() if rollout_metadata.get(key) != value]
             if mismatches:
                 raise ValueError(f"the stored rollout {str(path)!r} does not fit this model ({', '.join(mismatches)} differ)")
@@ -153,49 +209,113 @@ def load_checkpoint(
     device = distributed.auto_init(device)  # a process started by torchrun joins the job before anything is read
     if distributed.is_active():
         return _load_distributed(cls, path, env, device, **kwargs)
-    directory, previous, manifest = _find(path)
-    check_world_size(directory, manifest)
-    try:
-        verify_files(directory, manifest)
-        model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
-        restore_run(model, directory, manifest)
-    except ARGUMENT_ERRORS:
-        raise
-    except (ValueError, KeyError, TypeError, OSError) as error:
-        raise _damaged(directory, previous, str(error)) from error
+    explicit, candidates = _candidates(path)
+    skipped: list[str] = []
+    for directory, manifest in candidates:
+        check_world_size(directory, manifest)
+        try:
+            model = _load_one(cls, directory, manifest, env, device, kwargs)
+        except CheckpointDamagedError as error:
+            if explicit:
+                raise damaged_error(directory, str(error)) from error
+            skipped.append(f"{str(directory)!r} ({error})")
+            continue
+        except ARGUMENT_ERRORS:
+            raise
+        except (ValueError, KeyError, TypeError, OSError) as error:
+            raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded: {error}") from error
+        _warn_skipped(directory, skipped)
+        return model
+    raise _none_loads(path, skipped)
+
+
+def _candidates(path: str | os.PathLike) -> tuple[bool, list[tuple[pathlib.Path, dict[str, Any]]]]:
+    """
+    What ``load_checkpoint(path)`` tries, in order: the checkpoint ``path`` (explicit: True), or the complete
+    checkpoints of the folder ``path``, newest first.
+
+    :raises FileNotFoundError: when ``path`` holds no complete checkpoint
+    :raises ValueError: when the manifest of the checkpoint ``path`` is damaged (naming one that verifies)
+    """
+    path = pathlib.Path(path)
+    if (path / MANIFEST).is_file():
+        try:
+            manifest = read_manifest(path)
+        except ValueError as error:
+            raise damaged_error(path, str(error)) from error
+        return True, [(path, manifest)]  # type: ignore[list-item]
+    candidates = list_checkpoints(path)
+    if not candidates:
+        raise FileNotFoundError(f"No complete PPG checkpoint (a folder with a {MANIFEST}) in {str(path)!r}.")
+    return False, candidates[::-1]
+
+
+def _load_one(
+    cls: type["PPGBase"],
+    directory: pathlib.Path,
+    manifest: dict[str, Any],
+    env: Any,
+    device: th.device | str,
+    kwargs: dict[str, Any],
+    rank: int | None = None,
+) -> "PPGBase":
+    """Verify a checkpoint (this rank's part under torchrun), load its model and restore its run state."""
+    verify_files(directory, manifest, rank)
+    model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
+    restore_run(model, directory, manifest, rank_folder(rank) if rank is not None else "")
     return model
 
 
-def _find(path: str | os.PathLike) -> tuple[pathlib.Path, pathlib.Path | None, dict[str, Any]]:
-    """The checkpoint to load from ``path``, the complete one before it (or None) and its manifest."""
-    directory, previous = find_checkpoint(path)
-    try:
-        manifest = read_manifest(directory)
-        assert manifest is not None
-    except (ValueError, OSError) as error:
-        raise _damaged(directory, previous, str(error)) from error
-    return directory, previous, manifest
+def damaged_error(directory: pathlib.Path, reason: str) -> CheckpointDamagedError:
+    """
+    The error for a damaged checkpoint, naming the newest older one that verifies (see ``newest_verified``).
 
-
-def _damaged(directory: pathlib.Path, previous: pathlib.Path | None, reason: str) -> ValueError:
-    fallback = f"the previous complete checkpoint is {str(previous)!r}" if previous else "there is no previous one"
-    return ValueError(
-        f"Checkpoint {str(directory)!r} is damaged or does not fit ({reason}); {fallback}: pass it to load_checkpoint()."
+    :param directory: the damaged checkpoint
+    :param reason: what is damaged
+    :return: the error
+    """
+    found, _ = newest_verified(directory.parent, before=directory)
+    if found is not None:
+        fallback = f"the newest older checkpoint that verifies is {str(found[0])!r}: pass it to load_checkpoint()"
+    else:
+        fallback = f"no older checkpoint in {str(directory.parent)!r} verifies"
+    holder = lock_holder(directory.parent)
+    writing = f" Another run is writing here ({holder}): it may be changing these files." if holder else ""
+    return CheckpointDamagedError(
+        f"Checkpoint {str(directory)!r} is damaged ({reason}); {fallback} (given the folder "
+        f"{str(directory.parent)!r}, load_checkpoint() loads the newest checkpoint that verifies).{writing}"
     )
+
+
+def _warn_skipped(directory: pathlib.Path, skipped: list[str]) -> None:
+    if skipped:
+        warnings.warn(
+            f"Loaded checkpoint {str(directory)!r}: the newer ones are damaged and were skipped: {'; '.join(skipped)}. "
+            "The run continues from an older point; the skipped checkpoints are deleted by the pruning (keep_last) once "
+            "the run has written a newer one.",
+            stacklevel=3,
+        )
+
+
+def _none_loads(path: str | os.PathLike, skipped: list[str]) -> ValueError:
+    holder = lock_holder(path)
+    writing = f" Another run is writing here ({holder}): it may be changing these files." if holder else ""
+    return ValueError(f"No checkpoint in {str(path)!r} can be loaded, every one is damaged: {'; '.join(skipped)}.{writing}")
 
 
 def _load_distributed(
     cls: type["PPGBase"], path: str | os.PathLike, env: Any, device: th.device | str, **kwargs: Any
 ) -> "PPGBase":
     """
-    ``load_checkpoint`` under torchrun (collective: every rank calls it): rank 0 finds the checkpoint and reads its
-    manifest, then each rank verifies and restores its own part; an error on any rank is raised on every rank.
+    ``load_checkpoint`` under torchrun (collective: every rank calls it): rank 0 finds the checkpoints to try and reads
+    their manifests, then each rank verifies and restores its own part; an error on any rank is raised on every rank,
+    and a checkpoint damaged on any rank is skipped by every rank (given a folder).
     """
     rank = distributed.get_rank()
     found: tuple[Any, ...] | None = None
     if rank == 0:
         try:
-            found = ("found", *_find(path))
+            found = ("found", *_candidates(path))
         except FileNotFoundError as error:
             found = ("missing", str(error))
         except Exception as error:
@@ -205,22 +325,30 @@ def _load_distributed(
         raise FileNotFoundError(found[1])
     if found[0] == "invalid":
         raise ValueError(found[1])
-    _, directory, previous, manifest = found
-    check_world_size(directory, manifest)  # the same manifest and world size on every rank: no rank goes on alone
-    model, error = None, None
-    try:
-        verify_files(directory, manifest, rank)
-        model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
-        restore_run(model, directory, manifest, rank_folder(rank))
-    except Exception as caught:
-        error = caught
-    failures = distributed.gather_errors(error)
-    if isinstance(error, ARGUMENT_ERRORS):
-        raise error
-    if failures:
-        reasons = "; ".join(f"rank {failed}: {reason}" for failed, reason in failures.items())
-        raise _damaged(directory, previous, reasons) from error
-    return model  # type: ignore[return-value]
+    _, explicit, candidates = found
+    skipped: list[str] = []
+    for directory, manifest in candidates:
+        check_world_size(directory, manifest)  # the same manifest and world size on every rank: no rank goes on alone
+        model, error = None, None
+        try:
+            model = _load_one(cls, directory, manifest, env, device, kwargs, rank)
+        except Exception as caught:
+            error = caught
+        outcome = None if error is None else (isinstance(error, CheckpointDamagedError), f"{type(error).__name__}: {error}")
+        failures = {failed: item for failed, item in enumerate(distributed.all_gather_object(outcome)) if item is not None}
+        if not failures:
+            _warn_skipped(directory, skipped)
+            return model  # type: ignore[return-value]
+        if isinstance(error, ARGUMENT_ERRORS):
+            raise error
+        reasons = "; ".join(f"rank {failed}: {message}" for failed, (_, message) in failures.items())
+        if not all(damaged for damaged, _ in failures.values()):
+            raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded ({reasons})") from error
+        if explicit:
+            message = distributed.broadcast_object(str(damaged_error(directory, reasons)) if rank == 0 else None)
+            raise CheckpointDamagedError(message) from error
+        skipped.append(f"{str(directory)!r} ({reasons})")
+    raise _none_loads(path, skipped)
 
 
 def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:

@@ -20,6 +20,7 @@ On top of the zoo's behaviour:
 import datetime
 import os
 import pathlib
+import warnings
 from typing import Any
 
 from rl_zoo3.exp_manager import ExperimentManager
@@ -30,10 +31,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg import distributed
 from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
-from sb3_ppg.checkpoints import MANIFEST, complete_checkpoints, rank_folder
+from sb3_ppg.checkpoints import MANIFEST, CheckpointDamagedError, lock_folder, rank_folder, read_manifest
 from sb3_ppg.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.ppg import PPG
-from sb3_ppg.resume import read_monitor_log_sizes
+from sb3_ppg.resume import damaged_error, newest_verified, read_monitor_log_sizes, verify_files
 from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, is_procgen_env_id
 
 #: Sub-folder of a run folder that holds its checkpoints, and their name prefix
@@ -45,27 +46,55 @@ EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 
 def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     """
-    The run folder and the checkpoint that ``--resume <path>`` names.
+    The run folder and the checkpoint that ``--resume <path>`` names. The run's checkpoints folder is locked first
+    (see :func:`~sb3_ppg.checkpoints.lock_folder`): nothing changes it while it is read, and a second job resuming
+    the same run stops here. The checkpoint is verified completely (every file against the manifest, every stored
+    rollout read); given a run or checkpoints folder, damaged checkpoints are skipped with a warning naming them,
+    so that a requeued job continues from the newest checkpoint that verifies instead of failing on every start.
 
     :param path: A checkpoint folder (``<run>/checkpoints/ppg_<steps>_steps``), a run's ``checkpoints`` folder, or a
         run folder (``<log folder>/ppg/<env>_<id>``)
-    :return: (run folder, newest complete checkpoint, or None when the run has none yet)
+    :return: (run folder, the newest complete checkpoint that verifies, or None when the run has none yet)
     :raises FileNotFoundError: when ``path`` is none of these
+    :raises RuntimeError: when another run is writing into the run's checkpoints folder
+    :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), or no
+        checkpoint of the run verifies
     """
     folder = pathlib.Path(path)
     if (folder / MANIFEST).is_file():
+        lock_folder(folder.parent)
+        try:
+            verify_files(folder, read_manifest(folder), full=True)  # type: ignore[arg-type]
+        except ValueError as error:
+            raise damaged_error(folder, str(error)) from error
         return folder.parent.parent, folder
     if folder.name == CHECKPOINTS_FOLDER and folder.is_dir():
         folder = folder.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"--resume {path}: no such run or checkpoint folder.")
-    checkpoints = complete_checkpoints(folder / CHECKPOINTS_FOLDER)
-    if not checkpoints and not (folder / CHECKPOINTS_FOLDER).is_dir() and not list(folder.glob("*.monitor.csv")):
-        raise FileNotFoundError(
-            f"--resume {path}: not a run folder of python -m sb3_ppg.train (it has no {CHECKPOINTS_FOLDER}/ folder and "
-            "no episode log), nor a checkpoint."
+    checkpoints = folder / CHECKPOINTS_FOLDER
+    if not checkpoints.is_dir():
+        if not list(folder.glob("*.monitor.csv")):
+            raise FileNotFoundError(
+                f"--resume {path}: not a run folder of python -m sb3_ppg.train (it has no {CHECKPOINTS_FOLDER}/ folder "
+                "and no episode log), nor a checkpoint."
+            )
+        return folder, None
+    lock_folder(checkpoints)
+    found, skipped = newest_verified(checkpoints)
+    if found is None and not skipped:  # no complete checkpoint yet
+        return folder, None
+    if found is None:
+        raise CheckpointDamagedError(
+            f"--resume {path}: no checkpoint of {str(checkpoints)!r} verifies, every one is damaged: {'; '.join(skipped)}"
         )
-    return folder, checkpoints[-1] if checkpoints else None
+    if skipped:
+        warnings.warn(
+            f"--resume: continuing from {found[0].name}, the newest checkpoint that verifies; skipped the damaged "
+            f"newer ones: {'; '.join(skipped)}",
+            stacklevel=2,
+        )
+    return folder, found[0]
 
 
 class WaitForEvaluation(BaseCallback):

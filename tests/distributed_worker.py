@@ -8,6 +8,7 @@ import os
 import pathlib
 import sys
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -249,7 +250,8 @@ def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
     """
     Resume the run from its checkpoint at ``CHECKPOINT_CUT`` (with envs seeded otherwise: their states come from the
     checkpoint), then write a checkpoint where rank 1 cannot write (the test made its folder a file), load one whose
-    rank-1 part the test damaged and one written by a single process.
+    rank-1 part the test damaged (by name, then its folder, which falls back to the previous one) and one written by a
+    single process.
     """
     model = PPG.load_checkpoint(out_dir / "checkpoints" / f"ppg_{CHECKPOINT_CUT}_steps", env=checkpoint_env(seed=123))
     result: dict[str, Any] = dict(resumed_at=model.num_timesteps, aux_iterations=model.aux_buffer.n_iterations)
@@ -261,13 +263,17 @@ def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
         result["write_error"] = None
     except RuntimeError as error:
         result["write_error"] = str(error)
-    for name in ("damaged", "single_process"):
+    for name, path in (("damaged", f"damaged/ppg_{CHECKPOINT_TOTAL}_steps"), ("single_process", "single_process")):
         start = time.monotonic()
         try:
-            PPG.load_checkpoint(out_dir / name, env=checkpoint_env())
+            PPG.load_checkpoint(out_dir / path, env=checkpoint_env())
             result[name] = None
         except Exception as error:
             result[name] = dict(type=type(error).__name__, message=str(error), seconds=time.monotonic() - start)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        model = PPG.load_checkpoint(out_dir / "damaged", env=checkpoint_env())
+    result["damaged_folder"] = dict(num_timesteps=model.num_timesteps, warnings=[str(w.message) for w in warned])
     return result
 
 

@@ -91,6 +91,17 @@ def test_resume_bit_identical(reference, tmp_path, cut, normalize):
     assert manifest["aux_rollout_files"] == reference_manifest["aux_rollout_files"]
 
 
+def damage(path: pathlib.Path) -> None:
+    """Flip one bit in the middle of a file."""
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+def rollout_files(directory: pathlib.Path) -> list[str]:
+    return json.loads((directory / "manifest.json").read_text())["aux_rollout_files"]
+
+
 def test_load_newest_in_folder_and_damage(reference, tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(reference[False][0], folder)
@@ -99,25 +110,50 @@ def test_load_newest_in_folder_and_damage(reference, tmp_path):
     # An incomplete checkpoint (no manifest) is ignored
     (checkpoint_dir(folder, TOTAL) / "manifest.json").unlink()
     assert PPG.load_checkpoint(folder, env=make_env()).num_timesteps == TOTAL - ITERATION
-    # A damaged one is detected, and the previous complete one is named
+    # A damaged one: loaded by name, an error naming the newest older one that verifies; the folder falls back to it
     newest = checkpoint_dir(folder, TOTAL - ITERATION)
-    raw = bytearray((newest / "run_state.npz").read_bytes())
-    raw[len(raw) // 2] ^= 1
-    (newest / "run_state.npz").write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match=r"damaged.*ppg_192_steps"):
-        PPG.load_checkpoint(folder, env=make_env())
-    # A damaged stored rollout, too
-    older = checkpoint_dir(folder, 5 * ITERATION)
-    rollout = folder / "ppg_rollouts" / json.loads((older / "manifest.json").read_text())["aux_rollout_files"][0]
-    rollout.write_bytes(rollout.read_bytes()[:-10])
-    with pytest.raises(ValueError, match=r"ppg_160_steps.*damaged.*ppg_128_steps"):
-        PPG.load_checkpoint(older, env=make_env())
+    damage(newest / "run_state.npz")
+    with pytest.raises(
+        ValueError, match=r"ppg_224_steps' is damaged \(run_state.npz does not match.*verifies is '.*ppg_192_steps'"
+    ):
+        PPG.load_checkpoint(newest, env=make_env())
+    with pytest.warns(UserWarning, match=r"Loaded checkpoint '.*ppg_192_steps': .* skipped: '.*ppg_224_steps' \(run_state"):
+        assert PPG.load_checkpoint(folder, env=make_env()).num_timesteps == 6 * ITERATION
     # Nothing to load
     with pytest.raises(FileNotFoundError):
         PPG.load_checkpoint(tmp_path / "empty")
     # Another number of envs
     with pytest.raises(ValueError, match="2 envs"):
         PPG.load_checkpoint(checkpoint_dir(folder, 4 * ITERATION), env=make_vec_env("CartPole-v1", n_envs=3))
+
+
+def test_damaged_rollout_shared_by_two_checkpoints(reference, tmp_path):
+    """The manifests hold the rollouts' checksums: a fallback is verified first, skipping those sharing a damaged rollout."""
+    folder = tmp_path / "run"
+    shutil.copytree(reference[False][0], folder)
+    for steps in (6 * ITERATION, 7 * ITERATION, TOTAL):
+        shutil.rmtree(checkpoint_dir(folder, steps))
+    manifest = json.loads((checkpoint_dir(folder, 5 * ITERATION) / "manifest.json").read_text())
+    assert list(manifest["aux_rollout_digests"]) == manifest["aux_rollout_files"]
+    # Iteration 4's rollout (after the aux phase of iteration 3), in the checkpoints of iterations 4 and 5, truncated
+    shared = rollout_files(checkpoint_dir(folder, 4 * ITERATION))
+    assert len(shared) == 1 and rollout_files(checkpoint_dir(folder, 5 * ITERATION))[0] == shared[0]
+    rollout = folder / "ppg_rollouts" / shared[0]
+    rollout.write_bytes(rollout.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"ppg_160_steps' is damaged \(the stored rollout .* verifies is '.*ppg_96_steps'"):
+        PPG.load_checkpoint(checkpoint_dir(folder, 5 * ITERATION), env=make_env())
+    with pytest.warns(UserWarning, match=r"ppg_96_steps'.*skipped: '.*ppg_160_steps' .*; '.*ppg_128_steps'"):
+        assert PPG.load_checkpoint(folder, env=make_env()).num_timesteps == 3 * ITERATION
+    # Another valid rollout file in its place (its checksum is another): damaged too
+    shutil.copy(folder / "ppg_rollouts" / rollout_files(checkpoint_dir(folder, 2 * ITERATION))[1], rollout)
+    with pytest.raises(ValueError, match=r"ppg_128_steps' is damaged \(the stored rollout .* does not match its checksum"):
+        PPG.load_checkpoint(checkpoint_dir(folder, 4 * ITERATION), env=make_env())
+    # A manifest written before the sequence numbers and rollout checksums (sb3_ppg 0.x) still loads
+    old = checkpoint_dir(folder, 2 * ITERATION) / "manifest.json"
+    manifest = json.loads(old.read_text())
+    del manifest["sequence"], manifest["aux_rollout_digests"]
+    old.write_text(json.dumps(manifest))
+    assert PPG.load_checkpoint(old.parent, env=make_env()).aux_buffer.n_iterations == 2
 
 
 def test_keep_last_prunes_checkpoints_and_rollouts(tmp_path, make_model):
@@ -128,6 +164,11 @@ def test_keep_last_prunes_checkpoints_and_rollouts(tmp_path, make_model):
     # Iteration 7 and 8 are in the buffer: one file each, nothing else
     assert len(list((tmp_path / "ppg_rollouts").iterdir())) == 2
     assert not list(tmp_path.rglob(".*tmp*"))
+    # The rollouts of the checkpoint a pruning deletes go with it: after an aux phase, nothing is left
+    model = make_model(make_env(), **RUN)
+    model.learn(6 * ITERATION, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path / "one"), name_prefix="ppg", keep_last=1))
+    assert sorted(path.name for path in (tmp_path / "one").glob("ppg_*_steps")) == ["ppg_192_steps"]
+    assert list((tmp_path / "one" / "ppg_rollouts").iterdir()) == []
 
 
 def test_resumed_run_tidies_what_a_kill_left(tmp_path, make_model):
@@ -136,7 +177,7 @@ def test_resumed_run_tidies_what_a_kill_left(tmp_path, make_model):
     model.learn(TOTAL, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg", keep_last=2))
     shutil.copytree(tmp_path / "ppg_224_steps", tmp_path / "ppg_208_steps")  # a complete one the pruning missed
     (tmp_path / "ppg_240_steps").mkdir()  # an incomplete one (no manifest)
-    (tmp_path / "ppg_rollouts" / "rollout_unused.npz").write_bytes(b"")
+    (tmp_path / "ppg_rollouts" / f"rollout_{'0' * 32}.npz").write_bytes(b"")  # a stored rollout no checkpoint uses
     resumed = PPG.load_checkpoint(tmp_path, env=make_env())
     resumed.learn(0, reset_num_timesteps=False, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path), "ppg", keep_last=2))
     assert sorted(path.name for path in tmp_path.glob("ppg_*_steps")) == ["ppg_224_steps", "ppg_256_steps"]

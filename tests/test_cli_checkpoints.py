@@ -1,6 +1,7 @@
 """The command line's checkpoints: ``python -m sb3_ppg.train --save-freq N`` then ``--resume`` continues a run exactly
 (parameters, episode log, evaluations), and bad command lines end in one line."""
 
+import multiprocessing
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import pytest
 import torch as th
 
 from sb3_ppg import PPG, train, zoo
+from sb3_ppg.checkpoints import lock_folder
 
 CARTPOLE = [
     "--env",
@@ -98,9 +100,34 @@ def assert_same_run(folder_a: Path, folder_b: Path, env_name: str) -> None:
             np.testing.assert_array_equal(eval_a[key], eval_b[key])
 
 
-def test_resume_after_sigkill_is_exact(tmp_path: Path):
-    train.main([*CARTPOLE, "-f", str(tmp_path / "a")])
-    run_a = tmp_path / "a" / "ppg" / "CartPole-v1_1"
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The log folder (-f) of the CARTPOLE command run without interruption."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    train.main([*CARTPOLE, "-f", str(folder)])
+    return folder
+
+
+def complete_checkpoints(run: Path) -> list[str]:
+    return sorted(path.parent.name for path in (run / "checkpoints").glob("ppg_*_steps/manifest.json"))
+
+
+def interrupt_train(monkeypatch, call: int) -> None:
+    """Send this process SIGINT (Ctrl-C) inside its ``call``-th train(), after the policy phase."""
+    original = PPG._train_policy_phase
+    calls = []
+
+    def interrupted(self):
+        original(self)
+        calls.append(1)
+        if len(calls) == call:
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(PPG, "_train_policy_phase", interrupted)
+
+
+def test_resume_after_sigkill_is_exact(uninterrupted: Path, tmp_path: Path):
+    run_a = uninterrupted / "ppg" / "CartPole-v1_1"
     assert (run_a / "checkpoints" / "ppg_2048_steps" / "manifest.json").is_file()
 
     # The same command, killed once its third checkpoint is complete
@@ -122,6 +149,65 @@ def test_resume_after_sigkill_is_exact(tmp_path: Path):
     train.main([*CARTPOLE, "-f", str(tmp_path / "b"), "--resume"])
     assert not (tmp_path / "b" / "ppg" / "CartPole-v1_2").exists()
     assert_same_run(run_a, run_b, "CartPole-v1")
+
+
+def test_ctrl_c_during_train_then_resume_is_exact(uninterrupted: Path, tmp_path: Path, monkeypatch):
+    """Ctrl-C inside the train() of step 768, a checkpoint step: no checkpoint of the half-trained model is written (the
+    RL Zoo calls on_training_end() after it), and --resume continues from step 512 exactly."""
+    interrupt_train(monkeypatch, call=6)
+    train.main([*CARTPOLE, "-f", str(tmp_path)])
+    monkeypatch.undo()
+    run = tmp_path / "ppg" / "CartPole-v1_1"
+    assert complete_checkpoints(run) == ["ppg_256_steps", "ppg_512_steps"]
+    train.main([*CARTPOLE, "-f", str(tmp_path), "--resume"])
+    assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
+
+
+def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninterrupted: Path, tmp_path: Path, monkeypatch):
+    """The newest checkpoint damaged: --resume continues from the newest one that verifies, with a warning naming the
+    one skipped; with --keep-checkpoints 1 and a Ctrl-C before the next checkpoint, the one resumed from is still there."""
+    shutil.copytree(uninterrupted, tmp_path, dirs_exist_ok=True)
+    run = tmp_path / "ppg" / "CartPole-v1_1"
+    for checkpoint in (run / "checkpoints").glob("ppg_*_steps"):
+        if int(checkpoint.name.split("_")[1]) > 1024:
+            shutil.rmtree(checkpoint)
+    (run / "CartPole-v1.zip").unlink()
+    damaged = run / "checkpoints" / "ppg_1024_steps" / "run_state.npz"
+    damaged.write_bytes(damaged.read_bytes()[:-10])
+    resume = [*CARTPOLE, "-f", str(tmp_path), "--resume", "--keep-checkpoints", "1"]
+    interrupt_train(monkeypatch, call=1)
+    with pytest.warns(UserWarning, match=r"continuing from ppg_768_steps, .* skipped .*ppg_1024_steps' \(run_state.npz"):
+        train.main(resume)
+    monkeypatch.undo()
+    assert complete_checkpoints(run) == ["ppg_1024_steps", "ppg_768_steps"]
+    with pytest.warns(UserWarning, match=r"continuing from ppg_768_steps"):
+        train.main(resume)
+    assert complete_checkpoints(run) == ["ppg_2048_steps"]
+    assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
+
+
+def hold_lock(folder: str, ready, release) -> None:
+    lock_folder(folder)
+    ready.set()
+    release.wait(30)
+
+
+def test_resume_while_another_run_writes_there(tmp_path: Path):
+    """A job started twice: the second one stops before touching the run, naming the first one's process."""
+    checkpoints = tmp_path / "ppg" / "CartPole-v1_1" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    context = multiprocessing.get_context("fork")
+    ready, release = context.Event(), context.Event()
+    holder = context.Process(target=hold_lock, args=(str(checkpoints), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        with pytest.raises(SystemExit) as error:
+            train.main(["--env", "CartPole-v1", "-f", str(tmp_path), "--verbose", "0", "--resume"])
+    finally:
+        release.set()
+        holder.join(30)
+    assert str(error.value.code).startswith(f"error: RuntimeError: Another run is writing here (pid {holder.pid} on ")
 
 
 def test_procgen_resume_from_an_older_checkpoint_is_exact(tmp_path: Path, capsys):
@@ -165,7 +251,7 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path, capsys):
 def test_keep_checkpoints(tmp_path: Path):
     train.main([*CARTPOLE, "-f", str(tmp_path), "--keep-checkpoints", "2"])
     names = sorted(path.name for path in (tmp_path / "ppg" / "CartPole-v1_1" / "checkpoints").iterdir())
-    assert names == ["ppg_1792_steps", "ppg_2048_steps", "ppg_rollouts"]
+    assert names == [".sb3_ppg.lock", "ppg_1792_steps", "ppg_2048_steps", "ppg_rollouts"]
 
 
 def test_split_argv():

@@ -129,12 +129,18 @@ def test_other_world_size(runs):
 
 
 def test_damaged_rank_part(runs):
-    """rank 1's part damaged: both ranks raise the same ValueError at once (not after the collective timeout)."""
-    _, _, resumed = runs
+    """rank 1's part damaged: both ranks raise the same ValueError at once (not after the collective timeout); given
+    the folder, both ranks skip that checkpoint and load the previous one, with a warning naming it."""
+    out_dir, _, resumed = runs
     failures = [resumed[rank]["damaged"] for rank in range(2)]
     assert failures[0]["message"] == failures[1]["message"]
+    previous = f"ppg_{CHECKPOINT_TOTAL - CHECKPOINT_ITERATION}_steps"
     for failure in failures:
-        assert failure["type"] == "ValueError"
-        assert "rank 1: ValueError: rank_1/run_state.npz does not match its checksum" in failure["message"]
-        assert f"ppg_{CHECKPOINT_TOTAL - CHECKPOINT_ITERATION}_steps" in failure["message"]  # the one to load instead
+        assert failure["type"] == "CheckpointDamagedError"  # a ValueError
+        assert "rank 1: CheckpointDamagedError: rank_1/run_state.npz does not match its checksum" in failure["message"]
+        assert f"the newest older checkpoint that verifies is '{out_dir / 'damaged' / previous}'" in failure["message"]
         assert failure["seconds"] < TIMEOUT_S / 2
+    for rank in range(2):
+        loaded = resumed[rank]["damaged_folder"]
+        assert loaded["num_timesteps"] == CHECKPOINT_TOTAL - CHECKPOINT_ITERATION
+        assert any(previous in message and "skipped" in message for message in loaded["warnings"])
