@@ -379,8 +379,8 @@ class PPGExperimentManager(ExperimentManager):
         Check that the command continues the run it names, as the run started: a run of the command line (its
         ``args.yml``) of the same ``--env``, and, when it resumes from a checkpoint, with the same ``-params`` and
         ``--env-kwargs`` as far as the command gives them (a requeued job repeats the same command; what the
-        command leaves out is taken from the run, and a hyperparameter file changed since the run started is not
-        read).
+        command leaves out is taken from the run, ``-n`` included, and a hyperparameter file changed since the run
+        started is not read). A different ``-n`` is allowed: the run then continues to that total.
 
         :param resume: The ``--resume`` argument (for the messages)
         :param run_folder: The run folder
@@ -455,8 +455,11 @@ class PPGExperimentManager(ExperimentManager):
             return
         print(f"--resume: continuing {run_folder} from {checkpoint.name}")
         if resumed_run is not None:
-            # The run's env settings, as its first start had them (the command's agree where it gives them)
+            # The run's settings, as its first start had them (the command's agree where it gives them)
             self.resumed_run = resumed_run
+            run_timesteps = resumed_run.args.get("n_timesteps")
+            if self.n_timesteps <= 0 and is_integer(run_timesteps) and run_timesteps > 0:
+                self.n_timesteps = run_timesteps
             self.env_kwargs = dict(resumed_run.args.get("env_kwargs") or {})
             if self._eval_env_kwargs_args is None:
                 self._eval_env_kwargs_args = resumed_run.args.get("eval_env_kwargs")

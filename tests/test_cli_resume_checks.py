@@ -27,8 +27,6 @@ ENV_NAME = "CartPole-v1"
 RUN = [
     "--env",
     ENV_NAME,
-    "-n",
-    "256",
     "--seed",
     "0",
     "--device",
@@ -42,6 +40,7 @@ RUN = [
     "--eval-episodes",
     "1",
 ]
+TOTAL = ["-n", "256"]
 # A class and a tuple among the values: the zoo writes them with Python tags into config.yml / args.yml
 PARAMS = [
     "-params",
@@ -67,7 +66,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("finished")
     config = folder / "hyperparams.yml"
     shutil.copy(train.hyperparams_file(), config)
-    train.main([*RUN, "-conf", str(config), "-f", str(folder / "logs"), *PARAMS])
+    train.main([*RUN, *TOTAL, "-conf", str(config), "-f", str(folder / "logs"), *PARAMS])
     return folder
 
 
@@ -119,7 +118,7 @@ def test_resume_refuses_to_change_the_run(finished_run: Path, log_folder: Path, 
     run = log_folder / "ppg" / f"{ENV_NAME}_1"
     before = folder_contents(log_folder)
     text = exit_message(
-        [*RUN, "-conf", str(finished_run / "hyperparams.yml"), "-f", str(log_folder), *changes, "--resume", str(run)]
+        [*RUN, *TOTAL, "-conf", str(finished_run / "hyperparams.yml"), "-f", str(log_folder), *changes, "--resume", str(run)]
     )
     assert re.search(message, text), text
     # Nothing written: config.yml still describes the run, no files of another env in its folder
@@ -138,6 +137,7 @@ def test_resume_keeps_the_run_hyperparameters_when_the_file_changed(finished_run
     assert "  gamma: 0.98\n" in text
     newer.write_text(text.replace("  gamma: 0.98\n", "  gamma: 0.9\n  normalize: true\n", 1))
 
+    # The same command, without -n: the run's total is kept
     train.main([*RUN, "-conf", str(newer), "-f", str(log_folder), *PARAMS, "--resume"])
     model = PPG.load(run / f"{ENV_NAME}.zip", device="cpu")
     assert model.num_timesteps == 256 and model.gamma == 0.98 and model.policy.activation_fn is nn.ReLU
