@@ -97,7 +97,7 @@ class RunFileLoader(yaml.SafeLoader):
 
     - ``!!python/object/apply:collections.OrderedDict`` (the zoo saves both files as an ``OrderedDict``): a ``dict``
       in the same order;
-    - ``!!python/tuple``: a tuple (``-params`` values are Python literals);
+    - ``!!python/tuple``: a tuple (``-params`` values are Python expressions);
     - ``!!python/name:<module>.<class>`` (a class given in ``-params``, e.g. ``policy_kwargs:dict(activation_fn=nn.ReLU)``):
       the class, taken from the module only if that module is already imported, and only if it is a class.
 
@@ -126,9 +126,12 @@ class RunFileLoader(yaml.SafeLoader):
             return self._refuse(node)
         arguments = self.construct_sequence(node, deep=True)
         pairs = arguments[0] if len(arguments) == 1 and isinstance(arguments[0], list) else None
-        if pairs is None or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
-            return self._refuse(node, "an OrderedDict that is not a list of [key, value] pairs")
-        return {key: value for key, value in pairs}
+        try:
+            if pairs is None or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+                raise TypeError("not a list of [key, value] pairs")
+            return dict(pairs)
+        except TypeError as error:
+            return self._refuse(node, f"{node.tag} ({error})")
 
     def _construct_tuple(self, node: yaml.Node) -> tuple[Any, ...]:
         """``!!python/tuple [...]``: a tuple."""
@@ -463,7 +466,6 @@ class PPGExperimentManager(ExperimentManager):
             self.env_kwargs = dict(resumed_run.args.get("env_kwargs") or {})
             if self._eval_env_kwargs_args is None:
                 self._eval_env_kwargs_args = resumed_run.args.get("eval_env_kwargs")
-            self.eval_env_kwargs = self._eval_env_kwargs_args or self.env_kwargs
         self.resume_checkpoint = checkpoint
         # The zoo then loads the model instead of creating one (see _load_pretrained_agent)
         self.continue_training = True
@@ -477,17 +479,24 @@ class PPGExperimentManager(ExperimentManager):
 
     def read_hyperparameters(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """
-        The zoo's; a run resumed from a checkpoint reads its own ``config.yml`` instead of the hyperparameter file
-        (which may have changed since the run started; the command's ``-params`` were checked against the run's).
+        The zoo's, with ``--env-kwargs`` set over the file's ``env_kwargs`` (the zoo replaced them: ``--preset easy
+        --env-kwargs num_levels:200`` lost the preset's ``distribution_mode: easy`` and trained in procgen's default
+        hard mode). A run resumed from a checkpoint reads its own ``config.yml`` instead (the hyperparameter file may
+        have changed since the run started; the command's ``-params`` were checked against the run's).
         """
         if self.resumed_run is None:
-            return super().read_hyperparameters()
+            command_env_kwargs, self.env_kwargs = self.env_kwargs, {}
+            try:
+                hyperparams, saved_hyperparams = super().read_hyperparameters()
+            finally:
+                self.env_kwargs = command_env_kwargs
+            if command_env_kwargs and isinstance(hyperparams.get("env_kwargs"), dict):
+                self.env_kwargs = {**hyperparams["env_kwargs"], **command_env_kwargs}
+                hyperparams["env_kwargs"] = saved_hyperparams["env_kwargs"] = self.env_kwargs
+            return hyperparams, saved_hyperparams
+        # The env_kwargs the run used are in its config.yml (those of a file without env_kwargs: self.env_kwargs,
+        # the run's --env-kwargs, see _apply_resume)
         hyperparams = copy.deepcopy(self.resumed_run.hyperparams)
-        # As the zoo does: --env-kwargs (the run's, see _apply_resume) replace the file's env_kwargs
-        if "env_kwargs" in hyperparams and self.env_kwargs:
-            hyperparams["env_kwargs"] = self.env_kwargs
-            if self._eval_env_kwargs_args is None:
-                self.eval_env_kwargs = self.env_kwargs
         saved_hyperparams = OrderedDict([(key, hyperparams[key]) for key in sorted(hyperparams)])
         print(f"--resume: the run's hyperparameters, from {self.resumed_run.params_path / RUN_CONFIG}:")
         pprint(saved_hyperparams)
@@ -495,8 +504,9 @@ class PPGExperimentManager(ExperimentManager):
 
     def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
         """
-        The zoo's, with a clear error for an ``n_envs`` that is not a positive integer; with ``global_n_envs``,
-        ``n_envs`` becomes this rank's share of the config's.
+        The zoo's, with a clear error for an ``n_envs`` that is not a positive integer, and the evaluation env's
+        settings completed with the training env's; with ``global_n_envs``, ``n_envs`` becomes this rank's share of
+        the config's.
         """
         n_envs = hyperparams.get("n_envs", 1)
         if not is_integer(n_envs) or n_envs < 1:
@@ -505,6 +515,9 @@ class PPGExperimentManager(ExperimentManager):
                 f"-params n_envs:... or the n_envs of {self.env_name.gym_id} in {self.config}."
             )
         processed = super()._preprocess_hyperparams(hyperparams)
+        # The evaluation env: the training env's settings with --eval-env-kwargs over them (the zoo evaluated with
+        # none when the file sets env_kwargs and the command does not: the easy preset in hard mode)
+        self.eval_env_kwargs = {**self.env_kwargs, **(self._eval_env_kwargs_args or {})}
         if self.global_n_envs:
             try:
                 self.n_envs = distributed.local_n_envs(self.n_envs)
@@ -527,6 +540,9 @@ class PPGExperimentManager(ExperimentManager):
         if self.resumed_run is not None:
             print(f"Log path: {self.save_path} (resumed: its {RUN_CONFIG} and {RUN_ARGS} are kept)")
         elif self.rank == 0:
+            # args.yml records the env_kwargs the run used (--env-kwargs set over the file's), which enjoy then uses
+            if getattr(self.args, "env_kwargs", None) is not None:
+                self.args.env_kwargs = self.env_kwargs
             super()._save_config(saved_hyperparams)
 
     def save_trained_model(self, model: BaseAlgorithm) -> None:

@@ -201,6 +201,7 @@ def test_run_file_loader_reads_what_the_zoo_writes(finished_run: Path):
         ("!!python/name:os.system ''", r"!!python/name:os\.system \(not a class of an already imported module\)"),
         ("!!python/name:no_such_module.Thing ''", r"!!python/name:no_such_module\.Thing \(not a class"),
         ("!!python/object/apply:collections.OrderedDict {args: [[[1, 2]]]}", "!!python/object/apply:collections.OrderedDict"),
+        ("!!python/object/apply:collections.OrderedDict [[[[1], 2]]]", r".*OrderedDict \(unhashable type: 'list'\)"),
     ],
 )
 def test_run_file_loader_refuses_other_python_objects(tmp_path: Path, capsys, value: str, tag: str):
