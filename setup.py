@@ -32,6 +32,10 @@ setup(
         "procgen==0.10.7; python_version<'3.11'",
         "procgen-mirror==0.10.7; python_version>='3.11' and python_version<'3.13'",
         "procgen-gym>=0.1.1,<0.2; python_version>='3.13'",
+        # gym 0.26 (procgen's gym3 env only: sb3_ppg uses Gymnasium) prints a maintenance notice on import, which
+        # gym-notices 0.1 added; SB3 imports gym whenever it is installed, so without this pin `import
+        # stable_baselines3` and every example would print it
+        "gym-notices<0.1; python_version<'3.13'",
         "numpy>=1.20,<2.0; python_version<'3.13'",
         "numpy>=2.1; python_version>='3.13'",
         # pandas 3 needs numpy 2: without this pin pip backtracks into failing source builds where numpy<2

@@ -1,20 +1,6 @@
 """sb3-ppg: Phasic Policy Gradient (PPG) as a Stable-Baselines3 algorithm, with Procgen envs and a command line."""
 
-import contextlib
-import importlib.util
-import io
 import os
-import sys
-
-# procgen-mirror (Python <= 3.12) installs gym 0.26 for gym3; SB3 imports gym whenever it is installed, and gym prints
-# a notice about its maintenance on import. sb3_ppg uses gym only inside procgen's gym3 env, so that import is done
-# here first with its notice kept off the terminal (any other error or warning still shows).
-if "gym" not in sys.modules and importlib.util.find_spec("gym") is not None:
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            import gym  # noqa: F401
-        except ImportError:  # as SB3: a gym that cannot be imported is ignored
-            pass
 
 from sb3_ppg.buffers import AuxiliaryBuffer
 from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback

@@ -1,27 +1,167 @@
 """``PPGBase``: what PPG needs around its training loop: optimizer steps, save/load, set_env, the aux buffer on disk."""
 
+import inspect
 import io
+import json
 import os
 import pathlib
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch as th
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+from stable_baselines3.common.save_util import json_to_data, open_path
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.utils import check_for_correct_spaces, explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg import data_parallel, distributed, losses, resume
+from sb3_ppg.array_files import atomic_write
 from sb3_ppg.buffers import AuxiliaryBuffer, Minibatch, split_minibatch
 from sb3_ppg.checkpoints import iter_callbacks
 from sb3_ppg.policies import PPGPolicy
-from sb3_ppg.validation import check_aux_buffer_memory, gradient_norm, resolve_batch_size, schedule_value
+from sb3_ppg.validation import (
+    HyperparameterError,
+    check_aux_buffer_memory,
+    check_load_arguments,
+    check_saved_optimizers,
+    gradient_norm,
+    load_arguments,
+    resolve_batch_size,
+    schedule_value,
+)
 
 SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
+
+#: What ``load_checkpoint()`` cannot change: the stored rollouts and the auxiliary buffer are laid out for them
+RUN_LAYOUT_HYPERPARAMETERS = ("n_steps", "n_policy_iters")
+
+
+class SavedPolicyClass:
+    """
+    The policy class as a PPG model zip stores it. ``PPG.load`` unwraps it. Any other algorithm's ``load()`` (SB3's
+    ``PPO.load``, ...) takes it for the policy class, and building the policy with it raises a ``ValueError`` saying
+    that the file holds a PPG model, instead of a cryptic error or a PPG model trained by another algorithm. Model
+    zips name this class by its import path (``sb3_ppg.base.SavedPolicyClass``): it must stay importable there.
+
+    :param policy_class: the model's policy class
+    """
+
+    def __init__(self, policy_class: type[PPGPolicy]) -> None:
+        self.policy_class = policy_class
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ValueError(
+            f"This model zip holds a PPG model (sb3_ppg.PPG, policy {_class_name(self.policy_class)}), not a model of "
+            "the algorithm loading it: load it with sb3_ppg.PPG.load(path) (or PPG.load_checkpoint(folder) for a "
+            "checkpoint)."
+        )
+
+    def __repr__(self) -> str:
+        return f"SavedPolicyClass({_class_name(self.policy_class)})"
+
+
+def _class_name(cls: Any) -> str:
+    return f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', repr(cls))}"
+
+
+def _zip_destination(path: str | pathlib.Path) -> pathlib.Path:
+    """
+    The file SB3's ``save`` writes for a path: ".zip" appended to a path without suffix, ``<path>_2`` when the path is
+    a folder (with SB3's warning); a symbolic link is followed (the file it points to is replaced).
+    """
+    path = pathlib.Path(path)
+    while True:
+        if path.suffix == "":
+            path = pathlib.Path(f"{path}.zip")
+        if not path.is_dir():
+            break
+        warnings.warn(f"Path '{path}' is a folder. Will save instead to {path}_2")
+        path = pathlib.Path(f"{path}_2")
+    return pathlib.Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def _read_model_zip(path: str | pathlib.Path | io.BufferedIOBase) -> tuple[dict[str, Any], set[str]] | None:
+    """
+    The ``data`` of a model zip as plain JSON (nothing in it is unpickled) and the names of its members; None when the
+    file cannot be read as a model zip (SB3's ``load`` then says why). A file object is read from and put back at its
+    position.
+    """
+    try:
+        file = open_path(path, "r", suffix="zip")
+    except (OSError, ValueError, TypeError):
+        return None
+    own_file = isinstance(path, (str, pathlib.Path))
+    position = None if own_file else file.tell()
+    try:
+        with zipfile.ZipFile(file) as archive:
+            data = json.loads(archive.read("data"))
+            members = set(archive.namelist())
+        return (data, members) if isinstance(data, dict) else None
+    except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError):
+        return None
+    finally:
+        if own_file:
+            file.close()
+        else:
+            file.seek(position)
+
+
+def _saved_policy_class(data: dict[str, Any], custom_objects: dict[str, Any] | None) -> Any:
+    """The policy class a model zip's ``data`` names (unwrapped from a ``SavedPolicyClass``), or None if unreadable."""
+    if custom_objects is not None and "policy_class" in custom_objects:
+        policy_class = custom_objects["policy_class"]
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SB3's warning for an object that cannot be unpickled
+                policy_class = json_to_data(json.dumps({"policy_class": data.get("policy_class")})).get("policy_class")
+        except Exception:  # e.g. the module of another library's policy is not installed: SB3's load says so
+            return None
+    return policy_class.policy_class if isinstance(policy_class, SavedPolicyClass) else policy_class
+
+
+def _check_ppg_model(where: str, data: dict[str, Any], policy_class: Any) -> None:
+    """Refuse a model zip of another algorithm (its policy is not a ``PPGPolicy``), naming the algorithm when known."""
+    if policy_class is None or (isinstance(policy_class, type) and issubclass(policy_class, PPGPolicy)):
+        return
+    name = _class_name(policy_class)
+    if getattr(policy_class, "__module__", "") == "stable_baselines3.common.policies" and "n_steps" in data:
+        algorithm = "PPO" if "clip_range" in data else "A2C"
+        how = f"It is a model of SB3's {algorithm}: load it with stable_baselines3.{algorithm}.load(path)."
+    else:
+        how = "Load it with the class of the algorithm that saved it."
+    lacks = ", and it lacks PPG's hyperparameters" if "n_policy_iters" not in data else ""
+    raise ValueError(
+        f"{where} does not hold a PPG model: its policy is {name}, not a PPG policy (sb3_ppg.policies.PPGPolicy){lacks}. {how}"
+    )
+
+
+def _with_sources(
+    error: HyperparameterError, where: str, kwargs: dict[str, Any], custom_objects: dict[str, Any] | None
+) -> HyperparameterError:
+    """``check_hyperparameters``' error, for a model being loaded: each value says where it came from, and the fix."""
+
+    def source(name: str) -> str:
+        if name in kwargs:
+            return "given to load()"
+        if custom_objects is not None and name in custom_objects:
+            return "from custom_objects"
+        return "stored in the file"
+
+    problems = [(name, f"{message} ({source(name)})") for name, message in error.problems]
+    return HyperparameterError(
+        problems,
+        header=f"Cannot load {where}: invalid PPG hyperparameters:",
+        footer=(
+            f"Pass valid values as keyword arguments of load() (e.g. PPG.load(path, env, {problems[0][0]}=...)): they "
+            "replace the file's values."
+        ),
+    )
 
 
 class PPGBase(OnPolicyAlgorithm):
@@ -119,9 +259,37 @@ class PPGBase(OnPolicyAlgorithm):
         exclude: Iterable[str] | None = None,
         include: Iterable[str] | None = None,
     ) -> None:
-        """SB3's ``save``; in data-parallel training only rank 0 writes (every rank holds the same model)."""
-        if distributed.get_rank() == 0:
-            super().save(path, exclude=exclude, include=include)
+        """
+        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder, flushed to disk
+        and renamed over the destination, so that a failure (a full disk, Ctrl-C, a kill) leaves the previous file
+        intact and no partial file. Paths follow SB3's rules (".zip" is appended to a path without suffix, missing
+        folders are created); a file object is written directly. The zip stores the policy class wrapped in a
+        :class:`SavedPolicyClass`, so that another algorithm's ``load()`` refuses it clearly. In data-parallel training
+        only rank 0 writes (every rank holds the same model).
+
+        :param path: path to the file where the model should be saved, or a writable binary file object
+        :param exclude: name of parameters that should be excluded in addition to the default ones
+        :param include: name of parameters that might be excluded but should be included anyway
+        """
+        if distributed.get_rank() != 0:
+            return
+        if isinstance(path, (str, pathlib.Path)):
+            destination = _zip_destination(path)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(destination, lambda file: self._write_zip(file, exclude, include))
+        else:
+            self._write_zip(path, exclude, include)
+
+    def _write_zip(
+        self, file: io.BufferedIOBase, exclude: Iterable[str] | None = None, include: Iterable[str] | None = None
+    ) -> None:
+        """Write the model zip (SB3's format) to a file object, with the policy class wrapped (see ``save``)."""
+        policy_class = self.policy_class
+        self.policy_class = SavedPolicyClass(policy_class)  # type: ignore[assignment]
+        try:
+            super().save(file, exclude=exclude, include=include)
+        finally:
+            self.policy_class = policy_class
 
     def _average_gradients(self) -> None:
         """Average the gradients over the ranks before a step (data-parallel training only)."""
@@ -315,9 +483,36 @@ class PPGBase(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> SelfPPGBase:
         """
-        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). A truncated or corrupt file raises a
-        ``ValueError`` that says so.
+        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). The hyperparameters it is loaded with (the
+        file's, replaced by ``custom_objects`` and the keyword arguments) are checked as the constructor checks its
+        arguments, and keyword arguments mean what they mean there (``batch_size=None``: 8 minibatches;
+        ``n_value_epochs=None``: ``n_epochs``; a new ``n_epochs`` keeps joint value epochs joint). Changes that would add
+        or drop an optimizer (``n_aux_epochs`` 0 or not, ``separate_aux_optimizer``, ``n_value_epochs`` equal to
+        ``n_epochs`` or not) are refused: the saved optimizers are restored as they are. Every other hyperparameter may
+        change (the rollout and auxiliary buffers are rebuilt; the auxiliary buffer is not saved anyway).
+
+        :param path: path to the file (".zip" is tried after the path as given), or a readable binary file object
+        :param env: the environment to run the loaded model on (None: prediction only)
+        :param device: the device of the model
+        :param custom_objects: objects that replace those of the file with the same names (see SB3's ``load``)
+        :param print_system_info: whether to print the system info of the saved model and of this system
+        :param force_reset: reset the env before training (SB3's default) rather than continuing its last observation
+        :param kwargs: hyperparameters (or other attributes) that replace the file's
+        :return: the model
+        :raises HyperparameterError: (a ``ValueError``) naming each invalid, missing or unknown hyperparameter and where
+            it came from, or a change that would add or drop an optimizer
+        :raises ValueError: when the file holds a model of another algorithm (naming it) or is truncated or corrupt
         """
+        where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
+        given = dict(kwargs)
+        saved = _read_model_zip(path)
+        if saved is not None:
+            data, members = saved
+            _check_ppg_model(where, data, _saved_policy_class(data, custom_objects))
+            check_load_arguments(given, data, inspect.signature(cls.__init__).parameters, where)
+            replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
+            kwargs = load_arguments(given, {**data, **replaced})
+            check_saved_optimizers({**data, **replaced, **kwargs}, members, {*replaced, *given}, where)
         try:
             return super().load(
                 path,
@@ -328,6 +523,8 @@ class PPGBase(OnPolicyAlgorithm):
                 force_reset=force_reset,
                 **kwargs,
             )
+        except HyperparameterError as error:
+            raise _with_sources(error, where, given, custom_objects) from None
         except AssertionError as error:
             # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
             if "No data found" in str(error):
@@ -355,12 +552,27 @@ class PPGBase(OnPolicyAlgorithm):
             of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
             could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
         :param device: the device of the model
-        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``)
+        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``, ``verbose``, ``tensorboard_log``), checked as
+            there. Hyperparameters given here apply from the checkpoint on (the run then no longer repeats the
+            uninterrupted one); ``n_steps`` and ``n_policy_iters`` cannot change (the stored rollouts and the auxiliary
+            buffer are laid out for them): start anew from the checkpoint's ``model.zip`` with :meth:`load` for that
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-        :raises ValueError: when the checkpoint is damaged (naming the previous one), does not fit ``env`` or the world size
+        :raises ValueError: when the checkpoint is damaged (naming the previous one), does not fit ``env`` or the world
+            size; ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
-        return resume.load_checkpoint(cls, path, env=env, device=device, **kwargs)  # type: ignore[return-value]
+        layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
+        model = resume.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
+        if changed:
+            raise HyperparameterError(
+                [(name, f"{name}={value!r} given, the run has {name}={getattr(model, name)!r}") for name, value in changed],
+                header=f"load_checkpoint({str(path)!r}) continues the run, whose rollouts and auxiliary buffer are laid "
+                "out for its n_steps and n_policy_iters: they cannot change.",
+                footer="Leave them out to resume the run, or start anew from the checkpoint's weights with other values: "
+                "PPG.load('<checkpoint folder>/model.zip', env, n_steps=...).",
+            )
+        return model  # type: ignore[return-value]
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
         super()._maybe_recommend_cpu(mlp_class_name)

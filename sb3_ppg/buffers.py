@@ -183,16 +183,17 @@ class AuxiliaryBuffer:
         obs_arrays = self.observations.values() if isinstance(self.observations, dict) else [self.observations]
         return sum(array.nbytes for array in obs_arrays) + self.returns.nbytes + self.old_distribution_params.nbytes
 
-    def _env_major(self, array: np.ndarray, flattened: bool) -> np.ndarray:
+    def _env_major(self, array: np.ndarray, flattened: bool, step_shape: tuple[int, ...]) -> np.ndarray:
         """
         View a rollout-buffer array as (n_envs, n_steps, ...).
 
         :param array: an array of SB3's rollout buffer, (n_steps, n_envs, ...) or, once its ``get()`` has run,
             flattened env-major to (n_envs * n_steps, ...)
         :param flattened: whether the rollout buffer has flattened its arrays
+        :param step_shape: the shape of one step's entry (SB3's ``get()`` gives entries of shape ``()`` a trailing 1)
         """
         if flattened:
-            return array.reshape(self.n_envs, self.n_steps, *array.shape[1:])
+            return array.reshape(self.n_envs, self.n_steps, *step_shape)
         return array.swapaxes(0, 1)
 
     def add(self, rollout_buffer: RolloutBuffer) -> None:
@@ -212,10 +213,11 @@ class AuxiliaryBuffer:
         rows = slice(self.pos, self.pos + self.n_envs)
         if isinstance(self.observations, dict):
             for key, array in self.observations.items():
-                array[rows] = self._env_major(rollout_buffer.observations[key], flattened)  # type: ignore[index]
+                array[rows] = self._env_major(rollout_buffer.observations[key], flattened, array.shape[2:])  # type: ignore[index]
         else:
-            self.observations[rows] = self._env_major(rollout_buffer.observations, flattened)  # type: ignore[arg-type]
-        self.returns[rows] = self._env_major(rollout_buffer.returns, flattened).reshape(self.n_envs, self.n_steps)
+            observations = rollout_buffer.observations
+            self.observations[rows] = self._env_major(observations, flattened, self.observations.shape[2:])  # type: ignore[arg-type]
+        self.returns[rows] = self._env_major(rollout_buffer.returns, flattened, ())
         self.pos += self.n_envs
 
     def _observations_to_tensor(self, rows: np.ndarray | slice) -> TensorObs:

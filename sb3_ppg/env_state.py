@@ -21,8 +21,19 @@ from stable_baselines3.common.vec_env import (
     VecTransposeImage,
 )
 
+from sb3_ppg.procgen.games import PROCGEN_OPTIONS
+
 # Wrappers whose behaviour depends on nothing but their settings
 STATELESS_WRAPPERS = (VecTransposeImage, VecCheckNan, VecExtractDictObs)
+#: Settings of a native VecEnv (ProcgenVecEnv's procgen options) that do not change its games: where assets are read
+UNCOMPARED_NATIVE_SETTINGS = ("resource_root",)
+#: Arguments of a gymnasium env's ``make`` that do not change its episodes
+UNCOMPARED_ENV_KWARGS = ("render_mode",)
+
+
+class EnvMismatchError(ValueError):
+    """The env given to resume a checkpoint does not fit the checkpoint's (its wrappers, its games' settings): the
+    checkpoint itself is fine, and an older one would not fit either."""
 
 
 def vec_env_chain(venv: VecEnv) -> list[VecEnv]:
@@ -80,6 +91,73 @@ def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
             writer.file_handler.flush()
             sizes[writer.file_handler.name] = writer.file_handler.tell()
     return sizes
+
+
+def native_env_settings(venv: VecEnv) -> dict[str, Any] | None:
+    """
+    The settings that define the games of a native VecEnv (a ``ProcgenVecEnv``: the game and procgen's options, but
+    where its assets are read from); the game states it saves only fit games built with the same settings.
+
+    :param venv: a VecEnv with ``get_env_states()``
+    :return: the settings (JSON values), or None for a VecEnv without ``env_name`` and ``procgen_kwargs``
+    """
+    env_name, options = getattr(venv, "env_name", None), getattr(venv, "procgen_kwargs", None)
+    if not isinstance(env_name, str) or not isinstance(options, dict):
+        return None
+    # Options not given are procgen's defaults
+    settings = {"env_name": env_name, **PROCGEN_OPTIONS, **options}
+    return {key: value for key, value in settings.items() if key not in UNCOMPARED_NATIVE_SETTINGS}
+
+
+def env_spec_settings(env: gym.Env) -> dict[str, Any] | None:
+    """
+    What defines a gymnasium env's episodes as far as its spec tells: its id and the plain (str, number, bool, None)
+    arguments it was made with, but ``render_mode``. None for an env made without ``gymnasium.make``.
+    """
+    try:
+        spec = env.spec
+    except Exception:  # a wrapper whose spec cannot be built
+        return None
+    if spec is None:
+        return None
+    kwargs = {
+        key: value
+        for key, value in (spec.kwargs or {}).items()
+        if key not in UNCOMPARED_ENV_KWARGS and (value is None or isinstance(value, (str, int, float, bool)))
+    }
+    return {"id": spec.id, **kwargs}
+
+
+def _check_settings(saved: dict[str, Any], current: dict[str, Any], what: str) -> None:
+    """Raise an ``EnvMismatchError`` naming every setting of ``what`` that differs between a checkpoint and the env."""
+    differ = [key for key in dict.fromkeys([*saved, *current]) if saved.get(key) != current.get(key)]
+    if differ:
+        values = "; ".join(f"{key}={current.get(key)!r} in the env, {saved.get(key)!r} in the checkpoint" for key in differ)
+        raise EnvMismatchError(
+            f"The env does not fit the checkpoint: {what} differ ({values}). The states the checkpoint saved only fit "
+            "the run's settings: build the env with them to resume the run, or start a new run from the checkpoint's "
+            "weights with PPG.load('<checkpoint folder>/model.zip', env=...)."
+        )
+
+
+def check_env_settings(venv: VecEnv, description: dict[str, Any]) -> None:
+    """
+    Check, before anything is restored, that a VecEnv chain's games have the settings of those whose states a
+    checkpoint saved (``get_vec_env_state`` records them): restoring Procgen's states into another game ends the
+    process (a C++ assertion), into other levels it would continue silently on the wrong games, and a
+    ``DummyVecEnv``'s saved envs would replace envs made with other settings.
+
+    :param venv: the env given to resume with (the same wrappers as the checkpoint's)
+    :param description: the checkpoint's description of its chain
+    :raises EnvMismatchError: naming each setting that differs, with both values
+    """
+    for layer, saved in zip(vec_env_chain(venv), description["layers"], strict=True):
+        if "settings" in saved:
+            what = f"the settings of its {type(layer).__name__} games"
+            _check_settings(saved["settings"], native_env_settings(layer) or {}, what)
+        if "env_specs" in saved and isinstance(layer, DummyVecEnv):
+            for index, (saved_spec, env) in enumerate(zip(saved["env_specs"], layer.envs, strict=False)):
+                _check_settings(saved_spec or {}, env_spec_settings(env) or {}, f"the settings of its env {index}")
 
 
 def _type_name(venv: VecEnv) -> str:
@@ -148,11 +226,16 @@ def get_vec_env_state(venv: VecEnv) -> tuple[dict[str, Any], dict[str, np.ndarra
                 for env_index, state in enumerate(layer.get_env_states()):
                     arrays[f"{prefix}.state{env_index}"] = np.frombuffer(bytes(state), dtype=np.uint8)
                 description["native_states"] = True
+                settings = native_env_settings(layer)
+                if settings is not None:
+                    description["settings"] = settings
             elif isinstance(layer, DummyVecEnv):
                 try:
                     pickled_envs = _pickle_envs(layer)
                 except Exception as error:
                     description["unsaved"] = f"its envs cannot be pickled ({type(error).__name__}: {error})"
+                else:
+                    description["env_specs"] = [env_spec_settings(env) for env in layer.envs]
             else:
                 description["unsaved"] = "its envs' states cannot be read (they run elsewhere)"
         layers.append(description)
@@ -167,15 +250,17 @@ def set_vec_env_state(
     ``DummyVecEnv`` are replaced by their saved copies).
 
     :return: whether the envs' own states were restored (False: the episodes restart, the caller warns)
+    :raises EnvMismatchError: before anything is restored, when the wrappers or the games' settings differ
     """
     chain = vec_env_chain(venv)
     layers = description["layers"]
     saved_types = [layer["type"] for layer in layers]
     if saved_types != [_type_name(layer) for layer in chain]:
-        raise ValueError(
+        raise EnvMismatchError(
             f"The env's VecEnv wrappers {[_type_name(layer) for layer in chain]} differ from the checkpoint's "
             f"{saved_types}: pass an env built the same way as the one of the run."
         )
+    check_env_settings(venv, description)
     restored = True
     for index, (layer, saved) in enumerate(zip(chain, layers, strict=True)):
         prefix = f"env{index}"

@@ -3,11 +3,12 @@
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.preprocessing import preprocess_obs
+from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.torch_layers import (
     BaseFeaturesExtractor,
     CombinedExtractor,
@@ -15,12 +16,145 @@ from stable_baselines3.common.torch_layers import (
     NatureCNN,
 )
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from stable_baselines3.common.utils import is_vectorized_observation
 from torch import nn
 
 from sb3_ppg.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
 from sb3_ppg.validation import check_finite_observations, check_net_arch
 
 ARCHS = ("dual", "detach", "shared")
+# The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
+OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def check_observation_space(observation_space: spaces.Space, key: str | None = None) -> None:
+    """
+    Refuse, with the space and a fix, an observation space that SB3's buffers and networks cannot take: anything but
+    Box, Discrete, MultiDiscrete and MultiBinary, or a Dict of those (a Dict inside a Dict, a Tuple, a Graph, a
+    Sequence, Text, ...), and a Discrete / MultiDiscrete space whose ``start`` is not 0 (its values would be one-hot
+    encoded as if they started at 0). A Box of shape ``()`` is accepted (one feature).
+
+    :param observation_space: the observation space (of the env, or one entry of a Dict space)
+    :param key: the entry's key when ``observation_space`` is inside a Dict space
+    """
+    where = "" if key is None else f" (key {key!r} of the Dict observation space)"
+    if isinstance(observation_space, spaces.Dict) and key is None:
+        for sub_key, subspace in observation_space.spaces.items():
+            check_observation_space(subspace, sub_key)
+        return
+    if not isinstance(observation_space, OBSERVATION_SPACES):
+        raise ValueError(
+            f"PPG does not support the observation space {observation_space}{where}: its policies take Box, Discrete, "
+            "MultiDiscrete and MultiBinary observations, or a Dict of those (not nested). Convert the observations "
+            "with a gymnasium.ObservationWrapper, e.g. pad a Sequence or Graph into a fixed-shape Box, encode Text as a "
+            "MultiDiscrete of character indices, turn a Tuple into a Dict, flatten a nested Dict."
+        )
+    _check_zero_start(observation_space, f"observation space {observation_space}{where}", "observations")
+
+
+def check_action_space(action_space: spaces.Space) -> None:
+    """
+    Refuse a Discrete / MultiDiscrete action space whose ``start`` is not 0: SB3's distributions sample actions from
+    0, so the env would receive actions outside its space. (The action space's type is checked by SB3.)
+
+    :param action_space: the action space
+    """
+    _check_zero_start(action_space, f"action space {action_space}", "actions")
+
+
+def _check_zero_start(space: spaces.Space, name: str, values: str) -> None:
+    """
+    Refuse a Discrete / MultiDiscrete space whose ``start`` is not 0, with the wrapper that relabels it.
+
+    :param space: a space (only Discrete and MultiDiscrete ones have a ``start``; MultiDiscrete since gymnasium 1.0)
+    :param name: the space, as the error message names it
+    :param values: ``"actions"`` or ``"observations"``
+    """
+    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) or not np.any(getattr(space, "start", 0)):
+        return
+    if isinstance(space, spaces.MultiDiscrete):
+        start, zero_based = space.start.tolist(), f"MultiDiscrete({space.nvec.tolist()})"
+        offset = f"np.array({start})"
+    else:
+        start, zero_based, offset = int(space.start), f"Discrete({int(space.n)})", str(int(space.start))
+    if values == "actions":
+        problem = "the env would receive actions outside its space"
+        fix = (
+            f"give the model {zero_based} and add the start in a gymnasium.ActionWrapper, e.g. "
+            f"gymnasium.wrappers.TransformAction(env, lambda action: action + {offset}, {zero_based})"
+        )
+    else:
+        problem = "the observations would be one-hot encoded as if they started at 0"
+        fix = "subtract the start in a gymnasium.ObservationWrapper (e.g. gymnasium.wrappers.TransformObservation)"
+    raise ValueError(
+        f"PPG does not support the {name} with start={start}: SB3's networks number the {values} from 0, so {problem}. "
+        f"Declare the space with start=0, or {fix}."
+    )
+
+
+def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:
+    """
+    Check that an observation given to ``predict`` is a dict with exactly the keys of a Dict observation space, each
+    of a valid shape (SB3's message, with the key), and not a dict for any other space.
+
+    :param observation: the observation (one, or a batch)
+    :param observation_space: the model's observation space
+    """
+    if isinstance(observation_space, spaces.Dict):
+        expected = list(observation_space.spaces)
+        if not isinstance(observation, dict):
+            raise ValueError(
+                f"This model takes Dict observations with the keys {expected}, got {type(observation).__name__}: pass a "
+                "dict of arrays (one observation, or a batch along the first axis of every array)."
+            )
+        missing = [key for key in expected if key not in observation]
+        extra = [key for key in observation if key not in observation_space.spaces]
+        if missing or extra:
+            problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
+            raise ValueError(
+                f"The observation's keys do not match the model's Dict observation space: {', '.join(problems)}. "
+                f"Expected exactly the keys {expected}."
+            )
+        batch_sizes = {}
+        for key, subspace in observation_space.spaces.items():
+            # What SB3's obs_to_tensor checks for each key, whose error would not name the key
+            value = maybe_transpose(observation[key], subspace) if is_image_space(subspace) else np.array(observation[key])
+            try:
+                batch_sizes[key] = len(value) if is_vectorized_observation(value, subspace) else None
+            except ValueError as error:
+                raise ValueError(f"Observation key {key!r}: {error}") from None
+        if len(set(batch_sizes.values())) > 1:
+            counts = ", ".join(
+                f"{key!r}: {'one observation' if size is None else f'a batch of {size}'}" for key, size in batch_sizes.items()
+            )
+            raise ValueError(
+                f"The observation's keys hold different numbers of observations ({counts}): give every key one "
+                "observation, or batches of the same size."
+            )
+    elif isinstance(observation, dict):
+        raise ValueError(
+            f"This model takes {observation_space} observations, got a dict with the keys {list(observation)}: pass "
+            "an array (a Dict observation needs a model trained on a Dict observation space, with MultiInputPolicy)."
+        )
+
+
+def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) -> PyTorchObs:
+    """
+    Give preprocessed observations of a Box of shape ``()`` (a scalar) a feature axis, ``(batch,)`` to
+    ``(batch, 1)``, as the features extractors expect (in a Dict observation too); other observations are returned
+    as they are.
+
+    :param obs: preprocessed observations (a batch)
+    :param observation_space: their space
+    :return: the observations
+    """
+    if isinstance(observation_space, spaces.Dict):
+        assert isinstance(obs, dict)
+        return {key: add_scalar_feature_axis(value, observation_space[key]) for key, value in obs.items()}
+    if isinstance(observation_space, spaces.Box) and observation_space.shape == ():
+        assert isinstance(obs, th.Tensor)
+        return obs.reshape(-1, 1)
+    return obs
 
 
 class PPGPolicy(ActorCriticPolicy):
@@ -97,6 +231,8 @@ class PPGPolicy(ActorCriticPolicy):
         detach_value_in_aux: bool = True,
         normed_init: bool = False,
     ):
+        check_observation_space(observation_space)
+        check_action_space(action_space)
         if features_extractor_class is None:
             features_extractor_class = self.default_features_extractor_class
         arch = self._resolve_arch(arch, share_features_extractor)
@@ -217,6 +353,17 @@ class PPGPolicy(ActorCriticPolicy):
         )
         return data
 
+    def obs_to_tensor(self, observation: np.ndarray | dict[str, np.ndarray]) -> tuple[PyTorchObs, bool]:
+        """
+        SB3's conversion of an observation for ``predict``, after checking that a Dict observation has exactly the
+        keys of the observation space (SB3 fails with a bare ``KeyError`` otherwise).
+
+        :param observation: the observation (one, or a batch)
+        :return: the observation as tensor(s), and whether it is a batch
+        """
+        check_observation_keys(observation, self.observation_space)
+        return super().obs_to_tensor(observation)
+
     def _features(self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor) -> th.Tensor:
         """
         Preprocess the observation and run one features extractor, under autocast to ``compute_dtype`` when that is
@@ -226,7 +373,9 @@ class PPGPolicy(ActorCriticPolicy):
         :param features_extractor: The features extractor to run
         :return: The features, in float32
         """
-        preprocessed_obs = preprocess_obs(obs, self.observation_space, normalize_images=self.normalize_images)
+        preprocessed_obs = add_scalar_feature_axis(
+            preprocess_obs(obs, self.observation_space, normalize_images=self.normalize_images), self.observation_space
+        )
         if self.compute_dtype == th.float32:
             return features_extractor(preprocessed_obs)
         with th.autocast(device_type=self.device.type, dtype=self.compute_dtype):

@@ -13,18 +13,29 @@ from stable_baselines3.common.utils import (
     FloatSchedule,
     update_learning_rate,
 )
+from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 from sb3_ppg import distributed, losses
-from sb3_ppg.base import PPGBase
+from sb3_ppg.base import PPGBase, SavedPolicyClass
 from sb3_ppg.buffers import AuxiliaryBufferSamples, split_observations
 from sb3_ppg.distributions import get_distribution_params
-from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
+from sb3_ppg.policies import (
+    CnnPolicy,
+    MlpPolicy,
+    MultiInputPolicy,
+    PPGPolicy,
+    ProcgenCnn,
+    check_action_space,
+    check_observation_space,
+)
 from sb3_ppg.validation import (
     PRECISIONS,
     check_hyperparameters,
     has_convolutions,
     resolve_batch_size,
     resolve_micro_batch_size,
+    resolve_normalize_advantage,
     resolve_precision,
 )
 
@@ -187,16 +198,12 @@ class PPG(PPGBase):
             _init_setup_model=False,
             supported_action_spaces=(spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary),
         )
-        if normalize_advantage is True:
-            normalize_advantage = "batch"
-        elif normalize_advantage is False:
-            normalize_advantage = "none"
         self.batch_size = batch_size
         self.n_epochs = n_epochs
         self.n_value_epochs = n_epochs if n_value_epochs is None else n_value_epochs
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
-        self.normalize_advantage = normalize_advantage
+        self.normalize_advantage = resolve_normalize_advantage(normalize_advantage)
         self.kl_coef = kl_coef
         self.target_kl = target_kl
         self.n_policy_iters = n_policy_iters
@@ -219,7 +226,32 @@ class PPG(PPGBase):
         if _init_setup_model:
             self._setup_model()
 
+    @staticmethod
+    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
+        """
+        SB3's wrapping of the env (``Monitor``, ``DummyVecEnv``, ``VecTransposeImage``), after checking its spaces:
+        an observation or action space that PPG does not support is a ``ValueError`` naming it and the fix, before
+        SB3 fails on it (a Graph, Sequence or Text space) or runs with it silently wrong (a Discrete action space
+        whose ``start`` is not 0). Called by the constructor, ``set_env()`` and ``load()``.
+
+        :param env: the env
+        :param verbose: Verbosity level: 1 prints the wrappers used
+        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
+        :return: the wrapped env
+        """
+        if not isinstance(env, VecEnv):
+            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
+        check_observation_space(env.observation_space)
+        check_action_space(env.action_space)
+        return PPGBase._wrap_env(env, verbose, monitor_wrapper)
+
     def _setup_model(self) -> None:
+        # PPG.load() sets the saved hyperparameters (and those given to load()) before this call: check them as the
+        # constructor does, before anything is built from them
+        if isinstance(self.policy_class, SavedPolicyClass):
+            self.policy_class = self.policy_class.policy_class
+        self.normalize_advantage = resolve_normalize_advantage(self.normalize_advantage)
+        check_hyperparameters(self)
         super()._setup_model()
         self.clip_range = FloatSchedule(self.clip_range) if self.clip_range is not None else None  # type: ignore[assignment]
         self.clip_range_vf = FloatSchedule(self.clip_range_vf) if self.clip_range_vf is not None else None  # type: ignore[assignment]

@@ -17,10 +17,14 @@ import torch as th
 from sb3_ppg import distributed
 from sb3_ppg.array_files import file_digest, read_array_file
 from sb3_ppg.checkpoints import ROLLOUT_FORMAT, RUN_STATE_FORMAT, find_checkpoint, rank_folder, read_manifest
-from sb3_ppg.env_state import set_vec_env_state, unsaved_parts
+from sb3_ppg.env_state import EnvMismatchError, set_vec_env_state, unsaved_parts
+from sb3_ppg.validation import HyperparameterError
 
 if TYPE_CHECKING:
     from sb3_ppg.base import PPGBase
+
+#: Errors of the arguments (hyperparameters, the env), not of the checkpoint: an older checkpoint would not fit either
+ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError)
 
 
 def _obs_from_arrays(name: str, arrays: dict[str, np.ndarray]) -> Any:
@@ -155,6 +159,8 @@ def load_checkpoint(
         verify_files(directory, manifest)
         model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
         restore_run(model, directory, manifest)
+    except ARGUMENT_ERRORS:
+        raise
     except (ValueError, KeyError, TypeError, OSError) as error:
         raise _damaged(directory, previous, str(error)) from error
     return model
@@ -209,6 +215,8 @@ def _load_distributed(
     except Exception as caught:
         error = caught
     failures = distributed.gather_errors(error)
+    if isinstance(error, ARGUMENT_ERRORS):
+        raise error
     if failures:
         reasons = "; ".join(f"rank {failed}: {reason}" for failed, reason in failures.items())
         raise _damaged(directory, previous, reasons) from error

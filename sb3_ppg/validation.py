@@ -1,9 +1,10 @@
 """Checks of PPG's hyperparameters and policy architecture, each failing with a ``ValueError`` that names the fix."""
 
+import difflib
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch as th
@@ -17,6 +18,34 @@ PHASES = ("rollout", "policy", "aux")
 #: What ``precision="auto"`` means where bfloat16 was measured faster with learning parity (see resolve_precision)
 AUTO_BF16 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}
 NET_ARCH_KEYS = ("pi", "vf")
+#: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
+#: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
+#: ``precision``) take their defaults, which keep the older models' behaviour.
+SAVED_HYPERPARAMETERS = (
+    "learning_rate",
+    "n_steps",
+    "batch_size",
+    "n_epochs",
+    "n_value_epochs",
+    "gamma",
+    "gae_lambda",
+    "clip_range",
+    "clip_range_vf",
+    "normalize_advantage",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "kl_coef",
+    "n_policy_iters",
+    "n_aux_epochs",
+    "aux_batch_rollouts",
+    "beta_clone",
+    "vf_true_coef",
+    "aux_learning_rate",
+    "separate_aux_optimizer",
+    "n_aux_grad_accum",
+    "target_kl",
+)
 #: What ``micro_batch_size="auto"`` means for a convolutional policy on a CPU (see resolve_micro_batch_size)
 AUTO_CPU_MICRO_BATCH_SIZE = 256
 
@@ -31,20 +60,39 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
+class HyperparameterError(ValueError):
+    """
+    Invalid or missing hyperparameters (of the constructor, of ``load()``'s arguments or of a saved model). It says
+    what is wrong with each; ``problems`` holds ``(hyperparameter name, message)`` pairs, so that ``PPG.load`` can
+    tell where each value came from.
+
+    :param problems: ``(name, message)`` for each problem
+    :param header: the first line of the message
+    :param footer: what to do, after the problems (optional)
+    """
+
+    def __init__(
+        self, problems: list[tuple[str, str]], header: str = "Invalid PPG hyperparameters:", footer: str = ""
+    ) -> None:
+        self.problems = problems
+        message = header + "\n- " + "\n- ".join(text for _, text in problems)
+        super().__init__(message + (f"\n{footer}" if footer else ""))
+
+
 class _Checker:
     """Collects the problems of a model's hyperparameters; each check looks at the type first, so none raises."""
 
     def __init__(self, model: "PPG") -> None:
         self.model = model
-        self.errors: list[str] = []
+        self.problems: list[tuple[str, str]] = []
 
-    def check(self, condition: bool, message: str) -> None:
+    def check(self, name: str, condition: bool, message: str) -> None:
         if not condition:
-            self.errors.append(message)
+            self.problems.append((name, message))
 
     def type_error(self, name: str, expected: str) -> None:
         value = getattr(self.model, name)
-        self.errors.append(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+        self.problems.append((name, f"{name} must be {expected}, got {value!r} ({type(value).__name__})"))
 
     def integer(self, name: str, minimum: int, hint: str = "") -> bool:
         """An integer >= ``minimum`` (a NumPy integer becomes a Python int); whether it is valid."""
@@ -53,7 +101,7 @@ class _Checker:
             self.type_error(name, "an integer")
             return False
         setattr(self.model, name, int(value))
-        self.check(value >= minimum, f"{name} must be >= {minimum}{hint}, got {value}")
+        self.check(name, value >= minimum, f"{name} must be >= {minimum}{hint}, got {value}")
         return value >= minimum
 
     def number(self, name: str, minimum: float, positive: bool = False, optional: bool = False, hint: str = "") -> None:
@@ -66,6 +114,7 @@ class _Checker:
             return
         in_range = value > minimum if positive else value >= minimum
         self.check(
+            name,
             math.isfinite(value) and in_range,
             f"{name} must be a number {'>' if positive else '>='} {minimum}, got {value}{hint}",
         )
@@ -81,10 +130,22 @@ class _Checker:
             self.type_error(name, "a number, a schedule (a function of the remaining progress)" + " or None" * optional)
 
 
+def resolve_normalize_advantage(normalize_advantage: object) -> object:
+    """``normalize_advantage`` with the bools the constructor accepts as their names (``True``: ``"batch"``,
+    ``False``: ``"none"``); any other value as it is (``check_hyperparameters`` judges it)."""
+    if normalize_advantage is True:
+        return "batch"
+    if normalize_advantage is False:
+        return "none"
+    return normalize_advantage
+
+
 def check_hyperparameters(model: "PPG") -> None:
     """
-    Raise one ``ValueError`` listing every invalid hyperparameter that does not depend on the env. Integer
-    hyperparameters given as NumPy integers are converted to Python ints.
+    Raise one ``HyperparameterError`` (a ``ValueError``) listing every invalid hyperparameter that does not depend
+    on the env. Integer hyperparameters given as NumPy integers are converted to Python ints. The constructor and
+    ``_setup_model`` run it, so that the values a model is loaded with (from the file, ``custom_objects`` or
+    ``load()``'s keyword arguments) are checked as the constructor's.
 
     :param model: the PPG model, its hyperparameters set but its networks not built yet
     """
@@ -96,13 +157,19 @@ def check_hyperparameters(model: "PPG") -> None:
     checker.integer("n_value_epochs", 0, " (or None)")
     for name in ("gamma", "gae_lambda"):
         value = getattr(model, name)
-        checker.check(is_number(value) and 0.0 <= value <= 1.0, f"{name} must be in [0, 1], got {value!r}")
+        checker.check(name, is_number(value) and 0.0 <= value <= 1.0, f"{name} must be in [0, 1], got {value!r}")
     checker.check(
+        "normalize_advantage",
         isinstance(model.normalize_advantage, str) and model.normalize_advantage in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {model.normalize_advantage!r}",
     )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
+    checker.check(
+        "separate_aux_optimizer",
+        isinstance(model.separate_aux_optimizer, (bool, np.bool_)),
+        f"separate_aux_optimizer must be a bool, got {model.separate_aux_optimizer!r}",
+    )
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):
@@ -121,9 +188,128 @@ def check_hyperparameters(model: "PPG") -> None:
     try:
         resolve_precision(model.precision)
     except ValueError as error:
-        checker.errors.append(str(error))
-    if checker.errors:
-        raise ValueError("Invalid PPG hyperparameters:\n- " + "\n- ".join(checker.errors))
+        checker.problems.append(("precision", str(error)))
+    if checker.problems:
+        raise HyperparameterError(checker.problems)
+
+
+def load_arguments(kwargs: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``load()``'s keyword arguments with the meaning the constructor gives them: ``batch_size=None`` follows the number
+    of envs again (and a number stops following it); ``n_value_epochs=None`` is ``n_epochs``, and a new ``n_epochs``
+    alone keeps the value epochs joint with the policy epochs when they were (``n_value_epochs == n_epochs`` in the
+    file), as ``n_value_epochs=None`` does in the constructor.
+
+    :param kwargs: the keyword arguments given to ``load()``
+    :param saved: the hyperparameters stored in the file (its plain JSON values)
+    :return: the keyword arguments to set on the model (a new dict)
+    """
+    kwargs = dict(kwargs)
+    if "batch_size" in kwargs:
+        kwargs["_auto_batch_size"] = kwargs["batch_size"] is None
+    n_epochs = kwargs.get("n_epochs", saved.get("n_epochs"))
+    if is_integer(n_epochs):
+        if "n_value_epochs" in kwargs and kwargs["n_value_epochs"] is None:
+            kwargs["n_value_epochs"] = n_epochs
+        elif "n_epochs" in kwargs and "n_value_epochs" not in kwargs and saved.get("n_value_epochs") == saved.get("n_epochs"):
+            kwargs["n_value_epochs"] = n_epochs
+    return kwargs
+
+
+def check_load_arguments(kwargs: dict[str, Any], saved: dict[str, Any], parameters: Iterable[str], where: str) -> None:
+    """
+    Refuse keyword arguments of ``load()`` that are neither constructor parameters nor attributes stored in the file
+    (SB3's ``load`` would set a misspelled name as a new attribute, silently), and a file that lacks one of the
+    :data:`SAVED_HYPERPARAMETERS` (loading would silently use the constructor's default) unless ``load()`` is given it.
+
+    :param kwargs: the keyword arguments given to ``load()``
+    :param saved: the file's ``data`` (plain JSON)
+    :param parameters: the names of the constructor's parameters
+    :param where: the file, for the messages
+    :raises HyperparameterError: naming each unknown argument (with the closest valid name) or missing hyperparameter
+    """
+    known = set(parameters) | set(saved)
+    unknown = [name for name in kwargs if name not in known]
+    if unknown:
+        problems = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((name, f"{name!r} is neither a PPG hyperparameter nor an attribute stored in the file{hint}"))
+        raise HyperparameterError(problems, header=f"Unknown keyword arguments of load() for {where}:")
+    missing = [name for name in SAVED_HYPERPARAMETERS if name not in saved and name not in kwargs]
+    if missing:
+        raise HyperparameterError(
+            [(name, f"{name} is missing") for name in missing],
+            header=(
+                f"{where} holds no value for these PPG hyperparameters, which every PPG model zip stores (the file was "
+                "edited or damaged; loading it would silently use the constructor's defaults):"
+            ),
+            footer=(
+                f"Pass the run's values to load() (e.g. PPG.load(path, env, {missing[0]}=...)), or load an intact copy "
+                "of the file."
+            ),
+        )
+
+
+def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: Iterable[str], where: str) -> None:
+    """
+    Refuse hyperparameters that need other optimizers than those a model zip holds: ``load()`` restores the saved
+    optimizers as they are, so it can neither add one (its state would be missing) nor drop one. The auxiliary phase
+    has its own optimizer when ``n_aux_epochs > 0`` and ``separate_aux_optimizer``; separate value epochs have theirs
+    when ``n_value_epochs != n_epochs``. Values of a wrong type are left to ``check_hyperparameters``.
+
+    :param values: the hyperparameters the model would be loaded with (the file's, replaced by ``load()``'s)
+    :param members: the names of the zip's members (``aux_optimizer.pth``, ``value_optimizer.pth``)
+    :param changed: the names given to ``load()`` (keyword arguments or ``custom_objects``)
+    :param where: the file, for the message
+    :raises HyperparameterError: naming the optimizer, the values and what to do
+    """
+    n_aux_epochs, separate = values.get("n_aux_epochs"), values.get("separate_aux_optimizer")
+    n_epochs, n_value_epochs = values.get("n_epochs"), values.get("n_value_epochs")
+    optimizers = []  # (name, needed, saved, the hyperparameters that decide it, what it is for)
+    if is_integer(n_aux_epochs) and isinstance(separate, (bool, np.bool_)):
+        optimizers.append(
+            (
+                "aux_optimizer",
+                n_aux_epochs > 0 and bool(separate),
+                "aux_optimizer.pth" in members,
+                ("n_aux_epochs", "separate_aux_optimizer"),
+                "the auxiliary phase's own optimizer (n_aux_epochs > 0 with separate_aux_optimizer=True)",
+            )
+        )
+    if is_integer(n_epochs) and is_integer(n_value_epochs):
+        optimizers.append(
+            (
+                "value_optimizer",
+                n_epochs != n_value_epochs,
+                "value_optimizer.pth" in members,
+                ("n_epochs", "n_value_epochs"),
+                "the optimizer of separate value epochs (n_value_epochs != n_epochs)",
+            )
+        )
+    problems = []
+    for name, needed, saved, deciding, purpose in optimizers:
+        if needed == saved:
+            continue
+        settings = ", ".join(f"{key}={values[key]!r}" for key in deciding)
+        given = [key for key in deciding if key in changed]
+        source = f"{', '.join(given)} given to load()" if given else "the file's own values (an edited or damaged file)"
+        if saved:
+            problems.append((name, f"{settings} ({source}) drops {name}: the file holds the state of {purpose}"))
+        else:
+            problems.append((name, f"{settings} ({source}) needs {name}, {purpose}, which the file does not hold"))
+    if problems:
+        raise HyperparameterError(
+            problems,
+            header=f"Cannot load {where} with these hyperparameters: load() restores the saved optimizers, it cannot "
+            "add or drop one:",
+            footer=(
+                "Load the file without changing these settings. To train its weights with other settings, build a model "
+                "with them (and the saved policy_kwargs) and copy the policy's weights: model = PPG(policy, env, ...); "
+                "model.policy.load_state_dict(PPG.load(path).policy.state_dict())."
+            ),
+        )
 
 
 def schedule_value(schedule: Callable[[float], float], name: str, progress_remaining: float) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from double_precision import run_in_float64  # tests/ is on sys.path: this script's folder, or added by the test
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
@@ -56,6 +57,11 @@ class SyntheticRollout(BaseCallback):
     """
     Replaces each collected rollout by fixed data for ``GLOBAL_ENVS`` envs, of which this rank keeps its share (rank r:
     envs ``r * n_envs ...``), so that the ranks together hold exactly the single process's rollout.
+
+    The advantages are +-1 and +-7 with mean 0 and standard deviation 2 over the whole rollout (not over a rank's
+    share: the +-7 are in env 0), so that normalizing them is exact in float32: a single process (numpy's float32
+    mean and std) and the ranks (float64 sums over all ranks) give the networks the same numbers. With other values
+    the two normalizations differ in the last bit of float32, which Adam can amplify into a step of a learning rate.
     """
 
     def __init__(self) -> None:
@@ -88,6 +94,9 @@ class SyntheticRollout(BaseCallback):
         buffer.values[:] = values.reshape(N_STEPS, n_envs).numpy()
         buffer.log_probs[:] = log_prob.reshape(N_STEPS, n_envs).numpy()
         buffer.compute_returns_and_advantage(th.as_tensor(last_values), dones)
+        ones = rng.permutation(np.repeat(np.array([1.0, -1.0], dtype=np.float32), N_STEPS * GLOBAL_ENVS // 2 - 1))
+        advantages = np.concatenate([np.array([7.0, -7.0], dtype=np.float32), ones]).reshape(GLOBAL_ENVS, N_STEPS).T
+        buffer.advantages[:] = advantages[:, envs]
 
 
 def parameters(model: PPG) -> dict[str, th.Tensor]:
@@ -101,6 +110,8 @@ def equality(config_name: str) -> dict[str, Any]:
     config["batch_size"] = N_STEPS * n_envs
     config["aux_batch_rollouts"] *= n_envs
     model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), seed=0, **config)
+    # In float64: the ranks' gradients are summed in another order than the single process's
+    run_in_float64(model)
     initial = parameters(model)
     model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
     return dict(

@@ -183,7 +183,7 @@ def test_split_argv():
         (["-n", "-5"], r"-n/--n-timesteps must be a positive number of timesteps, got -5"),
         (["-n", "0"], r"got 0 \(leave it out"),
         (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1"),
-        (["-params", "n_steps:-4"], r"ValueError: .*n_steps"),
+        (["-params", "n_steps:-4"], r"(Value|Hyperparameter)Error: .*n_steps must be >= 1"),
         (["--env", "procgen/notagame-v0"], r"error: .*notagame"),
         (["--resume", "no/such/run"], r"FileNotFoundError: --resume no/such/run: no such run"),
         (["--algo", "ppo", "--resume"], r"--resume continues PPG runs"),

@@ -163,7 +163,10 @@ def equality_runs(tmp_path_factory) -> tuple[list[dict[str, Any]], dict[str, Any
 def test_two_ranks_equal_one_process(equality_runs, config):
     """
     Two iterations (policy phases, then an aux phase) with the rollout split in two give the parameters of one process
-    trained on the whole rollout: gradients averaged, advantages normalized globally, same early stopping.
+    trained on the whole rollout: gradients averaged, advantages normalized globally, same early stopping. The
+    networks run in float64 and the advantages normalize exactly in float32 (see distributed_worker.SyntheticRollout),
+    so the runs differ only by the order of float64 sums (~1e-16, which Adam amplifies by at most lr / eps = 5e4 per
+    step): they agree to 1e-8 on any CPU, where a real difference is a fraction of a learning rate (5e-4).
     """
     (rank0, rank1), reference = equality_runs
     rank0, rank1, reference = rank0[config], rank1[config], reference[config]
@@ -172,7 +175,8 @@ def test_two_ranks_equal_one_process(equality_runs, config):
     for name, value in reference["final"].items():
         moved = (value - reference["initial"][name]).abs().max().item()
         assert moved > 1e-5, name
-        assert (rank0["final"][name] - value).abs().max().item() < 1e-6 + 1e-4 * moved, name
+        assert value.dtype == th.float64
+        assert (rank0["final"][name] - value).abs().max().item() < 1e-8, name
     for key in ("num_timesteps", "n_aux_phases", "n_updates"):
         assert rank0[key] == rank1[key] == reference[key], key
     assert reference["n_aux_phases"] == 1

@@ -20,6 +20,8 @@ def run_example(name: str, *args: str, cwd: str) -> str:
         [sys.executable, os.path.join(EXAMPLES, name), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # The examples import SB3 before sb3_ppg: gym's maintenance notice must not show (gym-notices pin, setup.py)
+    assert "Gym has been unmaintained" not in result.stderr, result.stderr[-3000:]
     return result.stdout
 
 

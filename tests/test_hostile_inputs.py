@@ -337,3 +337,32 @@ def test_closed_procgen_envs_say_so():
     for use in (env.reset, lambda: env.step(0)):
         with pytest.raises(RuntimeError, match=r"ProcgenGymnasiumEnv \(starpilot\) was closed"):
             use()
+
+
+def test_procgen_resume_with_other_games_is_refused_before_their_states_are_set(tmp_path):
+    """Resuming a Procgen checkpoint on other levels would train on silently, on another game procgen's C++
+    assertion would end the process: the saved settings are compared first, naming both values."""
+    from sb3_ppg import PPGCheckpointCallback, make_procgen_env
+
+    def make(env_name: str = "starpilot", **kwargs):
+        return make_procgen_env(env_name, n_envs=2, seed=1, num_threads=1, **kwargs)
+
+    policy_kwargs = dict(arch="detach", features_extractor_kwargs=dict(channels=(4, 4, 4), features_dim=16))
+    hyperparams = dict(n_steps=8, batch_size=8, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, seed=3)
+    model = PPG("ProcgenCnn", make(), policy_kwargs=policy_kwargs, **hyperparams)
+    model.learn(16, callback=PPGCheckpointCallback(8, str(tmp_path), name_prefix="ppg"))
+    for env_name, kwargs, message in (
+        ("starpilot", dict(distribution_mode="hard"), "distribution_mode='hard' in the env, 'easy' in the checkpoint"),
+        ("starpilot", dict(num_levels=10), "num_levels=10 in the env, 0 in the checkpoint"),
+        ("starpilot", dict(start_level=5, use_backgrounds=False), "start_level=5 .*; use_backgrounds=False in the env"),
+        ("coinrun", dict(), "env_name='coinrun' in the env, 'starpilot' in the checkpoint"),
+    ):
+        with pytest.raises(ValueError, match=rf"games differ \(.*{message}") as error:
+            PPG.load_checkpoint(tmp_path, env=make(env_name, **kwargs))
+        assert "damaged" not in str(error.value)
+    # The same games (another seed, thread count and asset folder path) resume
+    from sb3_ppg.procgen.backend import ASSETS_DIR
+
+    resumed = PPG.load_checkpoint(tmp_path, env=make_procgen_env("starpilot", n_envs=2, seed=9, resource_root=ASSETS_DIR))
+    resumed.learn(16, reset_num_timesteps=False)
+    assert resumed.num_timesteps == 32

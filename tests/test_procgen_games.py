@@ -11,6 +11,7 @@ from sb3_ppg.procgen import (
     make_procgen_env,
     procgen_seed,
 )
+from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
 
 # Random play ends a bossfight episode every ~50 steps in easy mode: episode ends come quickly
 GAME = "bossfight"
@@ -58,6 +59,44 @@ def test_bad_options(kwargs, match):
     ):
         with pytest.raises(ValueError, match=match):
             make()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        # procgen's own keyword for the seed: "got multiple values for keyword argument 'rand_seed'" on main
+        (
+            lambda: make_procgen_env(GAME, n_envs=2, rand_seed=0),
+            r"make_procgen_env\(\) got rand_seed=0: .* seed= instead",
+        ),
+        (lambda: make_procgen_env(GAME, n_envs=2, num_envs=3), r"got num_envs=3: pass the number of games as n_envs"),
+        (lambda: make_procgen_env(GAME, n_envs=2, num=3), r"got num=3: pass the number of games as n_envs"),
+        (
+            lambda: make_procgen_env(GAME, n_envs=2, channels_first=False),
+            r"always gives channel-first .*channels_first=False",
+        ),
+        (lambda: make_monitored_procgen_env(2, GAME, num_envs=2), r"got num_envs=2: pass the number of games as n_envs"),
+        (lambda: ProcgenVecEnv(2, GAME, seed=1), r"ProcgenVecEnv got seed=1: pass the seed .* as rand_seed"),
+        (lambda: ProcgenVecEnv(2, GAME, num=2), r"ProcgenVecEnv got num=2: pass the number of games as num_envs"),
+        (lambda: ProcgenGymnasiumEnv(GAME, rand_seed=0), r"got rand_seed=0: seed the level sampler with env.reset\(seed="),
+        (lambda: ProcgenGymnasiumEnv(GAME, num_envs=4), r"got num_envs=4: .* plays one game; ProcgenVecEnv"),
+    ],
+    ids=[
+        "rand_seed",
+        "num_envs",
+        "num",
+        "channels_first",
+        "monitored-num_envs",
+        "vec-seed",
+        "vec-num",
+        "gym-rand_seed",
+        "gym-num",
+    ],
+)
+def test_another_apis_argument_names_are_refused(make, match):
+    """Names that sb3_ppg sets itself, or takes under another name, get an error naming the argument to use."""
+    with pytest.raises(ValueError, match=match):
+        make()
 
 
 def test_supported_modes_build():

@@ -1,7 +1,9 @@
 """Saving and loading PPG models, policies, optimizers and the auxiliary buffer."""
 
+import errno
 import functools
 import hashlib
+import io
 import json
 import pickle
 import warnings
@@ -568,3 +570,187 @@ def test_load_with_custom_objects(tmp_path, make_model):
     np.testing.assert_array_equal(
         model.predict(observations, deterministic=True)[0], no_env.predict(observations, deterministic=True)[0]
     )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Atomic saves, checked loading (issue 19)
+
+
+def test_save_over_a_good_zip_is_atomic(tmp_path, monkeypatch, make_model):
+    """A save that fails midway (a full disk) leaves the previous zip intact and no partial or temporary file."""
+    model = make_model(make_env("CartPole-v1"))
+    model.learn(32)
+    model.save(tmp_path / "model.zip")
+    good = (tmp_path / "model.zip").read_bytes()
+    observations = sample_observations(make_env("CartPole-v1"))
+
+    def full_disk(obj, file, *args, **kwargs):
+        file.write(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(th, "save", full_disk)  # SB3 writes the zip's .pth members with torch.save
+    model.learn(32, reset_num_timesteps=False)
+    for path in (tmp_path / "model.zip", str(tmp_path / "model.zip"), str(tmp_path / "model")):
+        with pytest.raises(OSError, match="No space left"):
+            model.save(path)
+        assert (tmp_path / "model.zip").read_bytes() == good
+        assert [entry.name for entry in tmp_path.iterdir()] == ["model.zip"]
+    monkeypatch.undo()
+    loaded = PPG.load(tmp_path / "model.zip")
+    assert loaded.num_timesteps == 32
+    loaded.predict(observations)
+
+
+def test_save_paths_and_file_objects_as_sb3(tmp_path, make_model):
+    """SB3's rules for where save() writes hold: ".zip" appended without a suffix, missing folders created, another
+    suffix kept, a file object written in place; a symbolic link keeps pointing to the new file."""
+    model = make_model(make_env("CartPole-v1"))
+    model.save(str(tmp_path / "a" / "b" / "model"))
+    model.save(tmp_path / "model.pkl")
+    buffer = io.BytesIO(b"head")
+    buffer.seek(4)
+    model.save(buffer)
+    (tmp_path / "target.zip").write_bytes(b"old")
+    (tmp_path / "link.zip").symlink_to(tmp_path / "target.zip")
+    model.save(tmp_path / "link.zip")
+    assert (tmp_path / "link.zip").is_symlink()
+    assert buffer.getvalue()[:4] == b"head"
+    buffer.seek(4)
+    for source in (tmp_path / "a" / "b" / "model.zip", tmp_path / "model.pkl", buffer, tmp_path / "target.zip"):
+        assert_same_state(model.get_parameters(), PPG.load(source).get_parameters())
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["a", "link.zip", "model.pkl", "target.zip"]
+
+
+def _edit_data(path, edit) -> None:
+    """Rewrite the JSON "data" of a model zip, as a person editing the file would."""
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    data = json.loads(members["data"])
+    edit(data)
+    members["data"] = json.dumps(data).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+
+
+@pytest.mark.parametrize(
+    "load_kwargs, match",
+    [
+        (dict(gamma=2.0), r"gamma must be in \[0, 1\], got 2.0 \(given to load\(\)\)"),
+        (dict(custom_objects={"gamma": 2.0}), r"gamma must be in \[0, 1\], got 2.0 \(from custom_objects\)"),
+        (dict(learning_rate="abc"), r"learning_rate must be a number, a schedule .*got 'abc' \(str\) \(given"),
+        (dict(batch_size=7.5), r"batch_size must be an integer, got 7.5 \(float\)"),
+        (dict(normalize_advantage="bogus"), "normalize_advantage must be one of"),
+        (dict(n_aux_epochs=0), "drops aux_optimizer: the file holds the state of the auxiliary phase's own optimizer"),
+        (dict(separate_aux_optimizer=False), r"separate_aux_optimizer=False \(separate_aux_optimizer given to load"),
+        (dict(n_value_epochs=3), "needs value_optimizer, the optimizer of separate value epochs"),
+        (dict(gama=0.9), r"'gama' is neither a PPG hyperparameter .*\(did you mean 'gamma'\?\)"),
+    ],
+)
+def test_load_checks_hyperparameters_as_the_constructor(tmp_path, make_model, load_kwargs, match):
+    make_model(make_env("CartPole-v1")).save(tmp_path / "model.zip")
+    with pytest.raises(ValueError, match=match) as error:
+        PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"), **load_kwargs)
+    assert "model.zip" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda data: data.update(normalize_advantage="bogus"), r"normalize_advantage .*got 'bogus' \(stored in the file\)"),
+        (lambda data: data.update(gamma=2.0), r"gamma must be in \[0, 1\], got 2.0 \(stored in the file\)"),
+        (lambda data: data.pop("n_steps"), r"holds no value for these PPG hyperparameters.*\n- n_steps is missing"),
+        (lambda data: data.update(n_aux_epochs=0), r"n_aux_epochs=0, .*\(the file's own values .*\) drops aux_optimizer"),
+    ],
+)
+def test_load_checks_an_edited_zip(tmp_path, make_model, edit, match):
+    make_model(make_env("CartPole-v1")).save(tmp_path / "model.zip")
+    _edit_data(tmp_path / "model.zip", edit)
+    with pytest.raises(ValueError, match=match) as error:
+        PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
+    assert repr(str(tmp_path / "model.zip")) in str(error.value)
+
+
+def test_load_arguments_mean_what_they_mean_in_the_constructor(tmp_path, make_model):
+    """Valid hyperparameters given to load() apply, with the constructor's meaning of None and of n_epochs alone."""
+    model = make_model(make_env("CartPole-v1", n_envs=2), batch_size=None, n_epochs=1)
+    assert model.batch_size == 4 and model.n_value_epochs == 1 and model.value_optimizer is None
+    model.save(tmp_path / "model.zip")
+    env = make_env("CartPole-v1", n_envs=2)
+
+    # A number stops following the number of envs; None follows it again
+    loaded = PPG.load(tmp_path / "model.zip", env=env, batch_size=8, gamma=0.9, normalize_advantage=False)
+    assert (loaded.batch_size, loaded.gamma, loaded.normalize_advantage) == (8, 0.9, "none")
+    loaded.save(tmp_path / "fixed.zip")
+    assert PPG.load(tmp_path / "fixed.zip", env=make_env("CartPole-v1", n_envs=1)).batch_size == 8
+    assert PPG.load(tmp_path / "fixed.zip", env=env, batch_size=None).batch_size == 4
+    # n_epochs alone keeps joint value epochs joint (n_value_epochs=None in the constructor)
+    loaded = PPG.load(tmp_path / "model.zip", env=env, n_epochs=3)
+    assert (loaded.n_epochs, loaded.n_value_epochs, loaded.value_optimizer) == (3, 3, None)
+    loaded.learn(64)
+    assert loaded._n_updates == 2 * 3
+
+
+def test_ppo_and_ppg_zips_say_which_algorithm_they_hold(tmp_path, make_model):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
+
+    PPO("MlpPolicy", make_env("CartPole-v1"), n_steps=16, batch_size=16).save(tmp_path / "ppo.zip")
+    with pytest.raises(ValueError, match=r"ppo.zip' does not hold a PPG model: its policy is .*ActorCriticPolicy.*SB3's PPO"):
+        PPG.load(tmp_path / "ppo.zip")
+    # With an auxiliary phase (an optimizer PPO lacks) and without (a PPG zip that PPO used to load and train)
+    for kwargs in (dict(), dict(n_aux_epochs=0)):
+        model = make_model(make_env("CartPole-v1"), **kwargs)
+        model.save(tmp_path / "ppg.zip")
+        with pytest.raises(ValueError, match=r"holds a PPG model \(sb3_ppg.PPG, policy .*\.PPGPolicy\).*PPG.load"):
+            PPO.load(tmp_path / "ppg.zip", env=make_env("CartPole-v1"))
+        loaded = PPG.load(tmp_path / "ppg.zip")
+        assert loaded.policy_class is model.policy_class is PPGPolicy
+        assert_same_state(model.get_parameters(), loaded.get_parameters())
+    # A zip written before the policy class was wrapped still loads
+    OnPolicyAlgorithm.save(model, tmp_path / "old.zip")
+    assert PPG.load(tmp_path / "old.zip").policy_class is PPGPolicy
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint of a small run (2 envs x 16 steps, N_pi 2) after 3 iterations: one rollout stored."""
+    from sb3_ppg import PPGCheckpointCallback
+    from tests.conftest import small_ppg
+
+    folder = tmp_path_factory.mktemp("run")
+    small_ppg(make_env("CartPole-v1")).learn(3 * 32, callback=PPGCheckpointCallback(16, str(folder), name_prefix="ppg"))
+    return folder / "ppg_96_steps"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_aux_epochs=0), "n_aux_epochs=0, separate_aux_optimizer=True .* drops aux_optimizer"),
+        (dict(learning_rate="abc"), "learning_rate must be a number, a schedule"),
+        (dict(batch_size=7.5), r"batch_size must be an integer, got 7.5 \(float\) \(given to load\(\)\)"),
+        (dict(gamma=2.0), r"gamma must be in \[0, 1\], got 2.0"),
+        (dict(n_steps=32), "cannot change.*\n- n_steps=32 given, the run has n_steps=16"),
+        (dict(n_policy_iters=3), "cannot change.*\n- n_policy_iters=3 given, the run has n_policy_iters=2"),
+    ],
+)
+def test_load_checkpoint_checks_its_keyword_arguments(checkpoint, kwargs, match):
+    """Bad or unsafe hyperparameters given to load_checkpoint() are named as such, not as a damaged checkpoint."""
+    with pytest.raises(ValueError, match=match) as error:
+        PPG.load_checkpoint(checkpoint, env=make_env("CartPole-v1"), **kwargs)
+    assert "damaged" not in str(error.value)
+
+
+def test_load_checkpoint_applies_valid_keyword_arguments(checkpoint):
+    resumed = PPG.load_checkpoint(checkpoint, env=make_env("CartPole-v1"), n_steps=16, learning_rate=1e-4, n_aux_epochs=2)
+    assert (resumed.n_steps, resumed.learning_rate, resumed.n_aux_epochs) == (16, 1e-4, 2)
+    assert resumed.aux_buffer.n_iterations == 1
+    resumed.learn(32, reset_num_timesteps=False)
+    assert resumed._n_aux_phases == 2 and resumed._n_aux_updates == 2 * 2 + 2 * 2 * 2
+
+
+@pytest.mark.filterwarnings("ignore:.*CartPole-v0 is out of date")
+def test_load_checkpoint_with_envs_of_another_id_is_refused(checkpoint):
+    """A DummyVecEnv's saved envs replace those given: envs made with another id would be silently ignored."""
+    with pytest.raises(ValueError, match=r"settings of its env 0 differ \(id='CartPole-v0' in the env, 'CartPole-v1' in"):
+        PPG.load_checkpoint(checkpoint, env=make_vec_env("CartPole-v0", n_envs=2))

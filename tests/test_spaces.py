@@ -18,7 +18,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecTransposeImage
 
-from sb3_ppg import PPG
+from sb3_ppg import PPG, MlpPolicy
 from sb3_ppg.distributions import get_distribution_params, kl_divergence_from_params
 
 # One aux phase every 2 iterations; a step's reward does not depend on the past actions, so a short horizon helps
@@ -229,3 +229,157 @@ def test_procgen_cnn_needs_images():
         PPG("ProcgenCnn", SimpleMultiObsEnv())
     with pytest.raises(ValueError, match="ImpalaCNN needs an image observation space"):
         PPG("ProcgenCnn", "CartPole-v1")
+
+
+class SpacesEnv(gym.Env):
+    """Random observations of any space, no reward; an action outside the action space fails the step."""
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space | None = None):
+        self.observation_space = observation_space
+        self.action_space = spaces.Discrete(2) if action_space is None else action_space
+        self.received_actions: list = []
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.observation_space.seed(seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action), f"action {action!r} is outside {self.action_space}"
+        self.received_actions.append(action)
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize(
+    "action_space, start",
+    [(spaces.Discrete(3, start=5), "5"), (spaces.MultiDiscrete([3, 2], start=[1, -1]), r"\[1, -1\]")],
+    ids=["discrete", "multidiscrete"],
+)
+def test_action_space_with_nonzero_start_is_refused(action_space, start):
+    """SB3's distributions sample from 0: the env would receive actions outside its space (it did, on main)."""
+    env = SpacesEnv(spaces.Box(-1.0, 1.0, (2,), dtype=np.float32), action_space)
+    with pytest.raises(ValueError, match=rf"action space .* start={start}.*outside its space.*TransformAction"):
+        PPG("MlpPolicy", env, **SMALL)
+    # Also where the policy is built from saved spaces (PPG.load without an env, PPGPolicy.load)
+    with pytest.raises(ValueError, match=rf"start={start}"):
+        MlpPolicy(env.observation_space, action_space, lambda _: 1e-3)
+
+
+def test_action_space_start_fix_from_the_message_trains():
+    """The fix the error names: a zero-based space for the model, the start added back for the env."""
+    env = SpacesEnv(spaces.Box(-1.0, 1.0, (2,), dtype=np.float32), spaces.Discrete(3, start=5))
+    model = PPG("MlpPolicy", gym.wrappers.TransformAction(env, lambda action: action + 5, spaces.Discrete(3)), seed=0, **SMALL)
+    model.learn(64)
+    assert model._n_aux_phases == 2
+    assert len(env.received_actions) == 64 and set(env.received_actions) == {5, 6, 7}
+
+
+@pytest.mark.parametrize(
+    "observation_space",
+    [
+        spaces.Graph(spaces.Box(0.0, 1.0, (2,)), None),
+        spaces.Sequence(spaces.Box(0.0, 1.0, (2,))),
+        spaces.Text(5),
+        spaces.Tuple((spaces.Discrete(2), spaces.Box(0.0, 1.0, (2,)))),
+        spaces.Dict({"pole": spaces.Box(0.0, 1.0, (2,)), "name": spaces.Text(5)}),
+        spaces.Dict({"pole": spaces.Box(0.0, 1.0, (2,)), "cart": spaces.Dict({"x": spaces.Discrete(2)})}),
+        spaces.Discrete(3, start=1),
+        spaces.Dict({"pole": spaces.MultiDiscrete([3, 2], start=[0, 2])}),
+    ],
+    ids=["graph", "sequence", "text", "tuple", "dict-with-text", "nested-dict", "discrete-start", "multidiscrete-start"],
+)
+def test_unsupported_observation_space_is_refused_at_construction(observation_space):
+    """Graph / Sequence / Text failed with "'NoneType' object is not iterable" inside SB3's DummyVecEnv on main."""
+    policy = "MultiInputPolicy" if isinstance(observation_space, spaces.Dict) else "MlpPolicy"
+    with pytest.raises(ValueError, match="PPG does not support the observation space") as error:
+        PPG(policy, SpacesEnv(observation_space), **SMALL)
+    message = str(error.value)
+    if isinstance(observation_space, spaces.Dict):
+        assert "of the Dict observation space" in message
+    if "start" in str(observation_space):
+        assert "start=" in message and "ObservationWrapper" in message
+    else:
+        assert "Box, Discrete, MultiDiscrete and MultiBinary observations, or a Dict of those" in message
+        assert "ObservationWrapper" in message
+
+
+@pytest.mark.parametrize("dict_observation", [False, True])
+def test_scalar_box_observation_learns_predicts_saves_and_loads(tmp_path, dict_observation):
+    """A Box of shape () is one feature (it failed with an IndexError in SB3's flatten on main), end to end."""
+    scalar = spaces.Box(-1.0, 1.0, (), dtype=np.float32)
+    noise = spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    observation_space = spaces.Dict({"x": scalar, "noise": noise}) if dict_observation else scalar
+    policy = "MultiInputPolicy" if dict_observation else "MlpPolicy"
+    env = SpacesEnv(observation_space)
+    model = PPG(policy, env, seed=0, **SMALL)
+    assert model.policy.pi_features_extractor.features_dim == (3 if dict_observation else 1)
+    model.learn(64)
+    assert model._n_aux_phases == 2 and np.isfinite(model.logger.name_to_value["aux/kl_loss"])
+    # The aux buffer stored the last rollouts' scalars (the rollout buffer holds the last one)
+    stored = model.aux_buffer.observations["x"] if dict_observation else model.aux_buffer.observations
+    last_rollout = model.rollout_buffer.observations["x"] if dict_observation else model.rollout_buffer.observations
+    assert stored.shape == (2, 16)
+    np.testing.assert_array_equal(stored[1], last_rollout.reshape(16))
+
+    rng = np.random.default_rng(0)
+    if dict_observation:
+        one = {"x": np.float32(0.5), "noise": np.zeros(2, np.float32)}
+        batch = {"x": rng.uniform(-1, 1, 5).astype(np.float32), "noise": np.zeros((5, 2), np.float32)}
+        batch_item = {"x": batch["x"][2], "noise": batch["noise"][2]}
+    else:
+        one, batch = np.float32(0.5), rng.uniform(-1, 1, 5).astype(np.float32)
+        batch_item = batch[2]
+    action, _ = model.predict(one, deterministic=True)
+    actions, _ = model.predict(batch, deterministic=True)
+    assert action.shape == () and actions.shape == (5,)
+    assert actions[2] == model.predict(batch_item, deterministic=True)[0]
+    # The scalar reaches the network: the action distribution depends on it
+    obs_tensor, _ = model.policy.obs_to_tensor(batch)
+    with th.no_grad():
+        logits = model.policy.get_distribution(obs_tensor).distribution.logits
+    assert not th.allclose(logits[0], logits[1])
+
+    model.save(tmp_path / "model.zip")
+    model.save_aux_buffer(tmp_path / "aux.npz")
+    loaded = PPG.load(tmp_path / "model.zip", env=env)
+    loaded.load_aux_buffer(tmp_path / "aux.npz")
+    np.testing.assert_array_equal(loaded.predict(batch, deterministic=True)[0], actions)
+    loaded.learn(32, reset_num_timesteps=False)
+    assert loaded._n_aux_phases == 3
+
+
+@pytest.fixture(scope="module")
+def dict_model():
+    return PPG("MultiInputPolicy", SimpleMultiObsEnv(), seed=0, **SMALL)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda obs: {"vec": obs["vec"]}, r"missing \['img'\]\. Expected exactly the keys \['img', 'vec'\]"),
+        (lambda obs: {**obs, "pole": np.zeros(1)}, r"unexpected \['pole'\]\. Expected exactly the keys \['img', 'vec'\]"),
+        (lambda obs: {"img": obs["img"], "pole": obs["vec"]}, r"missing \['vec'\], unexpected \['pole'\]"),
+        (lambda obs: obs["vec"], r"takes Dict observations with the keys \['img', 'vec'\], got ndarray"),
+        (lambda obs: {**obs, "vec": obs["vec"][:2]}, r"Observation key 'vec': .*Unexpected observation shape \(2,\)"),
+        (
+            lambda obs: {**obs, "vec": np.stack([obs["vec"]] * 2)},
+            r"different numbers of observations \('img': one observation, 'vec': a batch of 2\)",
+        ),
+    ],
+    ids=["missing-key", "extra-key", "renamed-key", "not-a-dict", "wrong-shape", "mixed-batch"],
+)
+def test_predict_dict_observation_errors_name_the_keys(dict_model, change, match):
+    """On main: a bare KeyError 'pole', an IndexError, SB3's shape error without the key, a torch.cat error."""
+    observation = SimpleMultiObsEnv().reset(seed=0)[0]
+    assert dict_model.predict(observation, deterministic=True)[0].shape == ()
+    with pytest.raises(ValueError, match=match):
+        dict_model.predict(change(observation), deterministic=True)
+
+
+def test_predict_box_observation_errors(make_model):
+    model = make_model()
+    with pytest.raises(ValueError, match=r"takes Box\(.*\) observations, got a dict with the keys \['pole'\]"):
+        model.predict({"pole": np.zeros(4, dtype=np.float32)})
+    # SB3's own message for a wrong shape
+    with pytest.raises(ValueError, match=r"Unexpected observation shape \(3,\) for Box environment, please use \(4,\)"):
+        model.predict(np.zeros(3, dtype=np.float32))

@@ -159,6 +159,22 @@ def check_procgen_options(
     return options
 
 
+def check_argument_names(function: str, kwargs: dict[str, Any], other_names: dict[str, str]) -> None:
+    """
+    Refuse a keyword argument that is another API's name for something ``function`` takes under its own name or sets
+    itself (procgen's ``rand_seed`` and ``num``, ``ProcgenVecEnv``'s ``num_envs``, ...), with what to pass instead.
+    Without this check such a name fails with Python's "got multiple values for keyword argument" deep in the call,
+    or as an unknown procgen option.
+
+    :param function: the function or class that received ``kwargs``, for the message
+    :param kwargs: its extra keyword arguments
+    :param other_names: the names to refuse, each with the fix
+    """
+    for key, fix in other_names.items():
+        if key in kwargs:
+            raise ValueError(f"{function} got {key}={kwargs[key]!r}: {fix}.")
+
+
 def check_render_mode(render_mode: str | None) -> None:
     """
     Check that procgen supports the render mode.

@@ -14,6 +14,7 @@ from sb3_ppg.procgen.games import (
     MAX_INT32,
     PROCGEN_N_ACTIONS,
     PROCGEN_OPTIONS,
+    check_argument_names,
     check_procgen_options,
     check_render_mode,
     procgen_seed,
@@ -61,6 +62,13 @@ class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
         start_level: int = 0,
         **procgen_kwargs: Any,
     ):
+        seed_fix = "seed the level sampler with env.reset(seed=...)"
+        several = "a ProcgenGymnasiumEnv plays one game; ProcgenVecEnv(num_envs, env_name, ...) plays several"
+        check_argument_names(
+            "ProcgenGymnasiumEnv",
+            procgen_kwargs,
+            {"rand_seed": seed_fix, "seed": seed_fix, "num": several, "num_envs": several, "n_envs": several},
+        )
         check_render_mode(render_mode)
         self.env_name = env_name
         # Everything needed to build a ``ProcgenVecEnv`` with the same settings:

@@ -14,6 +14,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from sb3_ppg.procgen.games import (
     MAX_INT32,
     PROCGEN_N_ACTIONS,
+    check_argument_names,
     check_int,
     check_procgen_options,
     check_render_mode,
@@ -80,6 +81,11 @@ class ProcgenVecEnv(VecEnv):
         channels_first: bool = False,
         **procgen_kwargs: Any,
     ):
+        check_argument_names(
+            "ProcgenVecEnv",
+            procgen_kwargs,
+            {"seed": "pass the seed of the level sampler as rand_seed", "num": "pass the number of games as num_envs"},
+        )
         num_envs = check_int("num_envs", num_envs, 1)
         self.num_threads = check_int("num_threads", num_threads, 0, 1024)
         check_render_mode(render_mode)

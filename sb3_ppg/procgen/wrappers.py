@@ -12,9 +12,21 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
 from sb3_ppg.array_files import read_array_file, write_array_file
+from sb3_ppg.procgen.games import check_argument_names
 from sb3_ppg.procgen.presets import get_procgen_preset
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
 
+NUMBER_OF_GAMES = "pass the number of games as n_envs"
+#: Names that :func:`make_procgen_env` refuses in ``procgen_kwargs``: what it sets itself, under another API's name
+MAKE_PROCGEN_ENV_OTHER_NAMES = {
+    "rand_seed": "procgen's name for the seed of the level sampler, which make_procgen_env() sets itself: pass seed= instead",
+    "num_envs": NUMBER_OF_GAMES,
+    "num": NUMBER_OF_GAMES,
+    "channels_first": (
+        "make_procgen_env() always gives channel-first (3, 64, 64) observations; build "
+        "ProcgenVecEnv(n_envs, env_name, channels_first=False) for procgen's (64, 64, 3) frames"
+    ),
+}
 #: What :func:`make_procgen_env` uses without a preset for the arguments left out
 DEFAULT_ENV_KWARGS: dict[str, Any] = dict(
     distribution_mode="easy", num_levels=0, start_level=0, reward_gamma=0.999, clip_reward=10.0
@@ -43,6 +55,7 @@ def make_monitored_procgen_env(
     :param vec_env_kwargs: Arguments of :class:`~sb3_ppg.procgen.ProcgenVecEnv`
     :return: The monitored env
     """
+    check_argument_names("make_monitored_procgen_env()", vec_env_kwargs, {"num_envs": NUMBER_OF_GAMES, "num": NUMBER_OF_GAMES})
     venv = ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
     if monitor_filename is not None:
         directory = os.path.dirname(monitor_filename)
@@ -130,6 +143,7 @@ def make_procgen_env(
         :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
     :return: The wrapped env
     """
+    check_argument_names("make_procgen_env()", procgen_kwargs, MAKE_PROCGEN_ENV_OTHER_NAMES)
     settings = dict(DEFAULT_ENV_KWARGS if preset is None else get_procgen_preset(preset).env_kwargs)
     explicit = dict(
         distribution_mode=distribution_mode,
