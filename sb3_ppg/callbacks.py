@@ -364,7 +364,10 @@ class PPGEvalCallback(EvalCallback):
     - when training starts from a resumed model (``num_timesteps > 0``) and ``log_path`` already holds
       ``evaluations.npz``, the evaluations up to ``num_timesteps`` are kept (later ones belong to the part of the
       run that is played again) and ``best_mean_reward`` is taken from them, so the log and ``best_model.zip``
-      continue as in an uninterrupted run;
+      continue as in an uninterrupted run. A log that cannot be read (e.g. truncated by a crash of an older
+      version) is moved aside to ``evaluations.npz.damaged`` with a warning, and the log starts again;
+    - the log (``<log_path>/evaluations.npz``) is written to a temporary file renamed over the previous one, so a
+      kill or a full disk during an evaluation leaves the previous log, never a truncated one;
     - with ``seed``, the evaluation env is seeded with ``seed + num_timesteps`` before each evaluation, so an
       evaluation depends only on the policy and the step, not on the evaluations before it: a resumed run's
       evaluations then equal an uninterrupted run's too.
@@ -385,21 +388,40 @@ class PPGEvalCallback(EvalCallback):
     def _on_training_start(self) -> None:
         super()._on_training_start()
         self.n_calls = env_step_calls(self.model)
+        if self.log_path is not None:
+            # What a kill during an evaluation may have left
+            log_path = pathlib.Path(self.log_path)
+            for path in log_path.parent.glob(f".{log_path.name}.npz.tmp-*.npz"):
+                path.unlink(missing_ok=True)
         if self.model.num_timesteps > 0 and self.log_path is not None and not self.evaluations_timesteps:
             self._restore_evaluations()
 
     def _restore_evaluations(self) -> None:
-        """Keep the evaluations of ``log_path`` done up to the model's ``num_timesteps``."""
+        """
+        Keep the evaluations of ``log_path`` done up to the model's ``num_timesteps``; a log that cannot be read is
+        moved aside with a warning (the log then starts again).
+        """
         path = f"{self.log_path}.npz"
         if not os.path.isfile(path):
             return
-        with np.load(path, allow_pickle=False) as data:
-            keep = data["timesteps"] <= self.model.num_timesteps
-            self.evaluations_timesteps = [int(step) for step in data["timesteps"][keep]]
-            self.evaluations_results = [list(row) for row in data["results"][keep]]
-            self.evaluations_length = [list(row) for row in data["ep_lengths"][keep]]
-            if "successes" in data:
-                self.evaluations_successes = [list(row) for row in data["successes"][keep]]
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                keep = data["timesteps"] <= self.model.num_timesteps
+                timesteps = [int(step) for step in data["timesteps"][keep]]
+                results = [list(row) for row in data["results"][keep]]
+                lengths = [list(row) for row in data["ep_lengths"][keep]]
+                successes = [list(row) for row in data["successes"][keep]] if "successes" in data else []
+        except Exception as error:
+            os.replace(path, f"{path}.damaged")
+            warnings.warn(
+                f"The evaluation log {path} cannot be read ({type(error).__name__}: {error}): moved to {path}.damaged; "
+                "the log starts again with the next evaluation (the best mean reward so far is unknown: the next "
+                "evaluation's model becomes the best model)."
+            )
+            return
+        self.evaluations_timesteps, self.evaluations_results, self.evaluations_length = timesteps, results, lengths
+        if successes:
+            self.evaluations_successes = successes
         if self.evaluations_results:
             means = [float(np.mean(results)) for results in self.evaluations_results]
             self.best_mean_reward, self.last_mean_reward = max(means), means[-1]
@@ -413,7 +435,31 @@ class PPGEvalCallback(EvalCallback):
         numpy_state, python_state = np.random.get_state(), random.getstate()
         with th.random.fork_rng(devices=devices):
             try:
-                return super()._on_step()
+                return self._evaluate()
             finally:
                 np.random.set_state(numpy_state)
                 random.setstate(python_state)
+
+    def _evaluate(self) -> bool:
+        """
+        SB3's evaluation (``EvalCallback._on_step``), its log written atomically: SB3 writes it to a temporary file
+        in the same folder (its ``log_path`` is pointed there for the call), which is fsynced and renamed over
+        ``<log_path>.npz`` once the evaluation has completed (and deleted if it fails).
+
+        :return: Whether training continues
+        """
+        if self.log_path is None:
+            return super()._on_step()
+        log_path = pathlib.Path(self.log_path)
+        temporary = log_path.with_name(f".{log_path.name}.npz.tmp-{os.getpid()}.npz")
+        self.log_path = str(temporary)
+        try:
+            continue_training = super()._on_step()
+            with open(temporary, "rb") as file:
+                os.fsync(file.fileno())
+            os.replace(temporary, f"{log_path}.npz")
+        finally:
+            self.log_path = str(log_path)
+            temporary.unlink(missing_ok=True)
+        fsync_directory(log_path.parent)
+        return continue_training

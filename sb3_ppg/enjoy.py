@@ -19,7 +19,7 @@ Example::
 import argparse
 import sys
 
-from sb3_ppg.zoo import is_procgen_env_id, run_zoo
+from sb3_ppg.zoo import UnsafeRunFileError, is_procgen_env_id, run_zoo
 
 
 def build_zoo_argv(argv: list[str]) -> list[str]:
@@ -57,9 +57,16 @@ def main(argv: list[str] | None = None) -> None:
     """
     Command line entry point (``python -m sb3_ppg.enjoy`` / ``sb3_ppg_enjoy``).
 
+    A run folder's ``config.yml`` / ``args.yml`` are read without running code: a file holding a Python object other
+    than what the zoo writes ends the command with a one-line error naming it. (The zoo still evaluates some
+    hyperparameter strings as Python, e.g. ``normalize: "dict(...)"``: run only agents from folders you trust.)
+
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
     """
-    run_zoo("enjoy", build_zoo_argv(list(sys.argv[1:] if argv is None else argv)))
+    try:
+        run_zoo("enjoy", build_zoo_argv(list(sys.argv[1:] if argv is None else argv)))
+    except UnsafeRunFileError as error:
+        sys.exit(f"error: {error}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ The zoo is an optional extra (``pip install "sb3-ppg[zoo]"``): nothing here impo
 :func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
 """
 
+import contextlib
 import functools
 import importlib
 import sys
@@ -54,6 +55,13 @@ RESUME_LATEST = "latest"
 
 class ZooNotInstalledError(ImportError):
     """The RL Zoo (or one of the packages of the ``zoo`` extra) is not installed."""
+
+
+class UnsafeRunFileError(ValueError):
+    """
+    A run folder's ``config.yml`` or ``args.yml`` holds a YAML tag that sb3_ppg does not construct, as it reads run
+    files without running code (see :class:`sb3_ppg.zoo_manager.RunFileLoader`).
+    """
 
 
 def missing_zoo_message(missing: str | None = None) -> str:
@@ -369,7 +377,8 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     Register PPG in the zoo (:func:`register_zoo`) and run one of the zoo's command line programs on the given
     arguments: the zoo's ``train()`` / ``enjoy()`` read ``sys.argv``, which is replaced for the call and restored
     after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's own
-    command line errors exit.
+    command line errors exit. The zoo's ``enjoy`` reads the run folder's ``config.yml`` and ``args.yml`` with
+    :class:`sb3_ppg.zoo_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``.
 
     :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
     :param zoo_argv: The zoo's command line arguments (without the program name)
@@ -385,12 +394,15 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     except ZooNotInstalledError as error:
         sys.exit(str(error))
     module = importlib.import_module(f"rl_zoo3.{command}")
+    from sb3_ppg.zoo_manager import zoo_reads_run_files_safely
+
     saved_argv = sys.argv
     sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]
     if manager_kwargs:
         module.ExperimentManager = functools.partial(make_experiment_manager, **manager_kwargs)  # type: ignore[attr-defined]
     try:
-        getattr(module, command)()
+        with zoo_reads_run_files_safely() if command == "enjoy" else contextlib.nullcontext():
+            getattr(module, command)()
     finally:
         sys.argv = saved_argv
         if manager_kwargs:

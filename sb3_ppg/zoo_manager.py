@@ -9,7 +9,13 @@ On top of the zoo's behaviour:
   into ``<run folder>/checkpoints/`` instead of bare model zips, and evaluations use
   :class:`~sb3_ppg.PPGEvalCallback`, which leaves training's random generators alone;
 - ``--resume`` continues a run from its newest checkpoint, in its own run folder: the same parameters, bit for bit
-  on CPU, as if the run had never stopped, with its episode log, evaluation log and TensorBoard run continued;
+  on CPU, as if the run had never stopped, with its episode log, evaluation log and TensorBoard run continued. The
+  run keeps the hyperparameters and env settings it started with (its ``config.yml`` and ``args.yml``, read with
+  :class:`RunFileLoader`, which runs no code): a command that changes one of them (``-params``, ``--env-kwargs``,
+  ``--env``) is refused with a message naming them, and a checkpoint written from Python (not in a run folder of
+  the command line) is refused too, since the command line writes only into its own run folders;
+- the files written over a good previous version at each evaluation and at the end of a run (``evaluations.npz``,
+  ``vecnormalize.pkl``; the model zips through ``PPG.save``) are written to a temporary file renamed into place;
 - under torchrun (data-parallel PPG, see docs/scaling_out.md) the job has one run folder, chosen by rank 0: rank 0
   writes the usual files, rank ``r > 0`` its episode log into ``<run folder>/rank_<r>/``, every rank its part of the
   checkpoints; rank 0 alone evaluates (the other ranks wait for it without the training timeout); ``--eval-freq`` and
@@ -17,12 +23,22 @@ On top of the zoo's behaviour:
   over the ranks.
 """
 
+import contextlib
+import copy
 import datetime
+import importlib
 import os
 import pathlib
+import pickle
+import sys
 import warnings
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Iterator
+from pprint import pprint
+from typing import Any, NamedTuple
 
+import yaml
+from rl_zoo3.callbacks import SaveVecNormalizeCallback
 from rl_zoo3.exp_manager import ExperimentManager
 from rl_zoo3.utils import get_latest_run_id
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -30,16 +46,21 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback,
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg import distributed
+from sb3_ppg.array_files import atomic_write
 from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
 from sb3_ppg.checkpoints import MANIFEST, CheckpointDamagedError, lock_folder, rank_folder, read_manifest
 from sb3_ppg.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.ppg import PPG
 from sb3_ppg.resume import damaged_error, newest_verified, read_monitor_log_sizes, verify_files
-from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, is_procgen_env_id
+from sb3_ppg.validation import is_integer
+from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, UnsafeRunFileError, is_procgen_env_id
 
 #: Sub-folder of a run folder that holds its checkpoints, and their name prefix
 CHECKPOINTS_FOLDER = "checkpoints"
 CHECKPOINT_PREFIX = "ppg"
+#: The files the zoo writes into ``<run folder>/<env name>/``: the hyperparameters, the command line's options
+RUN_CONFIG = "config.yml"
+RUN_ARGS = "args.yml"
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
 EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 
@@ -97,6 +118,184 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     return folder, found[0]
 
 
+class RunFileLoader(yaml.SafeLoader):
+    """
+    YAML loader for the files the zoo writes into a run folder (``config.yml``, ``args.yml``), which runs no code:
+    YAML's safe types plus the three Python tags the zoo's ``yaml.dump`` writes, read without calling or importing
+    anything:
+
+    - ``!!python/object/apply:collections.OrderedDict`` (the zoo saves both files as an ``OrderedDict``): a ``dict``
+      in the same order;
+    - ``!!python/tuple``: a tuple (``-params`` values are Python expressions);
+    - ``!!python/name:<module>.<class>`` (a class given in ``-params``, e.g. ``policy_kwargs:dict(activation_fn=nn.ReLU)``):
+      the class, taken from the module only if that module is already imported, and only if it is a class.
+
+    Any other tag raises :class:`~sb3_ppg.zoo.UnsafeRunFileError` naming the file and the tag (the zoo's own loader,
+    ``yaml.UnsafeLoader``, would construct any Python object a tampered file names, running its code).
+    """
+
+    def _refuse(self, node: yaml.Node, tag: str | None = None) -> Any:
+        """
+        Refuse a tag this loader does not construct.
+
+        :param node: The YAML node
+        :param tag: What to call the tag in the message (default: the node's tag)
+        :raises UnsafeRunFileError: always
+        """
+        tag = (tag or node.tag).replace("tag:yaml.org,2002:", "!!")
+        raise UnsafeRunFileError(
+            f"{node.start_mark.name}, line {node.start_mark.line + 1}: refused the YAML tag {tag}: "
+            "sb3_ppg reads run files without running code, and the zoo only writes OrderedDicts, tuples and the names "
+            "of loaded classes there. Was this file written by python -m sb3_ppg.train? Trust only your own run files."
+        )
+
+    def _construct_ordered_dict(self, node: yaml.Node) -> dict[Any, Any]:
+        """``!!python/object/apply:collections.OrderedDict [[[key, value], ...]]``: a dict."""
+        if not isinstance(node, yaml.SequenceNode):
+            return self._refuse(node)
+        arguments = self.construct_sequence(node, deep=True)
+        pairs = arguments[0] if len(arguments) == 1 and isinstance(arguments[0], list) else None
+        try:
+            if pairs is None or not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+                raise TypeError("not a list of [key, value] pairs")
+            return dict(pairs)
+        except TypeError as error:
+            return self._refuse(node, f"{node.tag} ({error})")
+
+    def _construct_tuple(self, node: yaml.Node) -> tuple[Any, ...]:
+        """``!!python/tuple [...]``: a tuple."""
+        if not isinstance(node, yaml.SequenceNode):
+            return self._refuse(node)
+        return tuple(self.construct_sequence(node, deep=True))
+
+    def _construct_class_name(self, suffix: str, node: yaml.Node) -> type:
+        """``!!python/name:<module>.<class>``: the class, from an already imported module."""
+        module_name, _, name = suffix.rpartition(".")
+        module = sys.modules.get(module_name or "builtins")
+        value = getattr(module, name, None) if module is not None else None
+        if not isinstance(value, type):
+            return self._refuse(node, f"{node.tag} (not a class of an already imported module)")
+        return value
+
+
+RunFileLoader.add_constructor(
+    "tag:yaml.org,2002:python/object/apply:collections.OrderedDict", RunFileLoader._construct_ordered_dict
+)
+RunFileLoader.add_constructor("tag:yaml.org,2002:python/tuple", RunFileLoader._construct_tuple)
+RunFileLoader.add_multi_constructor("tag:yaml.org,2002:python/name:", RunFileLoader._construct_class_name)
+RunFileLoader.add_constructor(None, RunFileLoader._refuse)
+
+
+def read_run_file(path: str | os.PathLike) -> dict[str, Any]:
+    """
+    Read a run folder's ``config.yml`` or ``args.yml`` with :class:`RunFileLoader` (no code runs).
+
+    :param path: The file
+    :return: Its content
+    :raises UnsafeRunFileError: for a tag the loader refuses
+    :raises ValueError: for a file that is not a YAML mapping
+    """
+    with open(path) as file:
+        try:
+            content = yaml.load(file, Loader=RunFileLoader)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"{path} holds {type(content).__name__}, not the mapping the zoo writes: not a zoo run file.")
+    return content
+
+
+class _ZooYaml:
+    """
+    The ``yaml`` module as the zoo's ``enjoy`` sees it under :func:`zoo_reads_run_files_safely`: the same module,
+    except that ``yaml.UnsafeLoader`` (what the zoo reads ``config.yml`` and ``args.yml`` with) is
+    :class:`RunFileLoader`.
+    """
+
+    UnsafeLoader = RunFileLoader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(yaml, name)
+
+
+@contextlib.contextmanager
+def zoo_reads_run_files_safely() -> Iterator[None]:
+    """
+    Within the context, the zoo's ``enjoy`` (``rl_zoo3.enjoy``, and ``rl_zoo3.utils.get_saved_hyperparams``) reads
+    the run folder's YAML files with :class:`RunFileLoader` instead of ``yaml.UnsafeLoader``.
+    """
+    modules = [importlib.import_module(name) for name in ("rl_zoo3.enjoy", "rl_zoo3.utils")]
+    saved = [module.yaml for module in modules]  # type: ignore[attr-defined]
+    for module in modules:
+        module.yaml = _ZooYaml()  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module, original in zip(modules, saved, strict=True):
+            module.yaml = original  # type: ignore[attr-defined]
+
+
+class ResumedRun(NamedTuple):
+    """What a run resumed from a checkpoint used: read from its ``config.yml`` and ``args.yml``."""
+
+    #: The run's hyperparameters (its ``config.yml``: the hyperparameter file's entry with its ``-params``)
+    hyperparams: dict[str, Any]
+    #: The command line options of its first start (its ``args.yml``)
+    args: dict[str, Any]
+    #: The folder of both files, ``<run folder>/<env name>``
+    params_path: pathlib.Path
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether two hyperparameter values are equal (False where comparing them fails)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def changed_settings(given: dict[str, Any], used: dict[str, Any]) -> list[str]:
+    """
+    The settings a resumed command gives that differ from those its run used.
+
+    :param given: The command's settings (``-params`` or ``--env-kwargs``)
+    :param used: The run's
+    :return: ``"<key> (run: <value>, command: <value>)"`` for each differing key
+    """
+    return [
+        f"{key} (run: {used[key]!r}, command: {value!r})" if key in used else f"{key} (run: not set, command: {value!r})"
+        for key, value in given.items()
+        if key not in used or not _same_value(used[key], value)
+    ]
+
+
+def save_vec_normalize(vec_normalize: Any, path: str) -> None:
+    """
+    ``VecNormalize.save`` (the same pickle), written to a temporary file renamed over ``path``.
+
+    :param vec_normalize: The ``VecNormalize`` wrapper
+    :param path: The file
+    """
+    atomic_write(path, lambda file: pickle.dump(vec_normalize, file))
+
+
+class AtomicSaveVecNormalizeCallback(SaveVecNormalizeCallback):
+    """The zoo's ``SaveVecNormalizeCallback`` (run on each new best evaluation), writing with :func:`save_vec_normalize`."""
+
+    def _on_step(self) -> bool:
+        if self.n_calls % self.save_freq == 0:
+            vec_normalize = self.model.get_vec_normalize_env()
+            if self.name_prefix is not None:
+                path = os.path.join(self.save_path, f"{self.name_prefix}_{self.num_timesteps}_steps.pkl")
+            else:
+                path = os.path.join(self.save_path, "vecnormalize.pkl")
+            if vec_normalize is not None:
+                save_vec_normalize(vec_normalize, path)
+                if self.verbose > 1:
+                    print(f"Saving VecNormalize to {path}")
+        return True
+
+
 class WaitForEvaluation(BaseCallback):
     """
     Under torchrun, at every evaluation step (every ``eval_freq`` calls, as :class:`~sb3_ppg.PPGEvalCallback`),
@@ -132,7 +331,9 @@ class PPGExperimentManager(ExperimentManager):
         checkpoint, in its run folder, up to the same total number of timesteps (``-n`` or the config's
         ``n_timesteps``). A run folder without a checkpoint yet (the job stopped before the first one) starts over
         in that folder; ``"latest"`` with no run at all starts a new one, so that a requeued job can always pass
-        ``--resume``.
+        ``--resume``. A run resumed from a checkpoint keeps its hyperparameters and env settings (its ``config.yml``
+        and ``args.yml``): the command's ``-params`` and ``--env-kwargs`` must agree with them, and its ``--env`` must
+        be the run's.
     :param keep_checkpoints: Number of complete checkpoints kept (``None``: all)
     :param global_n_envs: Whether the config's ``n_envs`` is the total over the ranks of a torchrun job (each rank
         runs ``n_envs / world_size`` envs) instead of the number of envs of each rank
@@ -154,6 +355,7 @@ class PPGExperimentManager(ExperimentManager):
         self.keep_checkpoints = keep_checkpoints
         self.global_n_envs = global_n_envs
         self.resume_checkpoint: pathlib.Path | None = None
+        self.resumed_run: ResumedRun | None = None
         # Data-parallel PPG (torchrun): the ranks share rank 0's run folder
         self.data_parallel = distributed.is_active() and self.algo == "ppg"
         self.rank = distributed.get_rank() if self.data_parallel else 0
@@ -161,7 +363,7 @@ class PPGExperimentManager(ExperimentManager):
         if self.data_parallel:
             self._share_run_folder(resume)
         elif resume is not None:
-            self._apply_resume(*self._find_resume_point(resume))
+            self._apply_resume(*self._resume_point(resume))
 
     @property
     def monitor_folder(self) -> str:
@@ -173,15 +375,15 @@ class PPGExperimentManager(ExperimentManager):
         choice: Any = None
         if self.rank == 0:
             try:
-                choice = (self.save_path, *(self._find_resume_point(resume) if resume is not None else (None, None)))
+                choice = (self.save_path, *(self._resume_point(resume) if resume is not None else (None, None, None)))
             except Exception as error:
                 choice = error
         choice = distributed.broadcast_object(choice)
         if isinstance(choice, Exception):
             raise choice
-        self.save_path, run_folder, checkpoint = choice
+        self.save_path, run_folder, checkpoint, resumed_run = choice
         self.params_path = f"{self.save_path}/{self.env_name}"
-        self._apply_resume(run_folder, checkpoint)
+        self._apply_resume(run_folder, checkpoint, resumed_run)
 
     def _find_resume_point(self, resume: str) -> tuple[pathlib.Path | None, pathlib.Path | None]:
         """The run folder to continue (None: a new run) and its newest complete checkpoint (None: none yet)."""
@@ -197,8 +399,85 @@ class PPGExperimentManager(ExperimentManager):
             return find_resume_point(os.path.join(self.log_path, f"{self.env_name}_{run_id}"))
         return find_resume_point(resume)
 
-    def _apply_resume(self, run_folder: pathlib.Path | None, checkpoint: pathlib.Path | None) -> None:
-        """Make the resumed run's folder this run's folder and cut this process's episode log at the checkpoint."""
+    def _resume_point(self, resume: str) -> tuple[pathlib.Path | None, pathlib.Path | None, ResumedRun | None]:
+        """The run folder to continue (None: a new run), its checkpoint (None: none yet) and what the run used."""
+        run_folder, checkpoint = self._find_resume_point(resume)
+        if run_folder is None:
+            return None, None, None
+        return run_folder, checkpoint, self._check_resumed_run(resume, run_folder, checkpoint)
+
+    def _check_resumed_run(self, resume: str, run_folder: pathlib.Path, checkpoint: pathlib.Path | None) -> ResumedRun | None:
+        """
+        Check that the command continues the run it names, as the run started: a run of the command line (its
+        ``args.yml``) of the same ``--env``, and, when it resumes from a checkpoint, with the same ``-params`` and
+        ``--env-kwargs`` as far as the command gives them (a requeued job repeats the same command; what the
+        command leaves out is taken from the run, ``-n`` included, and a hyperparameter file changed since the run
+        started is not read). A different ``-n`` is allowed: the run then continues to that total.
+
+        :param resume: The ``--resume`` argument (for the messages)
+        :param run_folder: The run folder
+        :param checkpoint: The checkpoint to resume from (None: the run starts over)
+        :return: What the run used (None when it starts over)
+        :raises ValueError: when the command would not continue the run it names
+        """
+        option = "--resume" if resume == RESUME_LATEST else f"--resume {resume}"
+        gym_id = self.env_name.gym_id
+        params_path = run_folder / str(self.env_name)
+        # The run's args.yml: in <run>/<env name>/, or that of another env
+        args_files = sorted(run_folder.glob(f"*/{RUN_ARGS}"), key=lambda path: (path.parent != params_path, path))
+        run_args: dict[str, Any] = read_run_file(args_files[0]) if args_files else {}
+        if args_files and run_args.get("env") != gym_id:
+            raise ValueError(
+                f"{option}: {run_folder} is a run of {run_args.get('env')!r} ({args_files[0]}), not of "
+                f"--env {gym_id}. Pass --env {run_args.get('env')} to continue it, or leave out --resume to start a new "
+                f"{gym_id} run."
+            )
+        if not args_files and checkpoint is None and not run_folder.name.startswith(f"{self.env_name}_"):
+            raise ValueError(
+                f"{option}: {run_folder} is not a run folder of --env {gym_id} (the command line names them "
+                f"{self.env_name}_<id>). Leave out --resume to start a new run."
+            )
+        if checkpoint is None:
+            return None
+        if not args_files or checkpoint.parent != run_folder / CHECKPOINTS_FOLDER:
+            raise ValueError(
+                f"{option}: {checkpoint} is not a checkpoint of a python -m sb3_ppg.train run (those are in "
+                f"<run folder>/{CHECKPOINTS_FOLDER}/, next to <run folder>/<env>/{RUN_ARGS}), and the command line writes "
+                "only into its own run folders. Continue it from Python: model = PPG.load_checkpoint(path, env=env), "
+                "then model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False, "
+                "callback=PPGCheckpointCallback(...)) (see docs/checkpoints.md)."
+            )
+        config_file = params_path / RUN_CONFIG
+        if not config_file.is_file():
+            raise ValueError(
+                f"{option}: {config_file} is missing: the run's hyperparameters are unknown, so the command "
+                f"cannot continue it as it started (restore the file, or continue {checkpoint} from Python with "
+                "PPG.load_checkpoint, see docs/checkpoints.md)."
+            )
+        resumed_run = ResumedRun(read_run_file(config_file), run_args, params_path)
+        changes = [
+            f"{option} {', '.join(changed)}"
+            for option, changed in (
+                ("-params", changed_settings(self.custom_hyperparams or {}, resumed_run.hyperparams)),
+                ("--env-kwargs", changed_settings(self.env_kwargs, run_args.get("env_kwargs") or {})),
+            )
+            if changed
+        ]
+        if changes:
+            raise ValueError(
+                f"{option}: a resumed run continues with the settings it started with ({config_file}, "
+                f"{RUN_ARGS}), and this command changes them: {'; '.join(changes)}. Pass the run's values (or leave "
+                "these options out) to continue the run, or leave out --resume to start a new run with these settings."
+            )
+        return resumed_run
+
+    def _apply_resume(
+        self, run_folder: pathlib.Path | None, checkpoint: pathlib.Path | None, resumed_run: ResumedRun | None = None
+    ) -> None:
+        """
+        Make the resumed run's folder this run's folder, take the run's env settings, and cut this process's
+        episode log at the checkpoint.
+        """
         if run_folder is None:
             return
         self.save_path = str(run_folder)
@@ -207,6 +486,15 @@ class PPGExperimentManager(ExperimentManager):
             print(f"--resume: {run_folder} has no complete checkpoint yet, starting its run over.")
             return
         print(f"--resume: continuing {run_folder} from {checkpoint.name}")
+        if resumed_run is not None:
+            # The run's settings, as its first start had them (the command's agree where it gives them)
+            self.resumed_run = resumed_run
+            run_timesteps = resumed_run.args.get("n_timesteps")
+            if self.n_timesteps <= 0 and is_integer(run_timesteps) and run_timesteps > 0:
+                self.n_timesteps = run_timesteps
+            self.env_kwargs = dict(resumed_run.args.get("env_kwargs") or {})
+            if self._eval_env_kwargs_args is None:
+                self._eval_env_kwargs_args = resumed_run.args.get("eval_env_kwargs")
         self.resume_checkpoint = checkpoint
         # The zoo then loads the model instead of creating one (see _load_pretrained_agent)
         self.continue_training = True
@@ -218,9 +506,47 @@ class PPGExperimentManager(ExperimentManager):
                 with open(log, "r+b") as file:
                     file.truncate(size)
 
+    def read_hyperparameters(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """
+        The zoo's, with ``--env-kwargs`` set over the file's ``env_kwargs`` (the zoo replaced them: ``--preset easy
+        --env-kwargs num_levels:200`` lost the preset's ``distribution_mode: easy`` and trained in procgen's default
+        hard mode). A run resumed from a checkpoint reads its own ``config.yml`` instead (the hyperparameter file may
+        have changed since the run started; the command's ``-params`` were checked against the run's).
+        """
+        if self.resumed_run is None:
+            command_env_kwargs, self.env_kwargs = self.env_kwargs, {}
+            try:
+                hyperparams, saved_hyperparams = super().read_hyperparameters()
+            finally:
+                self.env_kwargs = command_env_kwargs
+            if command_env_kwargs and isinstance(hyperparams.get("env_kwargs"), dict):
+                self.env_kwargs = {**hyperparams["env_kwargs"], **command_env_kwargs}
+                hyperparams["env_kwargs"] = saved_hyperparams["env_kwargs"] = self.env_kwargs
+            return hyperparams, saved_hyperparams
+        # The env_kwargs the run used are in its config.yml (those of a file without env_kwargs: self.env_kwargs,
+        # the run's --env-kwargs, see _apply_resume)
+        hyperparams = copy.deepcopy(self.resumed_run.hyperparams)
+        saved_hyperparams = OrderedDict([(key, hyperparams[key]) for key in sorted(hyperparams)])
+        print(f"--resume: the run's hyperparameters, from {self.resumed_run.params_path / RUN_CONFIG}:")
+        pprint(saved_hyperparams)
+        return hyperparams, saved_hyperparams
+
     def _preprocess_hyperparams(self, hyperparams: dict[str, Any]) -> Any:
-        """The zoo's; with ``global_n_envs``, ``n_envs`` becomes this rank's share of the config's."""
+        """
+        The zoo's, with a clear error for an ``n_envs`` that is not a positive integer, and the evaluation env's
+        settings completed with the training env's; with ``global_n_envs``, ``n_envs`` becomes this rank's share of
+        the config's.
+        """
+        n_envs = hyperparams.get("n_envs", 1)
+        if not is_integer(n_envs) or n_envs < 1:
+            raise ValueError(
+                f"n_envs must be an integer >= 1 (the number of environments trained on), got {n_envs!r}: fix "
+                f"-params n_envs:... or the n_envs of {self.env_name.gym_id} in {self.config}."
+            )
         processed = super()._preprocess_hyperparams(hyperparams)
+        # The evaluation env: the training env's settings with --eval-env-kwargs over them (the zoo evaluated with
+        # none when the file sets env_kwargs and the command does not: the easy preset in hard mode)
+        self.eval_env_kwargs = {**self.env_kwargs, **(self._eval_env_kwargs_args or {})}
         if self.global_n_envs:
             try:
                 self.n_envs = distributed.local_n_envs(self.n_envs)
@@ -236,14 +562,35 @@ class PPGExperimentManager(ExperimentManager):
             super().create_log_folder()
 
     def _save_config(self, saved_hyperparams: dict[str, Any]) -> None:
-        """The zoo's; under torchrun, on rank 0 only."""
-        if self.rank == 0:
+        """
+        The zoo's; under torchrun, on rank 0 only. A run resumed from a checkpoint keeps the files of its first start
+        (``config.yml``, ``args.yml``, ``command.txt``), which describe it.
+        """
+        if self.resumed_run is not None:
+            print(f"Log path: {self.save_path} (resumed: its {RUN_CONFIG} and {RUN_ARGS} are kept)")
+        elif self.rank == 0:
+            # args.yml records the env_kwargs the run used (--env-kwargs set over the file's), which enjoy then uses
+            if getattr(self.args, "env_kwargs", None) is not None:
+                self.args.env_kwargs = self.env_kwargs
             super()._save_config(saved_hyperparams)
 
     def save_trained_model(self, model: BaseAlgorithm) -> None:
-        """The zoo's; under torchrun, on rank 0 only (the ranks hold the same model and VecNormalize statistics)."""
-        if self.rank == 0:
+        """
+        The zoo's, with ``vecnormalize.pkl`` written to a temporary file renamed over the previous one (a kill or a
+        full disk leaves the old file or the new one, never a truncated one; ``PPG.save`` writes the model zip so);
+        under torchrun, on rank 0 only (the ranks hold the same model and VecNormalize statistics).
+        """
+        if self.rank != 0:
+            return
+        normalize, self.normalize = self.normalize, False
+        try:
+            # The zoo's, without its in-place VecNormalize.save
             super().save_trained_model(model)
+        finally:
+            self.normalize = normalize
+        vec_normalize = model.get_vec_normalize_env()
+        if self.normalize and vec_normalize is not None:
+            save_vec_normalize(vec_normalize, os.path.join(self.params_path, "vecnormalize.pkl"))
 
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
         """
@@ -288,9 +635,14 @@ class PPGExperimentManager(ExperimentManager):
                     keep_last=self.keep_checkpoints,
                 )
             elif type(callback) is EvalCallback:
+                on_new_best = callback.callback_on_new_best
+                if type(on_new_best) is SaveVecNormalizeCallback:
+                    on_new_best = AtomicSaveVecNormalizeCallback(
+                        on_new_best.save_freq, on_new_best.save_path, on_new_best.name_prefix, on_new_best.verbose
+                    )
                 self.callbacks[index] = PPGEvalCallback(
                     callback.eval_env,
-                    callback_on_new_best=callback.callback_on_new_best,
+                    callback_on_new_best=on_new_best,
                     callback_after_eval=callback.callback,
                     n_eval_episodes=callback.n_eval_episodes,
                     eval_freq=eval_calls,

@@ -12,10 +12,11 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
-from sb3_ppg import PPG, enjoy, train, zoo
+from sb3_ppg import PPG, enjoy, train, zoo, zoo_manager
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
 
 PAPER_FILE = train.hyperparams_file("paper")
@@ -333,6 +334,10 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
         assert list(evaluations["timesteps"]) == [64, 128]
     # Native vec env: one VecMonitor file for the 2 training envs
     assert [path.name for path in run_folder.glob("*monitor.csv")] == ["0.monitor.csv"]
+    # --env-kwargs set over the preset's env_kwargs, recorded where enjoy reads them
+    for name in ("config.yml", "args.yml"):
+        saved = zoo_manager.read_run_file(run_folder / "procgen-starpilot-v0" / name)
+        assert saved["env_kwargs"] == {"distribution_mode": "easy", "num_levels": 10, "start_level": 0}
 
     capsys.readouterr()
     enjoy.main(["--env", "procgen/starpilot-v0", "-f", str(tmp_path), "-n", "20"])
@@ -426,3 +431,39 @@ def test_quickstart(tmp_path: Path, monkeypatch, capsys):
         assert (run_folder / name).is_file()
         assert str(run_folder / name) in output
     assert (tmp_path / "learning_curve.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "env_kwargs, eval_env_kwargs, train_options, eval_options",
+    [
+        # The preset's settings for both envs (the zoo evaluated with none: procgen's hard mode)
+        (None, None, ("easy", 0), ("easy", 0)),
+        # docs/command_line.md's generalization protocol with the easy preset: --env-kwargs completes the preset's
+        # env_kwargs (the zoo replaced them: hard mode) and --eval-env-kwargs completes the training env's
+        ({"num_levels": 200}, {"num_levels": 0}, ("easy", 200), ("easy", 0)),
+    ],
+)
+def test_env_kwargs_complete_the_preset(tmp_path: Path, env_kwargs, eval_env_kwargs, train_options, eval_options):
+    manager = zoo.make_experiment_manager(
+        argparse.Namespace(),
+        "ppg",
+        "procgen/starpilot-v0",
+        str(tmp_path),
+        eval_freq=64,
+        n_eval_episodes=1,
+        hyperparams={"n_envs": 2, "n_steps": 16, "batch_size": 32, "n_policy_iters": 2, "aux_batch_rollouts": 2},
+        env_kwargs=env_kwargs,
+        eval_env_kwargs=eval_env_kwargs,
+        seed=0,
+        verbose=0,
+        device="cpu",
+        config=EASY_FILE,
+    )
+    model, saved_hyperparams = manager.setup_experiment()
+    eval_env = next(callback.eval_env for callback in manager.callbacks if isinstance(callback, EvalCallback))
+    for env, (mode, num_levels) in ((model.env, train_options), (eval_env, eval_options)):
+        options = env.unwrapped.procgen_kwargs
+        assert (options["distribution_mode"], options["num_levels"]) == (mode, num_levels)
+        env.close()
+    # config.yml describes the training env
+    assert saved_hyperparams["env_kwargs"] == {"distribution_mode": "easy", "num_levels": train_options[1], "start_level": 0}
