@@ -1,0 +1,82 @@
+"""
+Files written by an earlier sb3_ppg (tests/data/old_files/, written by the code of commit 8f45b61's parent, the 0.1.0a0
+format, with tests/data/old_files/expected.json recording what that code computed from them) load and behave as then.
+Model zips pickle classes by their module paths (the policy class, a features extractor named in ``policy_kwargs``),
+so moving a module must leave an importable path behind for them.
+"""
+
+import base64
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.env_util import make_vec_env
+
+from sb3_ppg import PPG
+
+DATA = Path(__file__).parent / "data" / "old_files"
+EXPECTED = json.loads((DATA / "expected.json").read_text())
+# float32 forward passes of the same weights on another CPU sum in another order: sums of at most 128 terms differ by
+# at most ~128 * 2**-24 ~ 1e-5 relative, far below what a different network or input would change
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def saved_module_paths(path: Path) -> bytes:
+    """The zip's ``data`` with its pickled objects decoded (where the module paths of pickled classes are)."""
+    import zipfile
+
+    data = json.loads(zipfile.ZipFile(path).read("data"))
+    pickled = [item[":serialized:"] for item in data.values() if isinstance(item, dict) and ":serialized:" in item]
+    kwargs = data["policy_kwargs"]
+    pickled += [value[":serialized:"] for value in kwargs.values() if isinstance(value, dict) and ":serialized:" in value]
+    return b"".join(base64.b64decode(item) for item in pickled)
+
+
+@pytest.mark.parametrize(
+    "name, old_paths",
+    [
+        ("mlp_cartpole.zip", [b"sb3_ppg.policies"]),
+        ("impala_images.zip", [b"sb3_ppg.policies", b"sb3_ppg.torch_layers"]),
+    ],
+)
+def test_old_model_zip_predicts_as_recorded(name, old_paths):
+    assert all(path in saved_module_paths(DATA / name) for path in old_paths)
+    expected = EXPECTED[name]
+    model = PPG.load(DATA / name, device="cpu")
+    assert f"{type(model.policy).__module__}.{type(model.policy).__qualname__}".endswith(
+        expected["policy_class"].rsplit(".", 1)[1]
+    )
+    observations = np.asarray(expected["observations"], dtype=model.observation_space.dtype)
+    actions, _ = model.predict(observations, deterministic=True)
+    assert actions.tolist() == expected["actions"]
+    obs_tensor, _ = model.policy.obs_to_tensor(observations)
+    with th.no_grad():
+        logits = model.policy.get_distribution(obs_tensor).distribution.logits
+        values = model.policy.predict_values(obs_tensor).flatten()
+    np.testing.assert_allclose(logits.double().numpy(), expected["logits"], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(values.double().numpy(), expected["values"], rtol=RTOL, atol=ATOL)
+
+
+def test_old_checkpoint_resumes_with_its_run_state(tmp_path):
+    expected = EXPECTED["checkpoint"]
+    shutil.copytree(DATA / "checkpoints", tmp_path / "checkpoints")
+    model = PPG.load_checkpoint(tmp_path / "checkpoints", env=make_vec_env("CartPole-v1", n_envs=2, seed=0), device="cpu")
+    # What the checkpoint's run state holds, read as the code that wrote it read it
+    assert hashlib.sha256(th.get_rng_state().numpy().tobytes()).hexdigest() == expected["torch_rng_sha256"]
+    assert int(np.random.get_state()[2]) == expected["numpy_rng_pos"]
+    counters = (model.num_timesteps, model._n_updates, model._n_aux_phases, model._n_aux_updates)
+    assert counters == (expected["num_timesteps"], expected["n_updates"], expected["n_aux_phases"], expected["n_aux_updates"])
+    assert np.array_equal(model._last_obs, np.asarray(expected["last_obs"], dtype=np.float32))
+    assert len(model.ep_info_buffer) == expected["episodes"]
+    assert model.aux_buffer.n_iterations == expected["aux_iterations"]
+    stored_returns = model.aux_buffer.returns[: model.aux_buffer.n_rollouts]
+    assert np.array_equal(stored_returns, np.asarray(expected["aux_returns"], np.float32))
+    # The run goes on: the stored iteration and the next one fill the buffer, whose auxiliary phase then runs
+    before = [parameter.detach().clone() for parameter in model.policy.parameters()]
+    model.learn(32, reset_num_timesteps=False)
+    assert model.num_timesteps == expected["num_timesteps"] + 32 and model._n_aux_phases == expected["n_aux_phases"] + 1
+    assert not all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
