@@ -15,11 +15,11 @@ setup(
         "sb3_ppg": [
             "py.typed",
             "version.txt",
-            "hyperparams/*.yml",
-            "data/*.csv",
-            "data/*/*.csv",
-            "data/*/LICENSE",
-            "data/*/README.md",
+            "cli/hyperparams/*.yml",
+            "cli/data/*.csv",
+            "cli/data/*/*.csv",
+            "cli/data/*/LICENSE",
+            "cli/data/*/README.md",
         ]
     },
     install_requires=[
@@ -77,9 +77,9 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "sb3_ppg_train=sb3_ppg.train:main",
-            "sb3_ppg_enjoy=sb3_ppg.enjoy:main",
-            "sb3_ppg_plot=sb3_ppg.plot:main",
+            "sb3_ppg_train=sb3_ppg.cli.train:main",
+            "sb3_ppg_enjoy=sb3_ppg.cli.enjoy:main",
+            "sb3_ppg_plot=sb3_ppg.cli.plot:main",
         ]
     },
     description="Phasic Policy Gradient (PPG) for Stable-Baselines3",

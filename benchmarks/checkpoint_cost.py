@@ -13,9 +13,9 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv
 
 from sb3_ppg import PPG
-from sb3_ppg.array_files import array_digest, read_array_file, write_array_file
-from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.checkpoints import write_checkpoint
+from sb3_ppg.common.array_files import array_digest, read_array_file, write_array_file
+from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.checkpoints.checkpoint import write_checkpoint
 
 
 def rollout_file_cost(folder: pathlib.Path, n_envs: int, n_steps: int, repeats: int) -> None:

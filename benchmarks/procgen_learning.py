@@ -150,7 +150,7 @@ def train_chunk(args: argparse.Namespace, algo: str, seed: int, deadline: float)
     :return: The run's ``num_timesteps`` at the end of the chunk
     """
     from sb3_ppg import PPG, PPGCheckpointCallback, make_procgen_env
-    from sb3_ppg.checkpoints import complete_checkpoints
+    from sb3_ppg.common.checkpoints.checkpoint import complete_checkpoints
 
     folder = os.path.join(args.folder, f"{args.game}_{algo}_seed{seed}")
     checkpoints = os.path.join(folder, "checkpoints")
@@ -185,7 +185,7 @@ def plot(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], path: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sb3_ppg.curves import load_paper_curves
+    from sb3_ppg.cli.curves import load_paper_curves
 
     figure, (ours, paper) = plt.subplots(1, 2, figsize=(12, 4.5))
     published_algos = []

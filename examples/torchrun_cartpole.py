@@ -15,7 +15,8 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppg import PPG, distributed
+from sb3_ppg import PPG
+from sb3_ppg.common import distributed
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000, help="env steps of all ranks together")

@@ -2,10 +2,10 @@
 
 import os
 
-from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback
-from sb3_ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
-from sb3_ppg.ppg import PPG
+from sb3_ppg.common import distributed as distributed
+from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.callbacks import PPGCheckpointCallback, PPGEvalCallback
+from sb3_ppg.ppg import PPG, CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs
 
 # Read version from file

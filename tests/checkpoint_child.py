@@ -8,8 +8,8 @@ import sys
 import numpy as np
 from stable_baselines3.common.env_util import make_vec_env
 
-import sb3_ppg.array_files
-import sb3_ppg.checkpoints
+import sb3_ppg.common.array_files
+import sb3_ppg.common.checkpoints.checkpoint
 from sb3_ppg import PPG, PPGCheckpointCallback
 
 folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
@@ -28,7 +28,7 @@ def kill_on(count: int):
 
 if kill_at.startswith("write:"):
     should_kill = kill_on(int(kill_at.split(":")[1]))
-    original_atomic_write = sb3_ppg.array_files.atomic_write
+    original_atomic_write = sb3_ppg.common.array_files.atomic_write
 
     def atomic_write(path, write):
         if should_kill():
@@ -38,8 +38,8 @@ if kill_at.startswith("write:"):
             os.kill(os.getpid(), signal.SIGKILL)
         original_atomic_write(path, write)
 
-    sb3_ppg.array_files.atomic_write = atomic_write
-    sb3_ppg.checkpoints.atomic_write = atomic_write
+    sb3_ppg.common.array_files.atomic_write = atomic_write
+    sb3_ppg.common.checkpoints.checkpoint.atomic_write = atomic_write
 elif kill_at.startswith("aux:"):
     should_kill = kill_on(int(kill_at.split(":")[1]))
     original_aux_loss = PPG._aux_loss

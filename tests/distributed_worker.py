@@ -18,8 +18,9 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppg import PPG, PPGCheckpointCallback, distributed
-from sb3_ppg.checkpoints import write_checkpoint
+from sb3_ppg import PPG, PPGCheckpointCallback
+from sb3_ppg.common import distributed
+from sb3_ppg.common.checkpoints.checkpoint import write_checkpoint
 
 th.set_num_threads(1)
 

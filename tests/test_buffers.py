@@ -9,9 +9,9 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.utils import ConstantSchedule
 
-from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.distributions import get_distribution_params
-from sb3_ppg.policies import PPGPolicy
+from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.distributions import get_distribution_params
+from sb3_ppg.ppg.policies import PPGPolicy
 
 N_STEPS, N_ENVS = 8, 3
 # Observation pixel (0, 0, 0) encodes the step, pixel (1, 0, 0) the env, pixel (2, 0, 0) the iteration

@@ -15,7 +15,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.checkpoints import lock_folder
+from sb3_ppg.common.checkpoints.checkpoint import lock_folder
 from tests.conftest import small_ppg
 
 N_ENVS, N_STEPS = 2, 16

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 import torch as th
 
-from sb3_ppg import PPG, train, zoo
-from sb3_ppg.checkpoints import lock_folder
+from sb3_ppg import PPG
+from sb3_ppg.cli import train, zoo
+from sb3_ppg.common.checkpoints.checkpoint import lock_folder
 
 CARTPOLE = [
     "--env",

@@ -19,9 +19,10 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 from torch import nn
 
-from sb3_ppg import PPG, PPGCheckpointCallback, PPGEvalCallback, enjoy, train, zoo
-from sb3_ppg.zoo import UnsafeRunFileError
-from sb3_ppg.zoo_manager import read_run_file
+from sb3_ppg import PPG, PPGCheckpointCallback, PPGEvalCallback
+from sb3_ppg.cli import enjoy, train, zoo
+from sb3_ppg.cli.experiment_manager import read_run_file
+from sb3_ppg.cli.zoo import UnsafeRunFileError
 
 ENV_NAME = "CartPole-v1"
 RUN = [

@@ -1,5 +1,5 @@
 """
-Data-parallel PPG (sb3_ppg.distributed): two gloo processes on the CPU, started by hand (with torchrun's environment
+Data-parallel PPG (sb3_ppg.common.distributed): two gloo processes on the CPU, started by hand (with torchrun's environment
 variables) or by torchrun; the runs themselves are in distributed_worker.py.
 """
 
@@ -18,7 +18,8 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 
-from sb3_ppg import PPG, distributed
+from sb3_ppg import PPG
+from sb3_ppg.common import distributed
 
 TESTS = Path(__file__).parent
 WORKER = str(TESTS / "distributed_worker.py")

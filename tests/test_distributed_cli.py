@@ -15,7 +15,8 @@ import pytest
 from stable_baselines3.common.env_util import make_vec_env
 from test_cli_checkpoints import assert_same_run  # tests/ is on sys.path (pytest's rootdir-relative imports)
 
-from sb3_ppg import PPG, distributed
+from sb3_ppg import PPG
+from sb3_ppg.common import distributed
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +121,7 @@ def test_global_n_envs_under_torchrun(tmp_path):
 
 def test_optimize_refused_under_torchrun(monkeypatch, capsys):
     """-optimize is not data-parallel: under torchrun every rank stops at once with a clear error (no rendezvous)."""
-    from sb3_ppg import train
+    from sb3_ppg.cli import train
 
     variables = dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     for name, value in dict(variables, SB3_PPG_DIST_TIMEOUT="5").items():

@@ -1,4 +1,4 @@
-"""sb3_ppg.distributions: stored parameters and KL(pi_old || pi) for each action space, against torch.distributions."""
+"""sb3_ppg.common.distributions: stored parameters and KL(pi_old || pi) for each action space, against torch.distributions."""
 
 import numpy as np
 import pytest
@@ -7,8 +7,8 @@ from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule
 from torch.distributions import Bernoulli, Categorical, Independent, Normal, kl_divergence
 
-from sb3_ppg.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
-from sb3_ppg.policies import PPGPolicy
+from sb3_ppg.common.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
+from sb3_ppg.ppg.policies import PPGPolicy
 
 OBS_SPACE = spaces.Box(-1, 1, (4,), np.float32)
 

@@ -99,7 +99,7 @@ OBS_SPACE = gym.spaces.Box(-1, 1, (4,), np.float32)
 
 
 def make_policy(**kwargs):
-    from sb3_ppg.policies import PPGPolicy
+    from sb3_ppg.ppg.policies import PPGPolicy
 
     return PPGPolicy(OBS_SPACE, gym.spaces.Discrete(2), lambda _: 1e-3, **kwargs)
 
@@ -193,7 +193,7 @@ def test_non_finite_observations_name_the_fix(make_model, env_id, value):
 
 
 def test_non_finite_dict_observation_names_the_key():
-    from sb3_ppg.validation import check_finite_observations
+    from sb3_ppg.common.hyperparameters import check_finite_observations
 
     obs = {"image": th.zeros(2, 3, 4, 4, dtype=th.uint8), "vector": th.tensor([[0.0, np.nan]])}
     with pytest.raises(ValueError, match="Observation key 'vector' holds NaN or inf"):
@@ -202,7 +202,7 @@ def test_non_finite_dict_observation_names_the_key():
 
 
 def test_integer_observations_are_not_scanned(monkeypatch):
-    from sb3_ppg import validation
+    from sb3_ppg.common import hyperparameters as validation
 
     calls = []
     monkeypatch.setattr(validation.th, "isfinite", lambda tensor: calls.append(tensor) or th.ones((), dtype=th.bool))
@@ -242,14 +242,14 @@ def test_non_finite_gradients_of_a_finite_loss_never_reach_the_weights(make_mode
     ],
 )
 def test_aux_buffer_memory_estimate_is_exact(observation_space, action_space):
-    from sb3_ppg.buffers import AuxiliaryBuffer
+    from sb3_ppg.common.buffers import AuxiliaryBuffer
 
     buffer = AuxiliaryBuffer(3, 5, 2, observation_space, action_space, device="cpu")
     assert AuxiliaryBuffer.estimate_nbytes(3, 5, 2, observation_space, action_space) == buffer.nbytes
 
 
 def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
-    from sb3_ppg.validation import memory_info
+    from sb3_ppg.common.hyperparameters import memory_info
 
     if memory_info()[1] is None:
         pytest.skip("the machine's memory is unknown here (no /proc/meminfo)")
@@ -263,7 +263,7 @@ def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
 
 
 def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
-    from sb3_ppg import validation
+    from sb3_ppg.common import hyperparameters as validation
 
     # CartPole, 16 steps, N_pi 2: 2 * 16 * 28 = 896 bytes
     monkeypatch.setattr(validation, "memory_info", lambda: (800, 10_000))
@@ -285,7 +285,7 @@ def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
 
 
 def test_memory_info_reads_this_machine():
-    from sb3_ppg.validation import memory_info
+    from sb3_ppg.common.hyperparameters import memory_info
 
     available, total = memory_info()
     if total is not None:

@@ -1,10 +1,10 @@
-"""sb3_ppg.losses: each loss term against its formula written out by hand."""
+"""sb3_ppg.ppg.losses: each loss term against its formula written out by hand."""
 
 import pytest
 import torch as th
 from stable_baselines3.common.distributions import CategoricalDistribution
 
-from sb3_ppg.losses import aux_loss, normalize_advantages, policy_loss, value_loss
+from sb3_ppg.ppg.losses import aux_loss, normalize_advantages, policy_loss, value_loss
 
 
 def test_clipped_surrogate_entropy_and_diagnostics() -> None:

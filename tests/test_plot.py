@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sb3_ppg import curves as curves_module
-from sb3_ppg import plot
+from sb3_ppg.cli import curves as curves_module
+from sb3_ppg.cli import plot
 from sb3_ppg.procgen import PROCGEN_GAMES
 
 

@@ -15,9 +15,9 @@ from stable_baselines3.common.distributions import (
 from stable_baselines3.common.utils import ConstantSchedule
 from torch import nn
 
-from sb3_ppg.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
-from sb3_ppg.policies import PPGPolicy, ProcgenCnnPolicy
-from sb3_ppg.torch_layers import ImpalaCNN, normed_init_
+from sb3_ppg.common.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
+from sb3_ppg.common.torch_layers import ImpalaCNN, normed_init_
+from sb3_ppg.ppg.policies import PPGPolicy, ProcgenCnnPolicy
 
 PROCGEN_OBS = spaces.Box(0, 255, (3, 64, 64), np.uint8)
 SMALL_IMAGE_OBS = spaces.Box(0, 255, (3, 16, 16), np.uint8)

@@ -12,8 +12,10 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
 
-from sb3_ppg import PPG, losses, validation
-from sb3_ppg.distributions import kl_divergence_from_params
+from sb3_ppg import PPG
+from sb3_ppg.common import hyperparameters as validation
+from sb3_ppg.common.distributions import kl_divergence_from_params
+from sb3_ppg.ppg import losses
 
 
 def adam_steps(optimizer: th.optim.Optimizer) -> int:

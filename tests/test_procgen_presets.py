@@ -11,7 +11,7 @@ from sb3_ppg import PPG
 from sb3_ppg.procgen import PROCGEN_GAMES, PROCGEN_PRESETS, get_procgen_preset, make_procgen_env
 from sb3_ppg.procgen.wrappers import DEFAULT_ENV_KWARGS
 
-HYPERPARAMS = Path(__file__).parent.parent / "sb3_ppg" / "hyperparams"
+HYPERPARAMS = Path(__file__).parent.parent / "sb3_ppg" / "cli" / "hyperparams"
 
 
 def chain_settings(env) -> dict:
@@ -110,7 +110,7 @@ def ppg_default(key: str):
 
 
 def test_command_line_presets_are_the_same_files():
-    from sb3_ppg.train import hyperparams_file
+    from sb3_ppg.cli.train import hyperparams_file
 
     for name, preset in PROCGEN_PRESETS.items():
         assert Path(hyperparams_file(name)).name == preset.zoo_file

@@ -16,9 +16,9 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv, SimpleMultiObsEnv
 
 from sb3_ppg import PPG
-from sb3_ppg.buffers import AuxiliaryBuffer
-from sb3_ppg.distributions import get_distribution_params
-from sb3_ppg.policies import PPGPolicy
+from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.distributions import get_distribution_params
+from sb3_ppg.ppg.policies import PPGPolicy
 
 ARCHS = ("dual", "detach", "shared")
 

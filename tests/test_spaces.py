@@ -19,7 +19,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import VecTransposeImage
 
 from sb3_ppg import PPG, MlpPolicy
-from sb3_ppg.distributions import get_distribution_params, kl_divergence_from_params
+from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 
 # One aux phase every 2 iterations; a step's reward does not depend on the past actions, so a short horizon helps
 IDENTITY_HYPERPARAMS = dict(

@@ -16,7 +16,9 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
-from sb3_ppg import PPG, enjoy, train, zoo, zoo_manager
+from sb3_ppg import PPG
+from sb3_ppg.cli import enjoy, train, zoo
+from sb3_ppg.cli import experiment_manager as zoo_manager
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
 
 PAPER_FILE = train.hyperparams_file("paper")

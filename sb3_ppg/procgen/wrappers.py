@@ -11,7 +11,7 @@ from stable_baselines3.common.monitor import ResultsWriter
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
-from sb3_ppg.array_files import read_array_file, write_array_file
+from sb3_ppg.common.array_files import read_array_file, write_array_file
 from sb3_ppg.procgen.games import check_argument_names
 from sb3_ppg.procgen.presets import get_procgen_preset
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
@@ -43,7 +43,7 @@ def make_monitored_procgen_env(
 ) -> VecMonitor:
     """
     ``VecMonitor(ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs))``: the first two layers of
-    :func:`make_procgen_env`, also built by the RL Zoo's Procgen env factory (:mod:`sb3_ppg.zoo`), where the zoo adds
+    :func:`make_procgen_env`, also built by the RL Zoo's Procgen env factory (:mod:`sb3_ppg.cli.zoo`), where the zoo adds
     the reward normalization itself.
 
     :param n_envs: Number of parallel games

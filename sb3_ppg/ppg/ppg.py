@@ -16,20 +16,10 @@ from stable_baselines3.common.utils import (
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
-from sb3_ppg import distributed, losses
-from sb3_ppg.base import PPGBase, SavedPolicyClass
-from sb3_ppg.buffers import AuxiliaryBufferSamples, split_observations
-from sb3_ppg.distributions import get_distribution_params
-from sb3_ppg.policies import (
-    CnnPolicy,
-    MlpPolicy,
-    MultiInputPolicy,
-    PPGPolicy,
-    ProcgenCnn,
-    check_action_space,
-    check_observation_space,
-)
-from sb3_ppg.validation import (
+from sb3_ppg.common import distributed
+from sb3_ppg.common.buffers import AuxiliaryBufferSamples, split_observations
+from sb3_ppg.common.distributions import get_distribution_params
+from sb3_ppg.common.hyperparameters import (
     PRECISIONS,
     check_hyperparameters,
     has_convolutions,
@@ -37,6 +27,17 @@ from sb3_ppg.validation import (
     resolve_micro_batch_size,
     resolve_normalize_advantage,
     resolve_precision,
+)
+from sb3_ppg.ppg import losses
+from sb3_ppg.ppg.base import PPGBase, SavedPolicyClass
+from sb3_ppg.ppg.policies import (
+    CnnPolicy,
+    MlpPolicy,
+    MultiInputPolicy,
+    PPGPolicy,
+    ProcgenCnn,
+    check_action_space,
+    check_observation_space,
 )
 
 
@@ -383,7 +384,7 @@ class PPG(PPGBase):
         entropy: th.Tensor | None,
         clip_range: float | None,
     ) -> tuple[th.Tensor, losses.Diagnostics]:
-        """The policy loss of a minibatch and its diagnostics (see :func:`sb3_ppg.losses.policy_loss`)."""
+        """The policy loss of a minibatch and its diagnostics (see :func:`sb3_ppg.ppg.losses.policy_loss`)."""
         return losses.policy_loss(
             rollout_data.advantages,
             log_prob,
@@ -408,7 +409,7 @@ class PPG(PPGBase):
     def _value_loss(
         self, rollout_data: RolloutBufferSamples, values: th.Tensor, clip_range_vf: float | None
     ) -> tuple[th.Tensor, losses.Diagnostics]:
-        """The value loss of a minibatch and its diagnostics (see :func:`sb3_ppg.losses.value_loss`)."""
+        """The value loss of a minibatch and its diagnostics (see :func:`sb3_ppg.ppg.losses.value_loss`)."""
         return losses.value_loss(values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf)
 
     def _compute_old_distributions(self) -> None:
@@ -457,7 +458,7 @@ class PPG(PPGBase):
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
 
     def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
-        """The auxiliary loss of a minibatch and its diagnostics, one forward pass (see :func:`sb3_ppg.losses.aux_loss`)."""
+        """The auxiliary loss of a minibatch and its diagnostics, one forward pass (:func:`~sb3_ppg.ppg.losses.aux_loss`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
         return losses.aux_loss(
             distribution, batch.old_distribution_params, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef

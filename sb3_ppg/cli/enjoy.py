@@ -2,7 +2,7 @@
 Run a trained PPG agent with the RL Baselines3 Zoo: ``python -m sb3_ppg.enjoy [zoo enjoy options]``
 (console script ``sb3_ppg_enjoy``).
 
-This is the zoo's own ``enjoy`` (``rl_zoo3.enjoy.enjoy()``) with PPG registered (see :mod:`sb3_ppg.zoo`) and these
+This is the zoo's own ``enjoy`` (``rl_zoo3.enjoy.enjoy()``) with PPG registered (see :mod:`sb3_ppg.cli.zoo`) and these
 defaults:
 
 - ``--algo ppg``;
@@ -19,7 +19,7 @@ Example::
 import argparse
 import sys
 
-from sb3_ppg.zoo import UnsafeRunFileError, is_procgen_env_id, run_zoo
+from sb3_ppg.cli.zoo import UnsafeRunFileError, is_procgen_env_id, run_zoo
 
 
 def build_zoo_argv(argv: list[str]) -> list[str]:

@@ -1,8 +1,9 @@
 """
 Checkpoints that resume a PPG run exactly: ``PPGCheckpointCallback`` writes them (:func:`write_checkpoint`),
-``PPG.load_checkpoint`` finds and reads them (:func:`list_checkpoints` here, the rest in :mod:`sb3_ppg.resume`).
+``PPG.load_checkpoint`` finds and reads them (:func:`list_checkpoints` here, the rest in
+:mod:`sb3_ppg.common.checkpoints.resume`).
 
-Under torchrun (data-parallel training, :func:`sb3_ppg.distributed.is_active`) a checkpoint holds every rank's part:
+Under torchrun (data-parallel training, :func:`sb3_ppg.common.distributed.is_active`) a checkpoint holds every rank's part:
 rank 0 writes ``model.zip`` (parameters and optimizers are the same on every rank), each rank ``r`` writes its run
 state (random generators, last observations, envs) into ``rank_<r>/`` and its auxiliary-buffer rollouts into the
 shared rollouts folder, then rank 0 gathers every rank's checksums and writes the manifest last. The folder must be
@@ -31,8 +32,8 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EventCallback
 
-from sb3_ppg import distributed
-from sb3_ppg.array_files import (
+from sb3_ppg.common import distributed
+from sb3_ppg.common.array_files import (
     array_digest,
     array_file_checksum,
     atomic_write,
@@ -40,10 +41,10 @@ from sb3_ppg.array_files import (
     fsync_directory,
     write_array_file,
 )
-from sb3_ppg.env_state import get_vec_env_state, monitor_log_sizes
+from sb3_ppg.common.checkpoints.env_state import get_vec_env_state, monitor_log_sizes
 
 if TYPE_CHECKING:
-    from sb3_ppg.base import PPGBase
+    from sb3_ppg.ppg.base import PPGBase
 
 MANIFEST = "manifest.json"
 #: The lock file a training run holds in its checkpoint folder

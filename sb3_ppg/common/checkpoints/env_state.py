@@ -74,7 +74,7 @@ def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
     """
     The size of every episode log (``*.monitor.csv``) that the chain writes in this process: those of ``VecMonitor``
     layers and of the ``Monitor`` wrappers of a ``DummyVecEnv``'s envs (a checkpoint records them, so that a resumed
-    run can cut the episodes logged after the checkpoint; see ``sb3_ppg.zoo_manager``).
+    run can cut the episodes logged after the checkpoint; see ``sb3_ppg.cli.experiment_manager``).
 
     :param venv: The model's VecEnv
     :return: ``{real path of the file: bytes written so far}``

@@ -1,6 +1,6 @@
 """
 The RL Zoo's ``ExperimentManager`` adjusted for PPG (:class:`PPGExperimentManager`): what ``python -m sb3_ppg.train``
-runs. This module imports ``rl_zoo3``; :mod:`sb3_ppg.zoo` imports it only once the zoo is known to be installed.
+runs. This module imports ``rl_zoo3``; :mod:`sb3_ppg.cli.zoo` imports it only once the zoo is known to be installed.
 
 On top of the zoo's behaviour:
 
@@ -45,15 +45,15 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback, ProgressBarCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
-from sb3_ppg import distributed
-from sb3_ppg.array_files import atomic_write
-from sb3_ppg.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
-from sb3_ppg.checkpoints import MANIFEST, CheckpointDamagedError, lock_folder, rank_folder, read_manifest
-from sb3_ppg.data_parallel import GlobalProgressBarCallback
+from sb3_ppg.cli.zoo import RESUME_LATEST, ProcgenVecEnvFactory, UnsafeRunFileError, is_procgen_env_id
+from sb3_ppg.common import distributed
+from sb3_ppg.common.array_files import atomic_write
+from sb3_ppg.common.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
+from sb3_ppg.common.checkpoints.checkpoint import MANIFEST, CheckpointDamagedError, lock_folder, rank_folder, read_manifest
+from sb3_ppg.common.checkpoints.resume import damaged_error, newest_verified, read_monitor_log_sizes, verify_files
+from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
+from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.ppg import PPG
-from sb3_ppg.resume import damaged_error, newest_verified, read_monitor_log_sizes, verify_files
-from sb3_ppg.validation import is_integer
-from sb3_ppg.zoo import RESUME_LATEST, ProcgenVecEnvFactory, UnsafeRunFileError, is_procgen_env_id
 
 #: Sub-folder of a run folder that holds its checkpoints, and their name prefix
 CHECKPOINTS_FOLDER = "checkpoints"
@@ -68,10 +68,11 @@ EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     """
     The run folder and the checkpoint that ``--resume <path>`` names. The run's checkpoints folder is locked first
-    (see :func:`~sb3_ppg.checkpoints.lock_folder`): nothing changes it while it is read, and a second job resuming
-    the same run stops here. The checkpoint is verified completely (every file against the manifest, every stored
-    rollout read); given a run or checkpoints folder, damaged checkpoints are skipped with a warning naming them,
-    so that a requeued job continues from the newest checkpoint that verifies instead of failing on every start.
+    (see :func:`~sb3_ppg.common.checkpoints.checkpoint.lock_folder`): nothing changes it while it is read, and a
+    second job resuming the same run stops here. The checkpoint is verified completely (every file against the
+    manifest, every stored rollout read); given a run or checkpoints folder, damaged checkpoints are skipped with a
+    warning naming them, so that a requeued job continues from the newest checkpoint that verifies instead of failing
+    on every start.
 
     :param path: A checkpoint folder (``<run>/checkpoints/ppg_<steps>_steps``), a run's ``checkpoints`` folder, or a
         run folder (``<log folder>/ppg/<env>_<id>``)
@@ -130,7 +131,7 @@ class RunFileLoader(yaml.SafeLoader):
     - ``!!python/name:<module>.<class>`` (a class given in ``-params``, e.g. ``policy_kwargs:dict(activation_fn=nn.ReLU)``):
       the class, taken from the module only if that module is already imported, and only if it is a class.
 
-    Any other tag raises :class:`~sb3_ppg.zoo.UnsafeRunFileError` naming the file and the tag (the zoo's own loader,
+    Any other tag raises :class:`~sb3_ppg.cli.zoo.UnsafeRunFileError` naming the file and the tag (the zoo's own loader,
     ``yaml.UnsafeLoader``, would construct any Python object a tampered file names, running its code).
     """
 
@@ -304,7 +305,7 @@ class WaitForEvaluation(BaseCallback):
     Given to every rank, after rank 0's evaluation callback.
 
     :param eval_freq: Evaluation frequency, in calls to ``env.step()``
-    :param group: A process group of all ranks (``sb3_ppg.distributed.new_gloo_group``)
+    :param group: A process group of all ranks (``sb3_ppg.common.distributed.new_gloo_group``)
     """
 
     def __init__(self, eval_freq: int, group: Any):

@@ -16,10 +16,9 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
 
-from sb3_ppg import distributed
-from sb3_ppg.array_files import fsync_directory
-from sb3_ppg.base import PPGBase
-from sb3_ppg.checkpoints import (
+from sb3_ppg.common import distributed
+from sb3_ppg.common.array_files import fsync_directory
+from sb3_ppg.common.checkpoints.checkpoint import (
     CHECKPOINT_FILES,
     MANIFEST,
     ROLLOUT_NAME,
@@ -30,7 +29,8 @@ from sb3_ppg.checkpoints import (
     release_folder,
     write_checkpoint,
 )
-from sb3_ppg.env_state import get_vec_env_state, unsaved_parts
+from sb3_ppg.common.checkpoints.env_state import get_vec_env_state, unsaved_parts
+from sb3_ppg.ppg.base import PPGBase
 
 
 def env_step_calls(model: BaseAlgorithm) -> int:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch as th
 
-from sb3_ppg import distributed
-from sb3_ppg.array_files import array_file_checksum, file_digest, metadata_checksum, read_array_file
-from sb3_ppg.checkpoints import (
+from sb3_ppg.common import distributed
+from sb3_ppg.common.array_files import array_file_checksum, file_digest, metadata_checksum, read_array_file
+from sb3_ppg.common.checkpoints.checkpoint import (
     MANIFEST,
     ROLLOUT_FORMAT,
     RUN_STATE_FORMAT,
@@ -26,11 +26,11 @@ from sb3_ppg.checkpoints import (
     rank_folder,
     read_manifest,
 )
-from sb3_ppg.env_state import EnvMismatchError, set_vec_env_state, unsaved_parts
-from sb3_ppg.validation import HyperparameterError
+from sb3_ppg.common.checkpoints.env_state import EnvMismatchError, set_vec_env_state, unsaved_parts
+from sb3_ppg.common.hyperparameters import HyperparameterError
 
 if TYPE_CHECKING:
-    from sb3_ppg.base import PPGBase
+    from sb3_ppg.ppg.base import PPGBase
 
 #: Errors of the arguments (hyperparameters, the env), not of the checkpoint: an older checkpoint would not fit either
 ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError)

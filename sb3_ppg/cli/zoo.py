@@ -12,7 +12,7 @@ modules. :func:`register_zoo` fills them:
   single Procgen envs into one native :class:`~sb3_ppg.procgen.ProcgenVecEnv` and leaves every other env to the usual
   ``DummyVecEnv`` / ``SubprocVecEnv``;
 - ``rl_zoo3.train.ExperimentManager``: :func:`make_experiment_manager`, the zoo's experiment manager adjusted for PPG
-  (:class:`sb3_ppg.zoo_manager.PPGExperimentManager`): stochastic evaluation for Procgen (the zoo only evaluates
+  (:class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`): stochastic evaluation for Procgen (the zoo only evaluates
   Atari and MiniGrid stochastically; Procgen policies are evaluated with sampled actions, as in the paper), PPG
   checkpoints for ``--save-freq`` and ``--resume``.
 
@@ -60,7 +60,7 @@ class ZooNotInstalledError(ImportError):
 class UnsafeRunFileError(ValueError):
     """
     A run folder's ``config.yml`` or ``args.yml`` holds a YAML tag that sb3_ppg does not construct, as it reads run
-    files without running code (see :class:`sb3_ppg.zoo_manager.RunFileLoader`).
+    files without running code (see :class:`sb3_ppg.cli.experiment_manager.RunFileLoader`).
     """
 
 
@@ -204,7 +204,7 @@ class ProcgenVecEnvFactory:
 
 def make_experiment_manager(*args: Any, **kwargs: Any) -> "ExperimentManager":
     """
-    Create the zoo's experiment manager adjusted for PPG (:class:`sb3_ppg.zoo_manager.PPGExperimentManager`):
+    Create the zoo's experiment manager adjusted for PPG (:class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`):
     Procgen evaluated with sampled actions on the native ``ProcgenVecEnv``, PPG checkpoints for ``--save-freq``,
     ``--resume``.
 
@@ -213,7 +213,7 @@ def make_experiment_manager(*args: Any, **kwargs: Any) -> "ExperimentManager":
         ``global_n_envs`` of ``PPGExperimentManager``
     :return: The experiment manager
     """
-    from sb3_ppg.zoo_manager import PPGExperimentManager
+    from sb3_ppg.cli.experiment_manager import PPGExperimentManager
 
     return PPGExperimentManager(*args, **kwargs)
 
@@ -339,7 +339,7 @@ def register_envs() -> None:
     if DICT_CARTPOLE_ID not in gym.envs.registry:
         gym.register(
             id=DICT_CARTPOLE_ID,
-            entry_point="sb3_ppg.zoo:make_dict_cartpole",
+            entry_point="sb3_ppg.cli.zoo:make_dict_cartpole",
             max_episode_steps=500,
             reward_threshold=475.0,
         )
@@ -378,12 +378,12 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     arguments: the zoo's ``train()`` / ``enjoy()`` read ``sys.argv``, which is replaced for the call and restored
     after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's own
     command line errors exit. The zoo's ``enjoy`` reads the run folder's ``config.yml`` and ``args.yml`` with
-    :class:`sb3_ppg.zoo_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``.
+    :class:`sb3_ppg.cli.experiment_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``.
 
     :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
     :param zoo_argv: The zoo's command line arguments (without the program name)
     :param manager_kwargs: ``train`` only: extra arguments of the experiment manager (``resume``,
-        ``keep_checkpoints``, ``global_n_envs``, see :class:`sb3_ppg.zoo_manager.PPGExperimentManager`)
+        ``keep_checkpoints``, ``global_n_envs``, see :class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`)
     """
     if command not in ("train", "enjoy"):
         raise ValueError(f"Unknown zoo command {command!r}, expected 'train' or 'enjoy'")
@@ -394,7 +394,7 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     except ZooNotInstalledError as error:
         sys.exit(str(error))
     module = importlib.import_module(f"rl_zoo3.{command}")
-    from sb3_ppg.zoo_manager import zoo_reads_run_files_safely
+    from sb3_ppg.cli.experiment_manager import zoo_reads_run_files_safely
 
     saved_argv = sys.argv
     sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]

@@ -14,7 +14,7 @@ of the same experiment: they are drawn as one curve, the mean over seeds, with a
 default, or mean +/- one standard deviation with ``--band std``).
 
 The figure is drawn with matplotlib's Agg canvas (no display needed, pyplot's global backend is left alone). The
-curves themselves (reading, smoothing, aggregating, the paper's data) are in :mod:`sb3_ppg.curves`.
+curves themselves (reading, smoothing, aggregating, the paper's data) are in :mod:`sb3_ppg.cli.curves`.
 """
 
 import argparse
@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from sb3_ppg.curves import (
+from sb3_ppg.cli.curves import (
     PAPER_EXPERIMENTS,
     aggregate,
     detect_game,

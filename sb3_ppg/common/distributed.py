@@ -17,13 +17,13 @@ that group itself (:func:`auto_init`; set ``SB3_PPG_DISTRIBUTED=0`` to opt out).
   :func:`merge_running_stats`) and whether a callback stopped training on any rank.
 
 The rollout buffer, the old-policy pass and the auxiliary buffer stay local to each rank. Rank 0 alone logs, shows the
-progress bar and saves; a checkpoint holds every rank's part (:mod:`sb3_ppg.checkpoints`). A collective that fails (a
-rank died, or did not arrive within the process group's timeout) raises :class:`DistributedError` on the ranks still
-alive; a step that each rank runs alone (writing or reading its part of a checkpoint) shares its errors with
-:func:`gather_errors`, so that every rank raises at once.
+progress bar and saves; a checkpoint holds every rank's part (:mod:`sb3_ppg.common.checkpoints.checkpoint`). A
+collective that fails (a rank died, or did not arrive within the process group's timeout) raises
+:class:`DistributedError` on the ranks still alive; a step that each rank runs alone (writing or reading its part of a
+checkpoint) shares its errors with :func:`gather_errors`, so that every rank raises at once.
 
 This module holds only what ``torch.distributed`` needs (process group, collectives, merging running statistics);
-the hooks that apply them to a PPG model are in :mod:`sb3_ppg.data_parallel`. Single-process training never calls
+the hooks that apply them to a PPG model are in :mod:`sb3_ppg.common.data_parallel`. Single-process training never calls
 into either beyond :func:`is_active` and :func:`get_rank`.
 """
 

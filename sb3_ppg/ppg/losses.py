@@ -4,7 +4,7 @@ import torch as th
 from stable_baselines3.common.distributions import Distribution
 from torch.nn import functional as F
 
-from sb3_ppg.distributions import kl_divergence_from_params
+from sb3_ppg.common.distributions import kl_divergence_from_params
 
 # Per-minibatch diagnostics, detached 0-d tensors keyed by the name they are logged under
 Diagnostics = dict[str, th.Tensor]

@@ -1,6 +1,6 @@
 """
 PPG's data-parallel hooks: the start-of-``learn()`` checks and broadcasts, the callback wrappers and the rollout-end
-merges that ``PPGBase`` calls when :func:`sb3_ppg.distributed.is_active` (see :mod:`sb3_ppg.distributed`).
+merges that ``PPGBase`` calls when :func:`sb3_ppg.common.distributed.is_active` (see :mod:`sb3_ppg.common.distributed`).
 """
 
 import inspect
@@ -20,10 +20,10 @@ from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.vec_env import VecNormalize
 
 if TYPE_CHECKING:
-    from sb3_ppg.base import PPGBase
+    from sb3_ppg.ppg.base import PPGBase
 
-from sb3_ppg.checkpoints import iter_callbacks
-from sb3_ppg.distributed import (
+from sb3_ppg.common.checkpoints.checkpoint import iter_callbacks
+from sb3_ppg.common.distributed import (
     RunningStats,
     all_gather_object,
     broadcast_object,

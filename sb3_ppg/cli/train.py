@@ -1,7 +1,7 @@
 """
 Train PPG with the RL Baselines3 Zoo: ``python -m sb3_ppg.train [zoo train options]`` (console script ``sb3_ppg_train``).
 
-This is the zoo's own ``train`` (``rl_zoo3.train.train()``) with PPG registered (see :mod:`sb3_ppg.zoo`) and these
+This is the zoo's own ``train`` (``rl_zoo3.train.train()``) with PPG registered (see :mod:`sb3_ppg.cli.zoo`) and these
 defaults:
 
 - ``--algo ppg``;
@@ -28,10 +28,10 @@ import torch.distributed
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
-from sb3_ppg import distributed
+from sb3_ppg.cli.zoo import RESUME_LATEST, run_zoo
+from sb3_ppg.common import distributed
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenVecEnv
-from sb3_ppg.zoo import RESUME_LATEST, run_zoo
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 # sb3_ppg's own options: flags, options with a value, the option with an optional value
@@ -196,7 +196,7 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
         ``learning_curve``) and the evaluation (``mean_reward``, ``std_reward``)
     """
     # Only the quick start plots: the other commands do not import plot.py (and pandas)
-    from sb3_ppg.plot import plot_learning_curves
+    from sb3_ppg.cli.plot import plot_learning_curves
 
     known, _ = _sb3_ppg_parser().parse_known_args(argv)
     env_id = known.env or QUICKSTART_ENV

@@ -19,12 +19,12 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
 from stable_baselines3.common.utils import check_for_correct_spaces, explained_variance
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg import data_parallel, distributed, losses, resume
-from sb3_ppg.array_files import atomic_write
-from sb3_ppg.buffers import AuxiliaryBuffer, Minibatch, split_minibatch
-from sb3_ppg.checkpoints import iter_callbacks
-from sb3_ppg.policies import PPGPolicy
-from sb3_ppg.validation import (
+from sb3_ppg.common import data_parallel, distributed
+from sb3_ppg.common.array_files import atomic_write
+from sb3_ppg.common.buffers import AuxiliaryBuffer, Minibatch, split_minibatch
+from sb3_ppg.common.checkpoints import resume
+from sb3_ppg.common.checkpoints.checkpoint import iter_callbacks
+from sb3_ppg.common.hyperparameters import (
     HyperparameterError,
     check_aux_buffer_memory,
     check_load_arguments,
@@ -34,6 +34,8 @@ from sb3_ppg.validation import (
     resolve_batch_size,
     schedule_value,
 )
+from sb3_ppg.ppg import losses
+from sb3_ppg.ppg.policies import PPGPolicy
 
 SelfPPGBase = TypeVar("SelfPPGBase", bound="PPGBase")
 
@@ -46,7 +48,7 @@ class SavedPolicyClass:
     The policy class as a PPG model zip stores it. ``PPG.load`` unwraps it. Any other algorithm's ``load()`` (SB3's
     ``PPO.load``, ...) takes it for the policy class, and building the policy with it raises a ``ValueError`` saying
     that the file holds a PPG model, instead of a cryptic error or a PPG model trained by another algorithm. Model
-    zips name this class by its import path (``sb3_ppg.base.SavedPolicyClass``): it must stay importable there.
+    zips name this class by its import path (``sb3_ppg.ppg.base.SavedPolicyClass``): it must stay importable there.
 
     :param policy_class: the model's policy class
     """
@@ -137,7 +139,7 @@ def _check_ppg_model(where: str, data: dict[str, Any], policy_class: Any) -> Non
         how = "Load it with the class of the algorithm that saved it."
     lacks = ", and it lacks PPG's hyperparameters" if "n_policy_iters" not in data else ""
     raise ValueError(
-        f"{where} does not hold a PPG model: its policy is {name}, not a PPG policy (sb3_ppg.policies.PPGPolicy){lacks}. {how}"
+        f"{where} does not hold a PPG model: its policy is {name}, not a PPG policy (sb3_ppg.PPGPolicy){lacks}. {how}"
     )
 
 
@@ -231,7 +233,7 @@ class PPGBase(OnPolicyAlgorithm):
         )
 
     # ------------------------------------------------------------------------------------------------------------
-    # Data-parallel training (torchrun): hooks into sb3_ppg.distributed, which do nothing in a single process
+    # Data-parallel training (torchrun): hooks into sb3_ppg.common.distributed, which do nothing in a single process
     # ------------------------------------------------------------------------------------------------------------
 
     def _setup_learn(

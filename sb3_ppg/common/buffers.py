@@ -13,8 +13,8 @@ from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.utils import get_device, obs_as_tensor
 
-from sb3_ppg.array_files import read_array_file, space_from_json, space_to_json, write_array_file
-from sb3_ppg.distributions import distribution_param_dim
+from sb3_ppg.common.array_files import read_array_file, space_from_json, space_to_json, write_array_file
+from sb3_ppg.common.distributions import distribution_param_dim
 
 AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
 

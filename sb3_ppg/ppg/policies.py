@@ -1,0 +1,530 @@
+"""PPG policies: an actor-critic with an auxiliary value head, in the paper's three architectures."""
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.policies import ActorCriticPolicy
+from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
+from stable_baselines3.common.torch_layers import (
+    BaseFeaturesExtractor,
+    CombinedExtractor,
+    FlattenExtractor,
+    NatureCNN,
+)
+from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from stable_baselines3.common.utils import is_vectorized_observation
+from torch import nn
+
+from sb3_ppg.common.hyperparameters import check_finite_observations, check_net_arch
+from sb3_ppg.common.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
+
+ARCHS = ("dual", "detach", "shared")
+# The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
+OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def check_observation_space(observation_space: spaces.Space, key: str | None = None) -> None:
+    """
+    Refuse, with the space and a fix, an observation space that SB3's buffers and networks cannot take: anything but
+    Box, Discrete, MultiDiscrete and MultiBinary, or a Dict of those (a Dict inside a Dict, a Tuple, a Graph, a
+    Sequence, Text, ...), and a Discrete / MultiDiscrete space whose ``start`` is not 0 (its values would be one-hot
+    encoded as if they started at 0). A Box of shape ``()`` is accepted (one feature).
+
+    :param observation_space: the observation space (of the env, or one entry of a Dict space)
+    :param key: the entry's key when ``observation_space`` is inside a Dict space
+    """
+    where = "" if key is None else f" (key {key!r} of the Dict observation space)"
+    if isinstance(observation_space, spaces.Dict) and key is None:
+        for sub_key, subspace in observation_space.spaces.items():
+            check_observation_space(subspace, sub_key)
+        return
+    if not isinstance(observation_space, OBSERVATION_SPACES):
+        raise ValueError(
+            f"PPG does not support the observation space {observation_space}{where}: its policies take Box, Discrete, "
+            "MultiDiscrete and MultiBinary observations, or a Dict of those (not nested). Convert the observations "
+            "with a gymnasium.ObservationWrapper, e.g. pad a Sequence or Graph into a fixed-shape Box, encode Text as a "
+            "MultiDiscrete of character indices, turn a Tuple into a Dict, flatten a nested Dict."
+        )
+    _check_zero_start(observation_space, f"observation space {observation_space}{where}", "observations")
+
+
+def check_action_space(action_space: spaces.Space) -> None:
+    """
+    Refuse a Discrete / MultiDiscrete action space whose ``start`` is not 0: SB3's distributions sample actions from
+    0, so the env would receive actions outside its space. (The action space's type is checked by SB3.)
+
+    :param action_space: the action space
+    """
+    _check_zero_start(action_space, f"action space {action_space}", "actions")
+
+
+def _check_zero_start(space: spaces.Space, name: str, values: str) -> None:
+    """
+    Refuse a Discrete / MultiDiscrete space whose ``start`` is not 0, with the wrapper that relabels it.
+
+    :param space: a space (only Discrete and MultiDiscrete ones have a ``start``; MultiDiscrete since gymnasium 1.0)
+    :param name: the space, as the error message names it
+    :param values: ``"actions"`` or ``"observations"``
+    """
+    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) or not np.any(getattr(space, "start", 0)):
+        return
+    if isinstance(space, spaces.MultiDiscrete):
+        start, zero_based = space.start.tolist(), f"MultiDiscrete({space.nvec.tolist()})"
+        offset = f"np.array({start})"
+    else:
+        start, zero_based, offset = int(space.start), f"Discrete({int(space.n)})", str(int(space.start))
+    if values == "actions":
+        problem = "the env would receive actions outside its space"
+        fix = (
+            f"give the model {zero_based} and add the start in a gymnasium.ActionWrapper, e.g. "
+            f"gymnasium.wrappers.TransformAction(env, lambda action: action + {offset}, {zero_based})"
+        )
+    else:
+        problem = "the observations would be one-hot encoded as if they started at 0"
+        fix = "subtract the start in a gymnasium.ObservationWrapper (e.g. gymnasium.wrappers.TransformObservation)"
+    raise ValueError(
+        f"PPG does not support the {name} with start={start}: SB3's networks number the {values} from 0, so {problem}. "
+        f"Declare the space with start=0, or {fix}."
+    )
+
+
+def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:
+    """
+    Check that an observation given to ``predict`` is a dict with exactly the keys of a Dict observation space, each
+    of a valid shape (SB3's message, with the key), and not a dict for any other space.
+
+    :param observation: the observation (one, or a batch)
+    :param observation_space: the model's observation space
+    """
+    if isinstance(observation_space, spaces.Dict):
+        expected = list(observation_space.spaces)
+        if not isinstance(observation, dict):
+            raise ValueError(
+                f"This model takes Dict observations with the keys {expected}, got {type(observation).__name__}: pass a "
+                "dict of arrays (one observation, or a batch along the first axis of every array)."
+            )
+        missing = [key for key in expected if key not in observation]
+        extra = [key for key in observation if key not in observation_space.spaces]
+        if missing or extra:
+            problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
+            raise ValueError(
+                f"The observation's keys do not match the model's Dict observation space: {', '.join(problems)}. "
+                f"Expected exactly the keys {expected}."
+            )
+        batch_sizes = {}
+        for key, subspace in observation_space.spaces.items():
+            # What SB3's obs_to_tensor checks for each key, whose error would not name the key
+            value = maybe_transpose(observation[key], subspace) if is_image_space(subspace) else np.array(observation[key])
+            try:
+                batch_sizes[key] = len(value) if is_vectorized_observation(value, subspace) else None
+            except ValueError as error:
+                raise ValueError(f"Observation key {key!r}: {error}") from None
+        if len(set(batch_sizes.values())) > 1:
+            counts = ", ".join(
+                f"{key!r}: {'one observation' if size is None else f'a batch of {size}'}" for key, size in batch_sizes.items()
+            )
+            raise ValueError(
+                f"The observation's keys hold different numbers of observations ({counts}): give every key one "
+                "observation, or batches of the same size."
+            )
+    elif isinstance(observation, dict):
+        raise ValueError(
+            f"This model takes {observation_space} observations, got a dict with the keys {list(observation)}: pass "
+            "an array (a Dict observation needs a model trained on a Dict observation space, with MultiInputPolicy)."
+        )
+
+
+def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) -> PyTorchObs:
+    """
+    Give preprocessed observations of a Box of shape ``()`` (a scalar) a feature axis, ``(batch,)`` to
+    ``(batch, 1)``, as the features extractors expect (in a Dict observation too); other observations are returned
+    as they are.
+
+    :param obs: preprocessed observations (a batch)
+    :param observation_space: their space
+    :return: the observations
+    """
+    if isinstance(observation_space, spaces.Dict):
+        assert isinstance(obs, dict)
+        return {key: add_scalar_feature_axis(value, observation_space[key]) for key, value in obs.items()}
+    if isinstance(observation_space, spaces.Box) and observation_space.shape == ():
+        assert isinstance(obs, th.Tensor)
+        return obs.reshape(-1, 1)
+    return obs
+
+
+class PPGPolicy(ActorCriticPolicy):
+    """
+    Actor-critic policy for PPG: SB3's ``ActorCriticPolicy`` plus an auxiliary value head on the policy network,
+    in one of the paper's three architectures (``arch``):
+
+    - ``"dual"`` (default, the paper's PPG): separate policy and value networks (features extractor and MLP each);
+      the auxiliary value head reads the policy network's latent.
+    - ``"detach"`` (the paper's single-network PPG, and CleanRL's choice): one network; the value head reads the
+      policy latent with the gradient stopped, so the value loss trains the value head only. In the auxiliary phase
+      the value head stays detached unless ``detach_value_in_aux=False`` (the paper's literal reading, where the
+      auxiliary phase trains the value function through the trunk).
+    - ``"shared"`` (the paper's PPO baseline): one network trained by both the policy and the value losses.
+
+    With ``"detach"`` and ``"shared"`` there is no separate value MLP: ``net_arch`` describes the policy network
+    (a list, or a dict whose ``vf`` entry is empty) and the value head sits on its latent.
+
+    :param observation_space: Observation space
+    :param action_space: Action space
+    :param lr_schedule: Learning rate schedule (could be constant)
+    :param net_arch: The specification of the policy and value networks (see above for ``detach`` / ``shared``)
+    :param activation_fn: Activation function
+    :param ortho_init: Whether to use SB3's orthogonal initialization (mutually exclusive with ``normed_init``)
+    :param use_sde: Whether to use State Dependent Exploration or not
+    :param log_std_init: Initial value for the log standard deviation
+    :param full_std: Whether to use (n_features x n_actions) parameters for the std instead of only (n_features,)
+        when using gSDE
+    :param use_expln: Use ``expln()`` function instead of ``exp()`` to ensure a positive standard deviation (cf paper)
+    :param squash_output: Whether to squash the output using a tanh function (only with gSDE)
+    :param features_extractor_class: Features extractor to use; ``None`` uses the class's
+        ``default_features_extractor_class`` (``FlattenExtractor``; ``NatureCNN`` for ``CnnPolicy``,
+        ``CombinedExtractor`` for ``MultiInputPolicy``, ``ImpalaCNN`` for ``ProcgenCnn``)
+    :param features_extractor_kwargs: Keyword arguments to pass to the features extractor.
+    :param share_features_extractor: ``None`` (default): it follows from ``arch`` (False for ``"dual"``, True
+        otherwise). Without ``arch``, ``True`` selects ``arch="shared"`` (SB3's PPO shares the features extractor,
+        and its value loss trains it) and ``False`` ``arch="dual"``. A value that contradicts ``arch`` raises a
+        ``ValueError``.
+    :param normalize_images: Whether to normalize images or not, dividing by 255.0 (True by default)
+    :param optimizer_class: The optimizer to use, ``th.optim.Adam`` by default
+    :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer.
+        Defaults to ``{"eps": 1e-8}`` for Adam (the paper's value; SB3's own policies use 1e-5).
+    :param arch: ``"dual"``, ``"detach"`` or ``"shared"`` (see above); ``None`` (default): ``"dual"``, or
+        ``"shared"`` with ``share_features_extractor=True``
+    :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached from the trunk in the
+        auxiliary phase too (True, the reference code's behaviour) or let the true value loss reach the trunk there
+        (False, the paper's text). Ignored by the other architectures.
+    :param normed_init: Use the paper's normalized initialization for the heads (row norm 0.1, zero bias) and
+        hidden MLP layers (row norm 1.4) instead of PyTorch's default. The features extractor keeps its own init.
+    """
+
+    default_features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        lr_schedule: Schedule,
+        net_arch: list[int] | dict[str, list[int]] | None = None,
+        activation_fn: type[nn.Module] = nn.Tanh,
+        ortho_init: bool = True,
+        use_sde: bool = False,
+        log_std_init: float = 0.0,
+        full_std: bool = True,
+        use_expln: bool = False,
+        squash_output: bool = False,
+        features_extractor_class: type[BaseFeaturesExtractor] | None = None,
+        features_extractor_kwargs: dict[str, Any] | None = None,
+        share_features_extractor: bool | None = None,
+        normalize_images: bool = True,
+        optimizer_class: type[th.optim.Optimizer] = th.optim.Adam,
+        optimizer_kwargs: dict[str, Any] | None = None,
+        arch: str | None = None,
+        detach_value_in_aux: bool = True,
+        normed_init: bool = False,
+    ):
+        check_observation_space(observation_space)
+        check_action_space(action_space)
+        if features_extractor_class is None:
+            features_extractor_class = self.default_features_extractor_class
+        arch = self._resolve_arch(arch, share_features_extractor)
+        expected_share = arch != "dual"
+        if ortho_init and normed_init:
+            raise ValueError("ortho_init and normed_init are mutually exclusive: set ortho_init=False to use normed_init.")
+        if optimizer_kwargs is None and optimizer_class == th.optim.Adam:
+            optimizer_kwargs = {"eps": 1e-8}
+        # Set before the parent constructor, which calls _build()
+        # The precision of the features extractors: float32, or bfloat16 autocast (set by PPG for each phase)
+        self.compute_dtype = th.float32
+        self.arch = arch
+        self.detach_value_in_aux = detach_value_in_aux
+        self.normed_init = normed_init
+        net_arch = self._resolve_net_arch(check_net_arch(net_arch), arch, features_extractor_class)
+        super().__init__(
+            observation_space,
+            action_space,
+            lr_schedule,
+            net_arch=net_arch,
+            activation_fn=activation_fn,
+            ortho_init=ortho_init,
+            use_sde=use_sde,
+            log_std_init=log_std_init,
+            full_std=full_std,
+            use_expln=use_expln,
+            squash_output=squash_output,
+            features_extractor_class=features_extractor_class,
+            features_extractor_kwargs=features_extractor_kwargs,
+            share_features_extractor=expected_share,
+            normalize_images=normalize_images,
+            optimizer_class=optimizer_class,
+            optimizer_kwargs=optimizer_kwargs,
+        )
+
+    @staticmethod
+    def _resolve_arch(arch: str | None, share_features_extractor: bool | None) -> str:
+        """The PPG architecture from ``arch`` and SB3's ``share_features_extractor`` (see the class docstring)."""
+        if arch is None:
+            return "shared" if share_features_extractor else "dual"
+        if arch not in ARCHS:
+            raise ValueError(f"Unknown PPG arch {arch!r}: choose one of {', '.join(repr(a) for a in ARCHS)}.")
+        if share_features_extractor is not None and share_features_extractor != (arch != "dual"):
+            raise ValueError(
+                f"share_features_extractor={share_features_extractor} contradicts arch={arch!r}: arch='dual' has "
+                "separate networks, arch='detach' / arch='shared' one network. Pass only one of the two."
+            )
+        return arch
+
+    @staticmethod
+    def _resolve_net_arch(
+        net_arch: list[int] | dict[str, list[int]] | None,
+        arch: str,
+        features_extractor_class: type[BaseFeaturesExtractor],
+    ) -> list[int] | dict[str, list[int]]:
+        """
+        Default ``net_arch`` (no hidden layers after a CNN, two layers of 64 otherwise) and, for the one-network
+        architectures, the policy network alone (the value head sits on its latent).
+
+        :param net_arch: the user's ``net_arch``
+        :param arch: the PPG architecture
+        :param features_extractor_class: the features extractor class
+        :return: the ``net_arch`` to give to SB3's ``MlpExtractor``
+        """
+        if net_arch is None:
+            cnn_extractors = (NatureCNN, ImpalaCNN)
+            net_arch = [] if issubclass(features_extractor_class, cnn_extractors) else [64, 64]
+        if arch == "dual":
+            return net_arch
+        if isinstance(net_arch, dict):
+            if net_arch.get("vf"):
+                raise ValueError(
+                    f"arch={arch!r} has a single network: the value head sits on the policy latent, so "
+                    f"net_arch['vf']={net_arch['vf']} would be unused. Pass net_arch as a list (the policy network) "
+                    "or use arch='dual' (share_features_extractor=False) for a separate value network."
+                )
+            policy_layers = list(net_arch.get("pi", []))
+        else:
+            policy_layers = list(net_arch)
+        return dict(pi=policy_layers, vf=[])
+
+    def _build(self, lr_schedule: Schedule) -> None:
+        """
+        Create the networks (SB3's, with the value head moved onto the policy latent for the one-network
+        architectures, plus the auxiliary value head), initialize them and create the optimizer.
+
+        :param lr_schedule: Learning rate schedule; ``lr_schedule(1)`` is the initial learning rate
+        """
+        super()._build(lr_schedule)
+        latent_dim_pi = self.mlp_extractor.latent_dim_pi
+        if self.arch != "dual":
+            # One network: the value head reads the policy latent
+            self.value_net = nn.Linear(latent_dim_pi, 1)
+            if self.ortho_init:
+                self.value_net.apply(partial(self.init_weights, gain=1))
+        self.aux_value_net = nn.Linear(latent_dim_pi, 1)
+        if self.ortho_init:
+            self.aux_value_net.apply(partial(self.init_weights, gain=1))
+        if self.normed_init:
+            for module in self.mlp_extractor.modules():
+                if isinstance(module, nn.Linear):
+                    normed_init_(module, IMPALA_DENSE_SCALE)
+            for head in (self.action_net, self.value_net, self.aux_value_net):
+                normed_init_(head, HEAD_SCALE)
+        # The parent built its optimizer before the heads above existed
+        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(
+            dict(
+                # SB3 omits it; without it a dual policy loaded with Policy.load() would be rebuilt shared
+                share_features_extractor=self.share_features_extractor,
+                arch=self.arch,
+                detach_value_in_aux=self.detach_value_in_aux,
+                normed_init=self.normed_init,
+            )
+        )
+        return data
+
+    def obs_to_tensor(self, observation: np.ndarray | dict[str, np.ndarray]) -> tuple[PyTorchObs, bool]:
+        """
+        SB3's conversion of an observation for ``predict``, after checking that a Dict observation has exactly the
+        keys of the observation space (SB3 fails with a bare ``KeyError`` otherwise).
+
+        :param observation: the observation (one, or a batch)
+        :return: the observation as tensor(s), and whether it is a batch
+        """
+        check_observation_keys(observation, self.observation_space)
+        return super().obs_to_tensor(observation)
+
+    def _features(self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor) -> th.Tensor:
+        """
+        Preprocess the observation and run one features extractor, under autocast to ``compute_dtype`` when that is
+        not float32 (the heads, the distributions and the losses always stay in float32).
+
+        :param obs: Observation
+        :param features_extractor: The features extractor to run
+        :return: The features, in float32
+        """
+        preprocessed_obs = add_scalar_feature_axis(
+            preprocess_obs(obs, self.observation_space, normalize_images=self.normalize_images), self.observation_space
+        )
+        if self.compute_dtype == th.float32:
+            return features_extractor(preprocessed_obs)
+        with th.autocast(device_type=self.device.type, dtype=self.compute_dtype):
+            features = features_extractor(preprocessed_obs)
+        return features.float()
+
+    def extract_features(  # type: ignore[override]
+        self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor | None = None
+    ) -> th.Tensor | tuple[th.Tensor, th.Tensor]:
+        """
+        Preprocess the observation and extract features (see ``_features`` for the precision).
+
+        :param obs: Observation
+        :param features_extractor: The features extractor to use with a shared extractor (default: the policy's)
+        :return: The features; for ``arch="dual"`` a tuple with the policy network's and the value network's
+        """
+        if self.share_features_extractor:
+            return self._features(obs, self.features_extractor if features_extractor is None else features_extractor)
+        return self._features(obs, self.pi_features_extractor), self._features(obs, self.vf_features_extractor)
+
+    def _get_latents(self, obs: PyTorchObs, detach_value: bool) -> tuple[th.Tensor, th.Tensor]:
+        """
+        One pass through the networks.
+
+        :param obs: preprocessed-ready observation tensor(s)
+        :param detach_value: for the one-network architectures, stop the value head's gradient at the trunk
+        :return: the policy latent and the latent the value head reads
+        """
+        if self.arch == "dual":
+            pi_features, vf_features = self.extract_features(obs)
+            return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
+        latent_pi = self.mlp_extractor.forward_actor(self.extract_features(obs))
+        return latent_pi, latent_pi.detach() if detach_value else latent_pi
+
+    def get_distribution(self, obs: PyTorchObs) -> Distribution:
+        """
+        The current policy's action distribution for the observations (the policy network only).
+
+        :param obs: Observation (NaN or inf values raise a ``ValueError``)
+        :return: the action distribution
+        """
+        check_finite_observations(obs)
+        latent_pi = self.mlp_extractor.forward_actor(self._features(obs, self.pi_features_extractor))
+        return self._get_action_dist_from_latent(latent_pi)
+
+    @property
+    def _detach_value_in_policy_phase(self) -> bool:
+        return self.arch == "detach"
+
+    def forward(self, obs: th.Tensor, deterministic: bool = False) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """
+        Forward pass in all the networks (actor and critic).
+
+        :param obs: Observation (NaN or inf values raise a ``ValueError``)
+        :param deterministic: Whether to sample or use deterministic actions
+        :return: action, value and log probability of the action
+        """
+        check_finite_observations(obs)
+        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        values = self.value_net(latent_vf)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        actions = distribution.get_actions(deterministic=deterministic)
+        log_prob = distribution.log_prob(actions)
+        actions = actions.reshape((-1, *self.action_space.shape))  # type: ignore[misc]
+        return actions, values, log_prob
+
+    def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """
+        Evaluate actions according to the current policy, given the observations (one pass through the networks).
+
+        :param obs: Observation
+        :param actions: Actions
+        :return: estimated value, log likelihood of taking those actions and entropy of the action distribution.
+        """
+        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        log_prob = distribution.log_prob(actions)
+        values = self.value_net(latent_vf)
+        return values, log_prob, distribution.entropy()
+
+    def predict_values(self, obs: PyTorchObs) -> th.Tensor:
+        """
+        Get the estimated values according to the current policy given the observations.
+
+        :param obs: Observation
+        :return: the estimated values.
+        """
+        if self.arch == "dual":
+            return self.value_net(self.mlp_extractor.forward_critic(self._features(obs, self.vf_features_extractor)))
+        _, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        return self.value_net(latent_vf)
+
+    def forward_aux(self, obs: PyTorchObs) -> tuple[Distribution, th.Tensor, th.Tensor]:
+        """
+        Forward pass of the auxiliary phase (one pass through the networks).
+
+        :param obs: Observation
+        :return: the action distribution, the true value and the auxiliary value (both of shape (batch, 1))
+        """
+        detach_value = self.arch == "detach" and self.detach_value_in_aux
+        latent_pi, latent_vf = self._get_latents(obs, detach_value)
+        distribution = self._get_action_dist_from_latent(latent_pi)
+        return distribution, self.value_net(latent_vf), self.aux_value_net(latent_pi)
+
+
+class PPGCnnPolicy(PPGPolicy):
+    """
+    PPG policy with SB3's ``NatureCNN`` features extractor (``"CnnPolicy"``). See ``PPGPolicy`` for the parameters.
+    """
+
+    default_features_extractor_class = NatureCNN
+
+
+class PPGMultiInputPolicy(PPGPolicy):
+    """
+    PPG policy for Dict observations with SB3's ``CombinedExtractor`` (``"MultiInputPolicy"``).
+    See ``PPGPolicy`` for the parameters.
+    """
+
+    default_features_extractor_class = CombinedExtractor
+
+
+class ProcgenCnnPolicy(PPGPolicy):
+    """
+    The PPG paper's Procgen network (``"ProcgenCnn"``): the IMPALA CNN (16, 32, 32 channels, 256-unit dense layer)
+    with ReLU, the heads directly on the 256-d features (``net_arch=[]``) and the paper's normalized initialization
+    (no orthogonal init). See ``PPGPolicy`` for the parameters: only these defaults differ.
+
+    :param args: ``PPGPolicy``'s positional arguments (observation space, action space, learning rate schedule, ...)
+    :param activation_fn: Activation function of the MLP layers, if any (ReLU)
+    :param ortho_init: SB3's orthogonal initialization (off: the paper's normalized initialization instead)
+    :param normed_init: The paper's normalized initialization of the heads and MLP layers (on)
+    :param kwargs: ``PPGPolicy``'s other keyword arguments
+    """
+
+    default_features_extractor_class = ImpalaCNN
+
+    def __init__(
+        self,
+        *args: Any,
+        activation_fn: type[nn.Module] = nn.ReLU,
+        ortho_init: bool = False,
+        normed_init: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, activation_fn=activation_fn, ortho_init=ortho_init, normed_init=normed_init, **kwargs)
+
+
+MlpPolicy = PPGPolicy
+CnnPolicy = PPGCnnPolicy
+MultiInputPolicy = PPGMultiInputPolicy
+ProcgenCnn = ProcgenCnnPolicy
