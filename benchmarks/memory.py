@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         buffer.add(model.rollout_buffer)
     stages["auxiliary buffer full but one rollout"] = memory_mib()
 
-    run_aux_phase = model._run_aux_phase
+    run_aux_phase = model._aux_phase
     aux_phase: dict[str, Any] = {}
 
     def time_up(signum: int, frame: Any) -> None:
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         compute_old_distributions()
         stages["old-policy pass"] = {**memory_mib(), "seconds": time.perf_counter() - aux_phase["start"]}
 
-    model._run_aux_phase = timed_aux_phase  # type: ignore[method-assign]
+    model._aux_phase = timed_aux_phase  # type: ignore[method-assign]
     model._compute_old_distributions = recorded_old_distributions  # type: ignore[method-assign]
     previous = signal.signal(signal.SIGALRM, time_up)
     start = time.perf_counter()

@@ -150,7 +150,7 @@ def train_chunk(args: argparse.Namespace, algo: str, seed: int, deadline: float)
     :return: The run's ``num_timesteps`` at the end of the chunk
     """
     from sb3_ppg import PPG, PPGCheckpointCallback, make_procgen_env
-    from sb3_ppg.common.checkpoints.checkpoint import complete_checkpoints
+    from sb3_ppg.common.checkpoints.manifest import complete_checkpoints
 
     folder = os.path.join(args.folder, f"{args.game}_{algo}_seed{seed}")
     checkpoints = os.path.join(folder, "checkpoints")

@@ -266,7 +266,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     if cuda:
         th.cuda.reset_peak_memory_stats()
     timer = PhaseTimer(
-        model, ("collect_rollouts", "_train_policy_phase", "_compute_old_distributions", "_train_aux_phase"), synchronize
+        model, ("collect_rollouts", "_policy_phase", "_compute_old_distributions", "_train_aux_phase"), synchronize
     )
     total = args.n_cycles * args.n_policy_iters * rollout_size
     start = time.perf_counter()
@@ -281,7 +281,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "wall_s": wall_s,
         "end_to_end_env_steps_per_s": total / wall_s,
         "rollout_env_steps_per_s": total / timer.seconds["collect_rollouts"],
-        "policy_phase_samples_per_s": total * model.n_epochs / timer.seconds["_train_policy_phase"],
+        "policy_phase_samples_per_s": total * model.n_epochs / timer.seconds["_policy_phase"],
         "aux_phase_samples_per_s": n_aux_samples / aux_s,
         "seconds": timer.seconds,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

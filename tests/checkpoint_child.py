@@ -9,7 +9,8 @@ import numpy as np
 from stable_baselines3.common.env_util import make_vec_env
 
 import sb3_ppg.common.array_files
-import sb3_ppg.common.checkpoints.checkpoint
+import sb3_ppg.common.checkpoints.manifest
+import sb3_ppg.common.checkpoints.run_state
 from sb3_ppg import PPG, PPGCheckpointCallback
 
 folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
@@ -39,7 +40,8 @@ if kill_at.startswith("write:"):
         original_atomic_write(path, write)
 
     sb3_ppg.common.array_files.atomic_write = atomic_write
-    sb3_ppg.common.checkpoints.checkpoint.atomic_write = atomic_write
+    sb3_ppg.common.checkpoints.manifest.atomic_write = atomic_write
+    sb3_ppg.common.checkpoints.run_state.atomic_write = atomic_write
 elif kill_at.startswith("aux:"):
     should_kill = kill_on(int(kill_at.split(":")[1]))
     original_aux_loss = PPG._aux_loss

@@ -15,7 +15,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.common.checkpoints.checkpoint import lock_folder
+from sb3_ppg.common.checkpoints.lock import lock_folder
 from tests.conftest import small_ppg
 
 N_ENVS, N_STEPS = 2, 16
@@ -195,7 +195,7 @@ def test_interrupted_train_writes_no_checkpoint(tmp_path, monkeypatch):
     """Ctrl-C inside train(), then on_training_end() (as the RL Zoo calls it): no checkpoint of the half-trained model."""
     model = small_ppg(make_env(), **RUN)
     checkpoints = callback(tmp_path)
-    original = PPG._train_policy_phase
+    original = PPG._policy_phase
     calls = []
 
     def interrupted(self):
@@ -204,7 +204,7 @@ def test_interrupted_train_writes_no_checkpoint(tmp_path, monkeypatch):
         if len(calls) == 3:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(PPG, "_train_policy_phase", interrupted)
+    monkeypatch.setattr(PPG, "_policy_phase", interrupted)
     with pytest.raises(KeyboardInterrupt):
         model.learn(TOTAL, callback=checkpoints)
     checkpoints.on_training_end()

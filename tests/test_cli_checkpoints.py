@@ -17,7 +17,7 @@ import torch as th
 
 from sb3_ppg import PPG
 from sb3_ppg.cli import train, zoo
-from sb3_ppg.common.checkpoints.checkpoint import lock_folder
+from sb3_ppg.common.checkpoints.lock import lock_folder
 
 CARTPOLE = [
     "--env",
@@ -115,7 +115,7 @@ def complete_checkpoints(run: Path) -> list[str]:
 
 def interrupt_train(monkeypatch, call: int) -> None:
     """Send this process SIGINT (Ctrl-C) inside its ``call``-th train(), after the policy phase."""
-    original = PPG._train_policy_phase
+    original = PPG._policy_phase
     calls = []
 
     def interrupted(self):
@@ -124,7 +124,7 @@ def interrupt_train(monkeypatch, call: int) -> None:
         if len(calls) == call:
             signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(PPG, "_train_policy_phase", interrupted)
+    monkeypatch.setattr(PPG, "_policy_phase", interrupted)
 
 
 def test_resume_after_sigkill_is_exact(uninterrupted: Path, tmp_path: Path):

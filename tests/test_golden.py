@@ -33,7 +33,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv, IdentityEnvMultiBinary, IdentityEnvMultiDiscrete
 
 from sb3_ppg import PPG, make_procgen_env
-from sb3_ppg.common.hyperparameters import cpu_has_amx
+from sb3_ppg.common.precision import cpu_has_amx
 
 # numpy 2 changed how float32 arrays combine with Python floats (NEP 50), which changes classic-control physics such as
 # Pendulum's in the last bits: numpy 2 installs (Python 3.13, procgen-gym) have checksums of their own
@@ -59,7 +59,7 @@ def _fake_images() -> FakeImageEnv:
 
 
 def _dict_cartpole(n_envs: int):
-    from sb3_ppg.cli.zoo import make_dict_cartpole
+    from sb3_ppg.common.envs import make_dict_cartpole
 
     return make_vec_env(make_dict_cartpole, n_envs=n_envs, seed=5)
 

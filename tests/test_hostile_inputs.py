@@ -193,7 +193,7 @@ def test_non_finite_observations_name_the_fix(make_model, env_id, value):
 
 
 def test_non_finite_dict_observation_names_the_key():
-    from sb3_ppg.common.hyperparameters import check_finite_observations
+    from sb3_ppg.common.preprocessing import check_finite_observations
 
     obs = {"image": th.zeros(2, 3, 4, 4, dtype=th.uint8), "vector": th.tensor([[0.0, np.nan]])}
     with pytest.raises(ValueError, match="Observation key 'vector' holds NaN or inf"):
@@ -202,13 +202,13 @@ def test_non_finite_dict_observation_names_the_key():
 
 
 def test_integer_observations_are_not_scanned(monkeypatch):
-    from sb3_ppg.common import hyperparameters as validation
+    from sb3_ppg.common import preprocessing
 
     calls = []
-    monkeypatch.setattr(validation.th, "isfinite", lambda tensor: calls.append(tensor) or th.ones((), dtype=th.bool))
-    validation.check_finite_observations(th.zeros(8, 3, 64, 64, dtype=th.uint8))
+    monkeypatch.setattr(preprocessing.th, "isfinite", lambda tensor: calls.append(tensor) or th.ones((), dtype=th.bool))
+    preprocessing.check_finite_observations(th.zeros(8, 3, 64, 64, dtype=th.uint8))
     assert calls == []
-    validation.check_finite_observations(th.zeros(8, 4))
+    preprocessing.check_finite_observations(th.zeros(8, 4))
     assert len(calls) == 1
 
 
@@ -249,7 +249,7 @@ def test_aux_buffer_memory_estimate_is_exact(observation_space, action_space):
 
 
 def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
-    from sb3_ppg.common.hyperparameters import memory_info
+    from sb3_ppg.common.precision import memory_info
 
     if memory_info()[1] is None:
         pytest.skip("the machine's memory is unknown here (no /proc/meminfo)")
@@ -263,19 +263,19 @@ def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
 
 
 def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
-    from sb3_ppg.common import hyperparameters as validation
+    from sb3_ppg.common import buffers
 
     # CartPole, 16 steps, N_pi 2: 2 * 16 * 28 = 896 bytes
-    monkeypatch.setattr(validation, "memory_info", lambda: (800, 10_000))
+    monkeypatch.setattr(buffers, "memory_info", lambda: (800, 10_000))
     with pytest.warns(UserWarning, match="more than the .* GiB of memory available now"):
         make_model()
-    monkeypatch.setattr(validation, "memory_info", lambda: (800, 800))
+    monkeypatch.setattr(buffers, "memory_info", lambda: (800, 800))
     with pytest.raises(ValueError, match="more than this machine's"):
         make_model()
-    monkeypatch.setattr(validation, "memory_info", lambda: (None, None))
+    monkeypatch.setattr(buffers, "memory_info", lambda: (None, None))
     make_model()
     # set_env with more envs is checked before anything changes
-    monkeypatch.setattr(validation, "memory_info", lambda: (None, 1000))
+    monkeypatch.setattr(buffers, "memory_info", lambda: (None, 1000))
     model = make_model()
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -285,7 +285,7 @@ def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
 
 
 def test_memory_info_reads_this_machine():
-    from sb3_ppg.common.hyperparameters import memory_info
+    from sb3_ppg.common.precision import memory_info
 
     available, total = memory_info()
     if total is not None:

@@ -13,7 +13,7 @@ from stable_baselines3.common.type_aliases import RolloutBufferSamples
 
 from sb3_ppg import PPG
 from sb3_ppg.common.buffers import AuxiliaryBufferSamples, split_minibatch, split_observations
-from sb3_ppg.common.hyperparameters import AUTO_CPU_MICRO_BATCH_SIZE, resolve_micro_batch_size
+from sb3_ppg.common.precision import AUTO_CPU_MICRO_BATCH_SIZE, resolve_micro_batch_size
 
 # Plain SGD keeps float-rounding differences of the gradients at that size in the parameters (Adam can turn a
 # rounding difference of a near-zero gradient into a step of a whole learning rate); the models run in float64 (see

@@ -68,15 +68,17 @@ def test_old_checkpoint_resumes_with_its_run_state(tmp_path):
     # What the checkpoint's run state holds, read as the code that wrote it read it
     assert hashlib.sha256(th.get_rng_state().numpy().tobytes()).hexdigest() == expected["torch_rng_sha256"]
     assert int(np.random.get_state()[2]) == expected["numpy_rng_pos"]
-    counters = (model.num_timesteps, model._n_updates, model._n_aux_phases, model._n_aux_updates)
+    state = model.get_run_state()
+    counters = (state.num_timesteps, state.n_updates, state.n_aux_phases, state.n_aux_updates)
     assert counters == (expected["num_timesteps"], expected["n_updates"], expected["n_aux_phases"], expected["n_aux_updates"])
-    assert np.array_equal(model._last_obs, np.asarray(expected["last_obs"], dtype=np.float32))
-    assert len(model.ep_info_buffer) == expected["episodes"]
+    assert np.array_equal(state.last_obs, np.asarray(expected["last_obs"], dtype=np.float32))
+    assert len(state.ep_info_buffer) == expected["episodes"]
     assert model.aux_buffer.n_iterations == expected["aux_iterations"]
     stored_returns = model.aux_buffer.returns[: model.aux_buffer.n_rollouts]
     assert np.array_equal(stored_returns, np.asarray(expected["aux_returns"], np.float32))
     # The run goes on: the stored iteration and the next one fill the buffer, whose auxiliary phase then runs
     before = [parameter.detach().clone() for parameter in model.policy.parameters()]
     model.learn(32, reset_num_timesteps=False)
-    assert model.num_timesteps == expected["num_timesteps"] + 32 and model._n_aux_phases == expected["n_aux_phases"] + 1
+    state = model.get_run_state()
+    assert state.num_timesteps == expected["num_timesteps"] + 32 and state.n_aux_phases == expected["n_aux_phases"] + 1
     assert not all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))

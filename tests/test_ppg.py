@@ -13,8 +13,8 @@ from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
 
 from sb3_ppg import PPG
-from sb3_ppg.common import hyperparameters as validation
 from sb3_ppg.common.distributions import kl_divergence_from_params
+from sb3_ppg.common.precision import PHASES, resolve_precision
 from sb3_ppg.ppg import losses
 
 
@@ -126,7 +126,7 @@ def test_batch_advantage_normalization(make_model):
 
     for mode in ("batch", "minibatch", "none"):
         model = make_model(normalize_advantage=mode, n_aux_epochs=0)
-        model._train_policy_phase = capture(model)
+        model._policy_phase = capture(model)
         model.learn(16)
     batch = captured["batch"]
     assert abs(batch.mean()) < 1e-6
@@ -176,7 +176,7 @@ def test_value_only_epochs_do_not_touch_the_policy_network(make_model):
     value_params = params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net)
     # Run the value epochs alone: the policy epochs that follow them are skipped
     model.n_epochs = 0
-    model._train_policy_phase()
+    model._policy_phase()
     assert same_params(policy_params, params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net))
     assert not same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
 
@@ -428,20 +428,20 @@ def test_auto_precision(monkeypatch, tmp_path, amx):
     The default, "auto": bf16 policy and aux phases (fp32 rollouts) for a convolutional extractor on a CPU with AMX;
     fp32 for an MLP extractor, without AMX, and on CUDA (not measured yet). A saved model resolves it again on load.
     """
-    monkeypatch.setattr(validation, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_amx", lambda: amx)
     images = FakeImageEnv(screen_height=16, screen_width=16, n_channels=3, discrete=True)
     cnn = PPG("ProcgenCnn", images, n_steps=8, batch_size=8, policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4,))))
     mlp = PPG("MlpPolicy", "CartPole-v1", n_steps=8, batch_size=8)
     assert cnn.precision == mlp.precision == "auto"
-    auto_bf16, all_fp32 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}, dict.fromkeys(validation.PHASES, "fp32")
+    auto_bf16, all_fp32 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}, dict.fromkeys(PHASES, "fp32")
     assert cnn.phase_precision == (auto_bf16 if amx else all_fp32)
     assert mlp.phase_precision == all_fp32
     assert cnn.policy.compute_dtype == th.float32  # rollouts
-    assert validation.resolve_precision("auto", "cuda", convolutional=True) == dict.fromkeys(validation.PHASES, th.float32)
+    assert resolve_precision("auto", "cuda", convolutional=True) == dict.fromkeys(PHASES, th.float32)
     # An explicit precision is used as given
     assert PPG("ProcgenCnn", images, n_steps=8, precision="fp32").phase_precision == all_fp32
     cnn.save(tmp_path / "cnn")
-    monkeypatch.setattr(validation, "cpu_has_amx", lambda: not amx)
+    monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_amx", lambda: not amx)
     loaded = PPG.load(tmp_path / "cnn", env=images)
     assert loaded.precision == "auto"
     assert loaded.phase_precision == (all_fp32 if amx else auto_bf16)  # this machine's answer now

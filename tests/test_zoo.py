@@ -19,11 +19,12 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMoni
 from sb3_ppg import PPG
 from sb3_ppg.cli import enjoy, train, zoo
 from sb3_ppg.cli import experiment_manager as zoo_manager
+from sb3_ppg.common.envs import DICT_CARTPOLE_ID
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
 
 PAPER_FILE = train.hyperparams_file("paper")
 EASY_FILE = train.hyperparams_file("easy")
-CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", zoo.DICT_CARTPOLE_ID)
+CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", DICT_CARTPOLE_ID)
 # Tiny PPG settings with at least one auxiliary phase (zoo -params syntax)
 TINY_PARAMS = ["n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
 
@@ -221,7 +222,7 @@ def test_vec_env_factory(tmp_path: Path):
 
 
 def test_dict_cartpole():
-    env = gym.make(zoo.DICT_CARTPOLE_ID)
+    env = gym.make(DICT_CARTPOLE_ID)
     observation, _ = env.reset(seed=0)
     assert set(observation) == {"cart", "pole"} and env.observation_space.contains(observation)
     env.close()

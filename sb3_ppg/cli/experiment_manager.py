@@ -49,8 +49,10 @@ from sb3_ppg.cli.zoo import RESUME_LATEST, ProcgenVecEnvFactory, UnsafeRunFileEr
 from sb3_ppg.common import distributed
 from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
-from sb3_ppg.common.checkpoints.checkpoint import MANIFEST, CheckpointDamagedError, lock_folder, rank_folder, read_manifest
-from sb3_ppg.common.checkpoints.resume import damaged_error, newest_verified, read_monitor_log_sizes, verify_files
+from sb3_ppg.common.checkpoints.checkpoint import damaged_error, newest_verified, verify_files
+from sb3_ppg.common.checkpoints.lock import lock_folder
+from sb3_ppg.common.checkpoints.manifest import MANIFEST, CheckpointDamagedError, rank_folder, read_manifest
+from sb3_ppg.common.checkpoints.run_state import read_monitor_log_sizes
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.ppg import PPG
@@ -68,7 +70,7 @@ EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     """
     The run folder and the checkpoint that ``--resume <path>`` names. The run's checkpoints folder is locked first
-    (see :func:`~sb3_ppg.common.checkpoints.checkpoint.lock_folder`): nothing changes it while it is read, and a
+    (see :func:`~sb3_ppg.common.checkpoints.lock.lock_folder`): nothing changes it while it is read, and a
     second job resuming the same run stops here. The checkpoint is verified completely (every file against the
     manifest, every stored rollout read); given a run or checkpoints folder, damaged checkpoints are skipped with a
     warning naming them, so that a requeued job continues from the newest checkpoint that verifies instead of failing

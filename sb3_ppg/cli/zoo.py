@@ -29,13 +29,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
-import numpy as np
-from gymnasium import spaces
-from gymnasium.envs.classic_control import CartPoleEnv
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 from torch import nn
 
+from sb3_ppg.common.envs import register_dict_cartpole
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenGymnasiumEnv, register_procgen_envs
 from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
@@ -48,7 +46,6 @@ ZOO_EXTRA = "zoo"
 # Modules of the zoo extra that ``train`` / ``enjoy`` need (``requests`` is imported by ``rl_zoo3.enjoy`` but not
 # declared by rl_zoo3, see setup.py)
 ZOO_MODULES = ("rl_zoo3", "optuna", "yaml", "huggingface_sb3", "sb3_contrib", "requests")
-DICT_CARTPOLE_ID = "sb3_ppg/DictCartPole-v1"
 #: ``resume`` of the experiment manager for "the latest run of this algorithm and env in the log folder"
 RESUME_LATEST = "latest"
 
@@ -290,59 +287,10 @@ def sample_ppg_params(trial: "optuna.Trial", n_actions: int, n_envs: int, additi
     return hyperparams
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# A small Dict-observation env for the packaged hyperparameters and tests
-
-
-class DictObservationCartPole(gym.ObservationWrapper):
-    """
-    CartPole with a ``Dict`` observation: ``{"cart": [position, velocity], "pole": [angle, angular velocity]}``,
-    registered as ``sb3_ppg/DictCartPole-v1`` (500-step time limit, like ``CartPole-v1``) to exercise
-    ``MultiInputPolicy`` through the zoo.
-
-    :param env: A ``CartPoleEnv``
-    """
-
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        assert isinstance(env.observation_space, spaces.Box)
-        low, high = env.observation_space.low, env.observation_space.high
-        self.observation_space = spaces.Dict(
-            {
-                "cart": spaces.Box(low[:2], high[:2], dtype=np.float32),
-                "pole": spaces.Box(low[2:], high[2:], dtype=np.float32),
-            }
-        )
-
-    def observation(self, observation: np.ndarray) -> dict[str, np.ndarray]:
-        """
-        :param observation: CartPole's observation
-        :return: The Dict observation
-        """
-        observation = np.asarray(observation, dtype=np.float32)
-        return {"cart": observation[:2], "pole": observation[2:]}
-
-
-def make_dict_cartpole(**kwargs: Any) -> gym.Env:
-    """
-    Entry point of ``sb3_ppg/DictCartPole-v1``.
-
-    :param kwargs: Keyword arguments of ``CartPoleEnv`` (e.g. ``render_mode``)
-    :return: The env
-    """
-    return DictObservationCartPole(CartPoleEnv(**kwargs))
-
-
 def register_envs() -> None:
     """Register the Procgen ids (``procgen/<game>-v0``) and ``sb3_ppg/DictCartPole-v1`` (once)."""
     register_procgen_envs()
-    if DICT_CARTPOLE_ID not in gym.envs.registry:
-        gym.register(
-            id=DICT_CARTPOLE_ID,
-            entry_point="sb3_ppg.cli.zoo:make_dict_cartpole",
-            max_episode_steps=500,
-            reward_threshold=475.0,
-        )
+    register_dict_cartpole()
 
 
 # ----------------------------------------------------------------------------------------------------------------------

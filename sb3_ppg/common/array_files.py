@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import zipfile
 from collections.abc import Callable
 from typing import IO, Any
@@ -15,6 +16,8 @@ from gymnasium import spaces
 
 ZIP_MAGIC = b"PK\x03\x04"
 METADATA_MEMBER = "metadata.json"
+#: The temporary file of an atomic write, ``.<name>.tmp-<pid>`` next to the file it replaces (see ``temporary_path``)
+TEMPORARY_NAME = re.compile(r"\.(?P<name>.+)\.tmp-(?P<pid>\d+)")
 
 
 def fsync_directory(directory: str | pathlib.Path) -> None:
@@ -31,6 +34,12 @@ def fsync_directory(directory: str | pathlib.Path) -> None:
         os.close(fd)
 
 
+def temporary_path(path: str | pathlib.Path) -> pathlib.Path:
+    """Where this process writes ``path`` before renaming it into place (a name ``TEMPORARY_NAME`` matches)."""
+    path = pathlib.Path(path)
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 def atomic_write(path: str | pathlib.Path, write: Callable[[IO[bytes]], None]) -> None:
     """
     Write a file so that it is either complete or absent, also after a kill or a power cut: ``write`` fills a
@@ -40,7 +49,7 @@ def atomic_write(path: str | pathlib.Path, write: Callable[[IO[bytes]], None]) -
     :param write: a function writing the content to the binary file object it gets
     """
     path = pathlib.Path(path)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    temporary = temporary_path(path)
     try:
         with open(temporary, "wb") as file:
             write(file)

@@ -2,6 +2,7 @@
 
 import io
 import pathlib
+import warnings
 from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar
 
@@ -15,6 +16,7 @@ from stable_baselines3.common.utils import get_device, obs_as_tensor
 
 from sb3_ppg.common.array_files import read_array_file, space_from_json, space_to_json, write_array_file
 from sb3_ppg.common.distributions import distribution_param_dim
+from sb3_ppg.common.precision import memory_info
 
 AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
 
@@ -84,6 +86,33 @@ def split_minibatch(minibatch: Minibatch, micro_batch_size: int | None) -> list[
         fields = {name: _slice_batch(getattr(minibatch, name), index) for name in per_sample}
         parts.append((minibatch._replace(**fields), (min(start + micro_batch_size, n_samples) - start) / n_samples))
     return parts
+
+
+def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_steps: int) -> None:
+    """
+    Check, before allocating it, that the auxiliary buffer fits in memory: warn when it exceeds the memory
+    available now, raise when it exceeds the memory this process can have in all.
+
+    :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``)
+    :param n_policy_iters: N_pi, for the message
+    :param n_envs: the number of envs, for the message
+    :param n_steps: the rollout length, for the message
+    :raises ValueError: when the buffer cannot fit
+    """
+    available, total = memory_info()
+    gib = 1024**3
+    size = (
+        f"The auxiliary buffer needs {nbytes / gib:.3g} GiB (n_policy_iters * n_envs * n_steps = {n_policy_iters} * "
+        f"{n_envs} * {n_steps} steps of {nbytes // max(1, n_policy_iters * n_envs * n_steps)} bytes)"
+    )
+    fix = "reduce n_policy_iters, n_steps or the number of envs (or the observations' size)"
+    if total is not None and nbytes > total:
+        raise ValueError(f"{size}, more than this machine's {total / gib:.3g} GiB of memory: {fix}.")
+    if available is not None and nbytes > available:
+        warnings.warn(
+            f"{size}, more than the {available / gib:.3g} GiB of memory available now: the machine may swap or the "
+            f"process be killed. If so, {fix}."
+        )
 
 
 class AuxiliaryBuffer:
@@ -329,16 +358,18 @@ class AuxiliaryBuffer:
             self.old_distribution_params[rows] = arrays["old_distribution_params"]
         return n_rows
 
-    def set_iteration_arrays(self, iteration: int, arrays: dict[str, np.ndarray], source: object) -> None:
+    def add_iteration_arrays(self, arrays: dict[str, np.ndarray], source: object) -> None:
         """
-        Put back one policy iteration saved from ``iteration_arrays`` (rows are checked, ``pos`` is not changed).
+        Add one policy iteration saved from ``iteration_arrays`` after the stored ones (the arrays are checked first).
 
-        :param iteration: index of the iteration in the buffer
         :param arrays: the arrays
         :param source: where they came from, for error messages
         """
-        if self._set_rows_arrays(iteration * self.n_envs, arrays, source) != self.n_envs:
+        if self.full():
+            raise ValueError(f"{source!r}: the auxiliary buffer is full already.")
+        if self._set_rows_arrays(self.pos, arrays, source) != self.n_envs:
             raise ValueError(f"{source!r} does not hold one policy iteration of {self.n_envs} envs.")
+        self.pos += self.n_envs
 
     def save(self, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> None:
         """

@@ -1,7 +1,8 @@
 """
 Callbacks for runs that are checkpointed and resumed: ``PPGCheckpointCallback`` (SB3's ``CheckpointCallback``,
 writing checkpoints that resume a run exactly) and ``PPGEvalCallback`` (SB3's ``EvalCallback``, evaluating without
-disturbing training's random generators and continuing its evaluation log after a resume).
+disturbing training's random generators and continuing its evaluation log after a resume); callbacks told of rollout
+boundaries (:class:`RolloutBoundaryCallback`).
 """
 
 import os
@@ -9,28 +10,50 @@ import pathlib
 import random
 import re
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import CheckpointCallback, EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, CheckpointCallback, EvalCallback, EventCallback
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.array_files import fsync_directory
-from sb3_ppg.common.checkpoints.checkpoint import (
-    CHECKPOINT_FILES,
-    MANIFEST,
-    ROLLOUT_NAME,
-    TEMPORARY_NAME,
-    checkpoint_steps,
-    list_checkpoints,
-    lock_folder,
-    release_folder,
-    write_checkpoint,
-)
+from sb3_ppg.common.array_files import TEMPORARY_NAME, fsync_directory
+from sb3_ppg.common.checkpoints.checkpoint import CHECKPOINT_FILES, write_checkpoint
 from sb3_ppg.common.checkpoints.env_state import get_vec_env_state, unsaved_parts
-from sb3_ppg.ppg.base import PPGBase
+from sb3_ppg.common.checkpoints.lock import lock_folder, release_folder
+from sb3_ppg.common.checkpoints.manifest import MANIFEST, RANK_FOLDER, checkpoint_name, checkpoint_steps, list_checkpoints
+from sb3_ppg.common.checkpoints.rollouts import ROLLOUT_NAME
+from sb3_ppg.common.run_state import ResumableModel
+
+
+class RolloutBoundaryCallback(BaseCallback):
+    """
+    A callback that is told of rollout boundaries: ``PPG.collect_rollouts()`` calls :meth:`on_rollout_boundary` of
+    every such callback (nested ones included) before a rollout draws anything, once ``train()`` has consumed the
+    previous rollout. Under torchrun, every rank must be given the same ones (``learn()`` checks their settings).
+    """
+
+    def on_rollout_boundary(self) -> None:
+        """Called at a rollout boundary (see the class docstring)."""
+
+
+def iter_callbacks(callback: BaseCallback | None) -> Iterator[BaseCallback]:
+    """The callback and every callback nested in it (``CallbackList``, ``EventCallback``)."""
+    if callback is None:
+        return
+    yield callback
+    if isinstance(callback, CallbackList):
+        for child in callback.callbacks:
+            yield from iter_callbacks(child)
+    if isinstance(callback, EventCallback):
+        yield from iter_callbacks(callback.callback)
+
+
+def rollout_boundary_callbacks(callback: BaseCallback | None) -> list[RolloutBoundaryCallback]:
+    """The :class:`RolloutBoundaryCallback` s in ``callback`` (itself, or nested in it)."""
+    return [child for child in iter_callbacks(callback) if isinstance(child, RolloutBoundaryCallback)]
 
 
 def env_step_calls(model: BaseAlgorithm) -> int:
@@ -45,7 +68,7 @@ def env_step_calls(model: BaseAlgorithm) -> int:
     return model.num_timesteps // (model.n_envs * distributed.get_world_size())
 
 
-class PPGCheckpointCallback(CheckpointCallback):
+class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
     """
     Save a checkpoint every ``save_freq`` calls to ``env.step()`` (as SB3's ``CheckpointCallback``), from which
     ``PPG.load_checkpoint()`` continues the run exactly: on CPU with a seed, a run killed at any moment and resumed
@@ -131,7 +154,7 @@ class PPGCheckpointCallback(CheckpointCallback):
 
     def _init_callback(self) -> None:
         # Before SB3's, which creates save_path: a wrong model leaves nothing behind
-        if not isinstance(self.model, PPGBase):
+        if not isinstance(self.model, ResumableModel):
             name = type(self.model).__name__
             raise TypeError(
                 f"PPGCheckpointCallback checkpoints PPG models (sb3_ppg.PPG), not {name}: its checkpoints hold PPG's "
@@ -162,7 +185,8 @@ class PPGCheckpointCallback(CheckpointCallback):
         """Lock ``save_path``; a resumed run then tidies what a kill may have left (see ``_prune``)."""
         lock_folder(self.save_path)
         if self.model.num_timesteps > 0:
-            self._prune(resume_point=pathlib.Path(self.save_path) / f"{self.name_prefix}_{self.model.num_timesteps}_steps")
+            resume_point = pathlib.Path(self.save_path) / checkpoint_name(self.name_prefix, self.model.num_timesteps)
+            self._prune(resume_point=resume_point)
 
     def _on_step(self) -> bool:
         if self.n_calls % self.save_freq == 0:
@@ -179,7 +203,7 @@ class PPGCheckpointCallback(CheckpointCallback):
         # torchrun, on any rank: the other ranks' rollouts were not trained on either), nor when an exception (Ctrl-C)
         # interrupted a rollout or train() and the RL Zoo calls this anyway: the model is then half-way
         try:
-            due = self._pending and self.model._at_rollout_boundary  # type: ignore[attr-defined]
+            due = self._pending and self.model.at_rollout_boundary  # type: ignore[attr-defined]
             if distributed.is_active():
                 due = all(distributed.all_gather_object(due))
             if due:
@@ -199,7 +223,7 @@ class PPGCheckpointCallback(CheckpointCallback):
                     "PPGCheckpointCallback cannot save the state of: " + "; ".join(unsaved) + ". A run resumed from "
                     "these checkpoints restarts its episodes, so it does not continue exactly."
                 )
-        directory = pathlib.Path(self.save_path) / f"{self.name_prefix}_{self.model.num_timesteps}_steps"
+        directory = pathlib.Path(self.save_path) / checkpoint_name(self.name_prefix, self.model.num_timesteps)
         # Pruned once the checkpoint is complete, by the process that completed it (rank 0 under torchrun)
         write_checkpoint(self.model, directory, self.rollouts_path, finish=lambda: self._prune(directory))  # type: ignore[arg-type]
         self.last_checkpoint = directory
@@ -295,7 +319,7 @@ class PPGCheckpointCallback(CheckpointCallback):
         return [
             path
             for path in sorted(directory.iterdir())
-            if re.fullmatch(r"rank_\d+", path.name) and path.is_dir() and not path.is_symlink()
+            if RANK_FOLDER.fullmatch(path.name) and path.is_dir() and not path.is_symlink()
         ]
 
     @staticmethod

@@ -1,13 +1,15 @@
 """
-PPG's data-parallel hooks: the start-of-``learn()`` checks and broadcasts, the callback wrappers and the rollout-end
-merges that ``PPGBase`` calls when :func:`sb3_ppg.common.distributed.is_active` (see :mod:`sb3_ppg.common.distributed`).
+Data-parallel training's hooks into an on-policy algorithm: the start-of-``learn()`` checks and broadcasts, the callback
+wrappers and the rollout-end merges that ``PPG`` calls when :func:`sb3_ppg.common.distributed.is_active` (see
+:mod:`sb3_ppg.common.distributed`). They take what they read (the model's public attributes, its optimizers, the
+VecNormalize statistics the ranks started the rollout from) and return what the model keeps.
 """
 
 import inspect
 import re
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import stable_baselines3
@@ -15,14 +17,12 @@ import torch as th
 import torch.distributed as dist
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback, ProgressBarCallback
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.vec_env import VecNormalize
 
-if TYPE_CHECKING:
-    from sb3_ppg.ppg.base import PPGBase
-
-from sb3_ppg.common.checkpoints.checkpoint import iter_callbacks
+from sb3_ppg.common.callbacks import rollout_boundary_callbacks
 from sb3_ppg.common.distributed import (
     RunningStats,
     all_gather_object,
@@ -81,11 +81,24 @@ def _stable_repr(value: Any) -> str:
 
 
 def fingerprint(
-    model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool, callback: MaybeCallback = None
+    model: OnPolicyAlgorithm,
+    optimizers: list[th.optim.Optimizer],
+    aux_buffer_rollouts: int | None,
+    total_timesteps: int,
+    reset_num_timesteps: bool,
+    callback: MaybeCallback = None,
 ) -> dict[str, str]:
     """
     What must be equal on every rank for the ranks to run the same number of identical updates, and to call the same
     collectives (the callbacks acting at rollout boundaries, ``PPGCheckpointCallback``: checkpoints are collective).
+
+    :param model: this rank's model
+    :param optimizers: its optimizers
+    :param aux_buffer_rollouts: the rollouts in its auxiliary buffer (None: it has none)
+    :param total_timesteps: ``learn()``'s argument
+    :param reset_num_timesteps: ``learn()``'s argument
+    :param callback: ``learn()``'s argument
+    :return: a description of each setting, by name
     """
     hyperparameters = [name for name in inspect.signature(type(model).__init__).parameters if name not in _PER_RANK_ARGUMENTS]
     values: dict[str, Any] = {name: getattr(model, name) for name in hyperparameters if hasattr(model, name)}
@@ -97,8 +110,8 @@ def fingerprint(
         n_envs=model.n_envs,
         batch_size=model.batch_size,
         parameters=[(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in model.policy.state_dict().items()],
-        optimizers=[_optimizer_layout(optimizer) for optimizer in _optimizers(model)],
-        aux_buffer_rollouts=model.aux_buffer.n_rollouts if model.aux_buffer is not None else None,
+        optimizers=[_optimizer_layout(optimizer) for optimizer in optimizers],
+        aux_buffer_rollouts=aux_buffer_rollouts,
         vec_normalize=_vec_normalize_settings(model.get_vec_normalize_env()),
         total_timesteps=total_timesteps,
         boundary_callbacks=_boundary_callbacks(callback),
@@ -113,10 +126,9 @@ def _boundary_callbacks(callback: MaybeCallback) -> list[tuple[Any, ...]]:
     """The callbacks told of rollout boundaries (``PPGCheckpointCallback``), with their settings."""
     found = []
     for item in callback if isinstance(callback, list) else [callback]:
-        for child in iter_callbacks(item if isinstance(item, BaseCallback) else None):
-            if hasattr(child, "on_rollout_boundary"):
-                settings = (getattr(child, name, None) for name in ("save_freq", "save_path", "name_prefix"))
-                found.append((type(child).__qualname__, *settings))
+        for child in rollout_boundary_callbacks(item if isinstance(item, BaseCallback) else None):
+            settings = (getattr(child, name, None) for name in ("save_freq", "save_path", "name_prefix"))
+            found.append((type(child).__qualname__, *settings))
     return found
 
 
@@ -131,10 +143,6 @@ def _vec_normalize_settings(vec_normalize: VecNormalize | None) -> Any:
     return settings
 
 
-def _optimizers(model: "PPGBase") -> list[th.optim.Optimizer]:
-    return [opt for opt in (model.policy.optimizer, model.aux_optimizer, model.value_optimizer) if opt is not None]
-
-
 def _optimizer_state_tensors(optimizer: th.optim.Optimizer) -> list[th.Tensor]:
     tensors = []
     for index in sorted(optimizer.state_dict()["state"]):
@@ -147,13 +155,13 @@ def _optimizer_layout(optimizer: th.optim.Optimizer) -> Any:
     return type(optimizer).__qualname__, [(tuple(t.shape), str(t.dtype)) for t in _optimizer_state_tensors(optimizer)]
 
 
-def check_consistency(
-    model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool, callback: MaybeCallback = None
-) -> None:
+def check_consistency(fingerprint_of_rank: dict[str, str]) -> None:
     """
     Gather every rank's :func:`fingerprint` and raise the same ``ValueError`` on every rank when they differ.
+
+    :param fingerprint_of_rank: this rank's fingerprint
     """
-    fingerprints = all_gather_object(fingerprint(model, total_timesteps, reset_num_timesteps, callback))
+    fingerprints = all_gather_object(fingerprint_of_rank)
     reference = fingerprints[0]
     differences = []
     for rank, other in enumerate(fingerprints[1:], start=1):
@@ -168,29 +176,43 @@ def check_consistency(
         )
 
 
-def broadcast_training_state(model: "PPGBase") -> None:
-    """Give every rank rank 0's parameters, optimizer states and VecNormalize statistics."""
+def broadcast_training_state(model: OnPolicyAlgorithm, optimizers: list[th.optim.Optimizer]) -> dict[str, RunningStats]:
+    """
+    Give every rank rank 0's parameters, optimizer states and VecNormalize statistics.
+
+    :param model: this rank's model
+    :param optimizers: its optimizers
+    :return: the VecNormalize statistics every rank now holds (what the next rollout's merge starts from)
+    """
     tensors = list(model.policy.state_dict().values())
-    for optimizer in _optimizers(model):
+    for optimizer in optimizers:
         tensors.extend(_optimizer_state_tensors(optimizer))
     broadcast_tensors(tensors)
     vec_normalize = model.get_vec_normalize_env()
     stats = broadcast_object(_read_stats(vec_normalize))
     _write_stats(vec_normalize, stats)
-    model._distributed_stats_base = stats
+    return stats
 
 
-def prepare_learn(model: "PPGBase", total_timesteps: int, reset_num_timesteps: bool, callback: MaybeCallback = None) -> None:
+def prepare_learn(
+    model: OnPolicyAlgorithm, optimizers: list[th.optim.Optimizer], fingerprint_of_rank: dict[str, str]
+) -> dict[str, RunningStats]:
     """
     At the start of ``learn()`` (before SB3 sets up the logger): check that the ranks agree, give them rank 0's state,
     and silence the logger of every rank but 0.
+
+    :param model: this rank's model
+    :param optimizers: its optimizers
+    :param fingerprint_of_rank: this rank's :func:`fingerprint`
+    :return: the VecNormalize statistics every rank starts from (see ``broadcast_training_state``)
     """
-    check_consistency(model, total_timesteps, reset_num_timesteps, callback)
+    check_consistency(fingerprint_of_rank)
     if dist.get_backend() == "nccl" and model.device.type != "cuda":
         raise ValueError("Data-parallel PPG with the NCCL backend needs the model on a GPU (device='auto' or 'cuda').")
-    broadcast_training_state(model)
+    stats = broadcast_training_state(model, optimizers)
     if get_rank() != 0:
         model.set_logger(Logger(folder=None, output_formats=[]))
+    return stats
 
 
 class GlobalTimestepsCallback(BaseCallback):
@@ -223,11 +245,17 @@ def wrap_callback(callback: MaybeCallback, progress_bar: bool) -> CallbackList:
     return CallbackList(callbacks)
 
 
-def collect_rollouts(model: "PPGBase", collect: Callable[[], bool]) -> bool:
+def collect_rollouts(
+    model: OnPolicyAlgorithm, collect: Callable[[], bool], stats_base: dict[str, RunningStats]
+) -> tuple[bool, dict[str, RunningStats]]:
     """
     Run ``collect`` (SB3's rollout collection on this rank), then :func:`finish_rollout`.
 
-    :return: whether every rank collected a full rollout (False when a callback stopped training on any rank)
+    :param model: this rank's model
+    :param collect: SB3's ``collect_rollouts`` on this rank
+    :param stats_base: the VecNormalize statistics every rank started the rollout from
+    :return: whether every rank collected a full rollout (False when a callback stopped training on any rank), and
+        the merged VecNormalize statistics (what the next rollout starts from)
     """
     start = model.num_timesteps
     episodes, successes = model.ep_info_buffer, model.ep_success_buffer
@@ -237,16 +265,29 @@ def collect_rollouts(model: "PPGBase", collect: Callable[[], bool]) -> bool:
     finally:
         new_episodes, new_successes = list(model.ep_info_buffer), list(model.ep_success_buffer)
         model.ep_info_buffer, model.ep_success_buffer = episodes, successes
-    return finish_rollout(model, complete, start, new_episodes, new_successes)
+    return finish_rollout(model, complete, start, new_episodes, new_successes, stats_base)
 
 
 def finish_rollout(
-    model: "PPGBase", complete: bool, start_timesteps: int, new_episodes: list[Any], new_successes: list[Any]
-) -> bool:
+    model: OnPolicyAlgorithm,
+    complete: bool,
+    start_timesteps: int,
+    new_episodes: list[Any],
+    new_successes: list[Any],
+    stats_base: dict[str, RunningStats],
+) -> tuple[bool, dict[str, RunningStats]]:
     """
     Share the rollout's outcome: ``num_timesteps`` becomes the total over the ranks, every rank's new episodes go into
     every rank's episode statistics (in rank order), the VecNormalize statistics are merged, and training stops on
     every rank when it stopped on one.
+
+    :param model: this rank's model
+    :param complete: whether this rank collected a full rollout
+    :param start_timesteps: ``num_timesteps`` before the rollout
+    :param new_episodes: this rank's episodes of the rollout
+    :param new_successes: this rank's successes of the rollout
+    :param stats_base: the VecNormalize statistics every rank started the rollout from
+    :return: whether every rank collected a full rollout, and the merged VecNormalize statistics
     """
     vec_normalize = model.get_vec_normalize_env()
     world_size = get_world_size()
@@ -263,8 +304,6 @@ def finish_rollout(
     for item in gathered:
         model.ep_info_buffer.extend(item["episodes"])
         model.ep_success_buffer.extend(item["successes"])
-    base = model._distributed_stats_base
-    merged = {name: merge_running_stats(base[name], [item["stats"][name] for item in gathered]) for name in base}
+    merged = {name: merge_running_stats(base, [item["stats"][name] for item in gathered]) for name, base in stats_base.items()}
     _write_stats(vec_normalize, merged)
-    model._distributed_stats_base = merged
-    return all(item["complete"] for item in gathered)
+    return all(item["complete"] for item in gathered), merged

@@ -1,4 +1,9 @@
-"""The loss terms of PPG's two phases, as plain functions of tensors: policy surrogate, value, auxiliary joint loss."""
+"""
+The loss terms of PPG's two phases, as plain functions of tensors (policy surrogate, value, auxiliary joint loss), and
+the diagnostics they give (gathered for the logger by :class:`PhaseStats`).
+"""
+
+from collections import defaultdict
 
 import torch as th
 from stable_baselines3.common.distributions import Distribution
@@ -10,15 +15,28 @@ from sb3_ppg.common.distributions import kl_divergence_from_params
 Diagnostics = dict[str, th.Tensor]
 
 
-def append_diagnostics(stats: dict[str, list[th.Tensor]], diagnostics: Diagnostics) -> None:
-    """
-    Append one minibatch's diagnostics to a phase's lists.
+class PhaseStats:
+    """The diagnostics of a phase's minibatches, gathered for the logger."""
 
-    :param stats: the phase's lists, by name
-    :param diagnostics: one minibatch's diagnostics
-    """
-    for name, value in diagnostics.items():
-        stats[name].append(value)
+    def __init__(self) -> None:
+        self.values: dict[str, list[th.Tensor]] = defaultdict(list)
+
+    def add(self, diagnostics: Diagnostics) -> None:
+        """
+        Add one minibatch's diagnostics.
+
+        :param diagnostics: the minibatch's diagnostics
+        """
+        for name, value in diagnostics.items():
+            self.values[name].append(value)
+
+    def mean(self, name: str) -> float | None:
+        """The mean of a diagnostic over the minibatches, or None when no minibatch had it."""
+        return th.stack(self.values[name]).mean().item() if self.values.get(name) else None
+
+    def last(self, name: str) -> float | None:
+        """The last minibatch's value of a diagnostic, or None when no minibatch had it."""
+        return self.values[name][-1].item() if self.values.get(name) else None
 
 
 def normalize_advantages(advantages: th.Tensor) -> th.Tensor:

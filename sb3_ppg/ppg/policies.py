@@ -1,5 +1,6 @@
 """PPG policies: an actor-critic with an auxiliary value head, in the paper's three architectures."""
 
+import warnings
 from functools import partial
 from typing import Any
 
@@ -8,7 +9,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
+from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import (
     BaseFeaturesExtractor,
     CombinedExtractor,
@@ -16,145 +17,69 @@ from stable_baselines3.common.torch_layers import (
     NatureCNN,
 )
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
-from stable_baselines3.common.utils import is_vectorized_observation
 from torch import nn
 
-from sb3_ppg.common.hyperparameters import check_finite_observations, check_net_arch
+from sb3_ppg.common.hyperparameters import is_integer
+from sb3_ppg.common.preprocessing import (
+    add_scalar_feature_axis,
+    check_action_space,
+    check_finite_observations,
+    check_observation_keys,
+    check_observation_space,
+)
 from sb3_ppg.common.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
 
 ARCHS = ("dual", "detach", "shared")
-# The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
-OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+NET_ARCH_KEYS = ("pi", "vf")
 
 
-def check_observation_space(observation_space: spaces.Space, key: str | None = None) -> None:
+def check_net_arch(net_arch: object) -> list[int] | dict[str, list[int]] | None:
     """
-    Refuse, with the space and a fix, an observation space that SB3's buffers and networks cannot take: anything but
-    Box, Discrete, MultiDiscrete and MultiBinary, or a Dict of those (a Dict inside a Dict, a Tuple, a Graph, a
-    Sequence, Text, ...), and a Discrete / MultiDiscrete space whose ``start`` is not 0 (its values would be one-hot
-    encoded as if they started at 0). A Box of shape ``()`` is accepted (one feature).
+    Check a policy's ``net_arch`` and return it as a list of layer sizes or a dict with the keys ``"pi"`` and
+    ``"vf"`` (layer sizes as Python ints). SB3's old format ``[dict(pi=..., vf=...)]`` is accepted with SB3's
+    warning; any entry next to the dict (the shared layers that SB3 removed in v1.8.0) is an error, never dropped.
 
-    :param observation_space: the observation space (of the env, or one entry of a Dict space)
-    :param key: the entry's key when ``observation_space`` is inside a Dict space
+    :param net_arch: the ``net_arch`` given to the policy (None: the policy's default)
+    :return: the same architecture
+    :raises ValueError: naming the problem and the expected format
     """
-    where = "" if key is None else f" (key {key!r} of the Dict observation space)"
-    if isinstance(observation_space, spaces.Dict) and key is None:
-        for sub_key, subspace in observation_space.spaces.items():
-            check_observation_space(subspace, sub_key)
-        return
-    if not isinstance(observation_space, OBSERVATION_SPACES):
+    if net_arch is None:
+        return None
+    if isinstance(net_arch, (list, tuple)) and any(isinstance(entry, dict) for entry in net_arch):
+        if len(net_arch) > 1:
+            raise ValueError(
+                f"net_arch={net_arch!r} mixes layer sizes and a dict (SB3's format before v1.8.0, whose shared layers "
+                "SB3 removed): the other entries would be dropped. Pass a dict of separate networks, e.g. "
+                "net_arch=dict(pi=[64, 64], vf=[64, 64]), or a list of layer sizes with policy_kwargs=dict("
+                "arch='shared') (or 'detach') for one network shared by the policy and the value function."
+            )
+        warnings.warn(
+            "As shared layers in the mlp_extractor are removed since SB3 v1.8.0, you should now pass directly a "
+            "dictionary and not a list (net_arch=dict(pi=..., vf=...) instead of net_arch=[dict(pi=..., vf=...)])"
+        )
+        net_arch = net_arch[0]
+    if isinstance(net_arch, dict):
+        unknown = [key for key in net_arch if key not in NET_ARCH_KEYS]
+        if unknown:
+            raise ValueError(
+                f"net_arch has unknown keys {unknown}: the valid keys are 'pi' (the policy network) and 'vf' (the value "
+                "network), e.g. net_arch=dict(pi=[64, 64], vf=[64, 64])."
+            )
+        return {key: _layer_sizes(layers, f"net_arch[{key!r}]") for key, layers in net_arch.items()}
+    return _layer_sizes(net_arch, "net_arch")
+
+
+def _layer_sizes(layers: object, where: str) -> list[int]:
+    """The hidden-layer sizes of one network, checked (a list or tuple of positive integers)."""
+    if not isinstance(layers, (list, tuple)):
         raise ValueError(
-            f"PPG does not support the observation space {observation_space}{where}: its policies take Box, Discrete, "
-            "MultiDiscrete and MultiBinary observations, or a Dict of those (not nested). Convert the observations "
-            "with a gymnasium.ObservationWrapper, e.g. pad a Sequence or Graph into a fixed-shape Box, encode Text as a "
-            "MultiDiscrete of character indices, turn a Tuple into a Dict, flatten a nested Dict."
+            f"{where} must be a list of layer sizes (positive ints, e.g. [64, 64]) or, for net_arch, a dict "
+            f"dict(pi=[...], vf=[...]); got {layers!r} ({type(layers).__name__})."
         )
-    _check_zero_start(observation_space, f"observation space {observation_space}{where}", "observations")
-
-
-def check_action_space(action_space: spaces.Space) -> None:
-    """
-    Refuse a Discrete / MultiDiscrete action space whose ``start`` is not 0: SB3's distributions sample actions from
-    0, so the env would receive actions outside its space. (The action space's type is checked by SB3.)
-
-    :param action_space: the action space
-    """
-    _check_zero_start(action_space, f"action space {action_space}", "actions")
-
-
-def _check_zero_start(space: spaces.Space, name: str, values: str) -> None:
-    """
-    Refuse a Discrete / MultiDiscrete space whose ``start`` is not 0, with the wrapper that relabels it.
-
-    :param space: a space (only Discrete and MultiDiscrete ones have a ``start``; MultiDiscrete since gymnasium 1.0)
-    :param name: the space, as the error message names it
-    :param values: ``"actions"`` or ``"observations"``
-    """
-    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) or not np.any(getattr(space, "start", 0)):
-        return
-    if isinstance(space, spaces.MultiDiscrete):
-        start, zero_based = space.start.tolist(), f"MultiDiscrete({space.nvec.tolist()})"
-        offset = f"np.array({start})"
-    else:
-        start, zero_based, offset = int(space.start), f"Discrete({int(space.n)})", str(int(space.start))
-    if values == "actions":
-        problem = "the env would receive actions outside its space"
-        fix = (
-            f"give the model {zero_based} and add the start in a gymnasium.ActionWrapper, e.g. "
-            f"gymnasium.wrappers.TransformAction(env, lambda action: action + {offset}, {zero_based})"
-        )
-    else:
-        problem = "the observations would be one-hot encoded as if they started at 0"
-        fix = "subtract the start in a gymnasium.ObservationWrapper (e.g. gymnasium.wrappers.TransformObservation)"
-    raise ValueError(
-        f"PPG does not support the {name} with start={start}: SB3's networks number the {values} from 0, so {problem}. "
-        f"Declare the space with start=0, or {fix}."
-    )
-
-
-def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:
-    """
-    Check that an observation given to ``predict`` is a dict with exactly the keys of a Dict observation space, each
-    of a valid shape (SB3's message, with the key), and not a dict for any other space.
-
-    :param observation: the observation (one, or a batch)
-    :param observation_space: the model's observation space
-    """
-    if isinstance(observation_space, spaces.Dict):
-        expected = list(observation_space.spaces)
-        if not isinstance(observation, dict):
-            raise ValueError(
-                f"This model takes Dict observations with the keys {expected}, got {type(observation).__name__}: pass a "
-                "dict of arrays (one observation, or a batch along the first axis of every array)."
-            )
-        missing = [key for key in expected if key not in observation]
-        extra = [key for key in observation if key not in observation_space.spaces]
-        if missing or extra:
-            problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
-            raise ValueError(
-                f"The observation's keys do not match the model's Dict observation space: {', '.join(problems)}. "
-                f"Expected exactly the keys {expected}."
-            )
-        batch_sizes = {}
-        for key, subspace in observation_space.spaces.items():
-            # What SB3's obs_to_tensor checks for each key, whose error would not name the key
-            value = maybe_transpose(observation[key], subspace) if is_image_space(subspace) else np.array(observation[key])
-            try:
-                batch_sizes[key] = len(value) if is_vectorized_observation(value, subspace) else None
-            except ValueError as error:
-                raise ValueError(f"Observation key {key!r}: {error}") from None
-        if len(set(batch_sizes.values())) > 1:
-            counts = ", ".join(
-                f"{key!r}: {'one observation' if size is None else f'a batch of {size}'}" for key, size in batch_sizes.items()
-            )
-            raise ValueError(
-                f"The observation's keys hold different numbers of observations ({counts}): give every key one "
-                "observation, or batches of the same size."
-            )
-    elif isinstance(observation, dict):
-        raise ValueError(
-            f"This model takes {observation_space} observations, got a dict with the keys {list(observation)}: pass "
-            "an array (a Dict observation needs a model trained on a Dict observation space, with MultiInputPolicy)."
-        )
-
-
-def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) -> PyTorchObs:
-    """
-    Give preprocessed observations of a Box of shape ``()`` (a scalar) a feature axis, ``(batch,)`` to
-    ``(batch, 1)``, as the features extractors expect (in a Dict observation too); other observations are returned
-    as they are.
-
-    :param obs: preprocessed observations (a batch)
-    :param observation_space: their space
-    :return: the observations
-    """
-    if isinstance(observation_space, spaces.Dict):
-        assert isinstance(obs, dict)
-        return {key: add_scalar_feature_axis(value, observation_space[key]) for key, value in obs.items()}
-    if isinstance(observation_space, spaces.Box) and observation_space.shape == ():
-        assert isinstance(obs, th.Tensor)
-        return obs.reshape(-1, 1)
-    return obs
+    invalid = [size for size in layers if not (is_integer(size) and size >= 1)]
+    if invalid:
+        raise ValueError(f"{where}={layers!r} holds invalid layer sizes {invalid!r}: each must be a positive int.")
+    return [int(size) for size in layers]
 
 
 class PPGPolicy(ActorCriticPolicy):

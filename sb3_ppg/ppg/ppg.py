@@ -1,47 +1,75 @@
 """Phasic Policy Gradient (Cobbe et al., 2021) as a Stable-Baselines3 on-policy algorithm."""
 
+import inspect
+import io
+import os
+import pathlib
 import time
-from collections import defaultdict
-from typing import Any, ClassVar
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, ClassVar, TypeVar
 
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, RolloutBufferSamples, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
 from stable_baselines3.common.utils import (
     FloatSchedule,
+    check_for_correct_spaces,
+    explained_variance,
     update_learning_rate,
 )
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
-from sb3_ppg.common import distributed
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples, split_observations
+from sb3_ppg.common import data_parallel, distributed
+from sb3_ppg.common.array_files import atomic_write
+from sb3_ppg.common.buffers import (
+    AuxiliaryBuffer,
+    AuxiliaryBufferSamples,
+    Minibatch,
+    check_aux_buffer_memory,
+    split_minibatch,
+    split_observations,
+)
+from sb3_ppg.common.callbacks import rollout_boundary_callbacks
+from sb3_ppg.common.checkpoints import checkpoint
+from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params
 from sb3_ppg.common.hyperparameters import (
-    PRECISIONS,
+    CHECKED_HYPERPARAMETERS,
+    HyperparameterError,
     check_hyperparameters,
-    has_convolutions,
+    check_load_arguments,
+    check_saved_optimizers,
+    load_arguments,
     resolve_batch_size,
-    resolve_micro_batch_size,
     resolve_normalize_advantage,
-    resolve_precision,
+    schedule_value,
+    with_sources,
 )
+from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
+from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.run_state import RunState
+from sb3_ppg.common.save_util import SavedPolicyClass, check_policy_class, read_model_zip, saved_policy_class, zip_destination
+from sb3_ppg.common.utils import check_finite_loss, clip_gradients
 from sb3_ppg.ppg import losses
-from sb3_ppg.ppg.base import PPGBase, SavedPolicyClass
-from sb3_ppg.ppg.policies import (
-    CnnPolicy,
-    MlpPolicy,
-    MultiInputPolicy,
-    PPGPolicy,
-    ProcgenCnn,
-    check_action_space,
-    check_observation_space,
-)
+from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
+from sb3_ppg.ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
+
+SelfPPG = TypeVar("SelfPPG", bound="PPG")
+
+#: What ``load_checkpoint()`` cannot change: the stored rollouts and the auxiliary buffer are laid out for them
+RUN_LAYOUT_HYPERPARAMETERS = ("n_steps", "n_policy_iters")
 
 
-class PPG(PPGBase):
+class PPG(OnPolicyAlgorithm):
     """
     Phasic Policy Gradient (PPG).
 
@@ -56,63 +84,68 @@ class PPG(PPGBase):
     where ``pi_old`` is the policy right before the phase and the targets are the GAE returns of each rollout.
     With ``n_aux_epochs=0`` this is PPO (the paper's baseline, with ``policy_kwargs=dict(arch="shared")``).
 
-    Defaults are the paper's (Procgen) values; see the docs for presets.
+    The defaults are the paper's Procgen settings; docs/hyperparams.md lists the presets.
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ProcgenCnn, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
     :param learning_rate: The learning rate of the policy phase, a constant or a function of the remaining
-        progress (from 1 to 0)
-    :param n_steps: The number of steps to run for each environment per update (rollout length)
-    :param batch_size: Policy-phase minibatch size; ``None`` gives ``n_steps * n_envs // 8`` (8 minibatches, the paper's)
-    :param n_epochs: Policy epochs per iteration (E_pi)
-    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` means ``n_epochs``. When equal to ``n_epochs``
-        each minibatch minimizes the joint loss with one optimizer; otherwise ``n_value_epochs`` value-only epochs
-        (with a separate value optimizer) run first, then ``n_epochs`` policy-only epochs (the reference code's order).
-    :param gamma: Discount factor
-    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
+        progress (from 1 to 0); default 5e-4 (the paper's)
+    :param n_steps: The number of steps to run for each environment per update (rollout length); default 256 (the
+        paper's)
+    :param batch_size: Policy-phase minibatch size; ``None`` (default) gives ``n_steps * n_envs // 8`` (8 minibatches,
+        the paper's)
+    :param n_epochs: Policy epochs per iteration (E_pi); default 1 (the paper's)
+    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default) means ``n_epochs`` (the paper's
+        E_V = E_pi = 1). When equal to ``n_epochs`` each minibatch minimizes the joint loss with one optimizer;
+        otherwise ``n_value_epochs`` value-only epochs (with a separate value optimizer) run first, then ``n_epochs``
+        policy-only epochs (the reference code's order).
+    :param gamma: Discount factor; default 0.999 (the paper's)
+    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator; default 0.95
+        (the paper's)
     :param clip_range: Clipping parameter of the surrogate objective, a constant or a function of the remaining
-        progress; ``None`` disables clipping (the paper's KL-penalty variant, with ``kl_coef > 0``)
+        progress; default 0.2 (the paper's); ``None`` disables clipping (the paper's KL-penalty variant, with
+        ``kl_coef > 0``)
     :param clip_range_vf: Clipping parameter for the value function (policy phase only; the auxiliary phase's
-        value losses are never clipped), ``None`` (default) for no value clipping
+        value losses are never clipped); ``None`` (default, the paper's) for no value clipping
     :param normalize_advantage: ``"batch"`` (default: once over the whole rollout, as the paper's code),
         ``"minibatch"`` (per minibatch, as SB3's PPO) or ``"none"``; ``True`` means ``"batch"``, ``False`` ``"none"``
-    :param ent_coef: Entropy coefficient for the loss calculation
-    :param vf_coef: Value function coefficient of the policy phase (SB3's value loss is a plain MSE, so 0.5 is the
-        paper's ``0.5 * MSE``)
-    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's
-        choice) disables clipping
+    :param ent_coef: Entropy coefficient of the policy loss; default 0.01 (the paper's)
+    :param vf_coef: Value function coefficient of the policy phase; default 0.5 (SB3's value loss is a plain MSE, so
+        this is the paper's ``0.5 * MSE``)
+    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's)
+        disables clipping
     :param kl_coef: Coefficient of the KL penalty ``0.5 * mean((log pi - log pi_behaviour) ** 2)`` added to the
-        policy loss (the paper's "ppgkl" uses 1.0 with ``clip_range=None``); 0 disables it
-    :param n_policy_iters: Policy iterations (rollouts) per auxiliary phase (N_pi)
-    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); 0 disables the auxiliary phase (PPO)
-    :param aux_batch_rollouts: Whole rollouts (of one env, ``n_steps`` steps each) per auxiliary minibatch
-        (4 as CleanRL; the paper's 4 workers x 4 rollouts correspond to 16 in one process)
-    :param beta_clone: Weight of the behaviour-cloning KL term of the auxiliary phase
-    :param vf_true_coef: Weight of the true value function's loss in the auxiliary phase
-    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` uses
-        ``learning_rate``, evaluated at the same progress point
-    :param separate_aux_optimizer: Use a separate, persistent optimizer for the auxiliary phase (True, as the
-        paper's code) or share the policy phase's optimizer (False, as CleanRL)
-    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step (a memory
-        knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
+        policy loss; default 0 (no penalty; the paper's "ppgkl" uses 1.0 with ``clip_range=None``)
+    :param n_policy_iters: Policy iterations (rollouts) per auxiliary phase (N_pi); default 32 (the paper's)
+    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); default 6 (the paper's); 0 disables the auxiliary
+        phase (PPO)
+    :param aux_batch_rollouts: Whole rollouts (of one env, ``n_steps`` steps each) per auxiliary minibatch; default 4
+        (CleanRL's; the paper's 4 workers x 4 rollouts are 16 in one process)
+    :param beta_clone: Weight of the behaviour-cloning KL term of the auxiliary phase; default 1 (the paper's)
+    :param vf_true_coef: Weight of the true value function's loss in the auxiliary phase; default 1 (the paper's)
+    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` (default) uses
+        ``learning_rate``, evaluated at the same progress point (the paper's 5e-4 for both)
+    :param separate_aux_optimizer: Use a separate, persistent optimizer for the auxiliary phase (True, default, as
+        the paper's code) or share the policy phase's optimizer (False, as CleanRL)
+    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1 (a
+        memory knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
     :param micro_batch_size: The most samples that one forward and backward pass holds. Larger minibatches of
         either phase run as micro-batches whose gradients add up before the optimizer step: the same update up to
         float rounding, with the activations of one micro-batch at a time (the old-policy pass runs in parts of
-        this size too). ``"auto"`` (default): 256 for a convolutional features extractor on a CPU (measured faster
-        there, and the activations live in host memory), whole minibatches elsewhere (MLP extractors, GPUs).
-        ``None``: whole minibatches.
-    :param precision: ``"auto"`` (default): bfloat16 autocast in the policy and auxiliary phases (float32 rollouts)
-        for a convolutional features extractor on a CPU with AMX, where it was measured 2.1x faster end to end with
-        the same learning curves; float32 otherwise (MLP extractors, GPUs: not measured yet). ``"fp32"`` or
-        ``"bf16"``: every phase; with ``"bf16"`` the features extractors run under bfloat16 autocast (the heads,
-        distributions, losses and optimizer stay in float32). Or a dict choosing per phase, e.g.
-        ``{"rollout": "bf16", "policy": "fp32", "aux": "bf16"}`` (missing phases are ``"fp32"``).
-        ``phase_precision`` tells what a model uses.
+        this size too). ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, whole minibatches
+        elsewhere (MLP extractors, GPUs); see docs/throughput.md. ``None``: whole minibatches.
+    :param precision: The precision of the features extractors: ``"auto"`` (default) is bfloat16 autocast in the
+        policy and auxiliary phases (float32 rollouts) for a convolutional features extractor on a CPU with AMX,
+        float32 otherwise (see docs/throughput.md and docs/bf16_parity.md). ``"fp32"`` or ``"bf16"``: every phase;
+        with ``"bf16"`` the features extractors run under bfloat16 autocast (the heads, distributions, losses and
+        optimizer stay in float32). Or a dict choosing per phase, e.g. ``{"rollout": "bf16", "policy": "fp32",
+        "aux": "bf16"}`` (missing phases are ``"fp32"``). ``phase_precision`` tells what a model uses.
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: only at rollout start)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation.
-    :param target_kl: Limit the KL divergence between updates of the policy phase (early stopping); ``None``: no limit
+    :param target_kl: Limit the KL divergence between updates of the policy phase (early stopping, as SB3's PPO);
+        ``None`` (default, the paper's): no limit
     :param stats_window_size: Window size for the rollout logging, specifying the number of episodes to average
         the reported success rate, mean episode length, and mean reward over
     :param tensorboard_log: the log location for tensorboard (if None, no logging)
@@ -134,6 +167,7 @@ class PPG(PPGBase):
     }
     policy: PPGPolicy
     rollout_buffer: RolloutBuffer
+    max_grad_norm: float | None  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -222,10 +256,32 @@ class PPG(PPGBase):
         self._n_aux_updates = 0
         # batch_size=None follows n_envs (8 minibatches), also after load() or set_env() with another n_envs
         self._auto_batch_size = batch_size is None
-        check_hyperparameters(self)
+        # Built by _setup_model: the auxiliary buffer (None without auxiliary phase), the extra optimizers, the
+        # features extractors' dtype in each phase and the micro-batch size
+        self.aux_buffer: AuxiliaryBuffer | None = None
+        self.aux_optimizer: th.optim.Optimizer | None = None
+        self.value_optimizer: th.optim.Optimizer | None = None
+        self._phase_dtypes: dict[str, th.dtype] = {}
+        self._micro_batch_size: int | None = None
+        # False from the start of a rollout until its train() returns, so also after an exception (Ctrl-C) inside
+        # either: see at_rollout_boundary
+        self._at_rollout_boundary = True
+        # Data-parallel training: the VecNormalize statistics every rank started the current rollout from
+        self._data_parallel_stats: dict[str, RunningStats] = {}
+        self._check_hyperparameters()
 
         if _init_setup_model:
             self._setup_model()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Construction: hyperparameters, env, networks, buffers, optimizers
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _check_hyperparameters(self) -> None:
+        """Check the hyperparameters that do not depend on the env (``check_hyperparameters``); NumPy ints become ints."""
+        checked = check_hyperparameters({name: getattr(self, name) for name in CHECKED_HYPERPARAMETERS})
+        for name, value in checked.items():
+            setattr(self, name, value)
 
     @staticmethod
     def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
@@ -244,7 +300,7 @@ class PPG(PPGBase):
             env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
         check_observation_space(env.observation_space)
         check_action_space(env.action_space)
-        return PPGBase._wrap_env(env, verbose, monitor_wrapper)
+        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def _setup_model(self) -> None:
         # PPG.load() sets the saved hyperparameters (and those given to load()) before this call: check them as the
@@ -252,13 +308,13 @@ class PPG(PPGBase):
         if isinstance(self.policy_class, SavedPolicyClass):
             self.policy_class = self.policy_class.policy_class
         self.normalize_advantage = resolve_normalize_advantage(self.normalize_advantage)
-        check_hyperparameters(self)
+        self._check_hyperparameters()
         super()._setup_model()
         self.clip_range = FloatSchedule(self.clip_range) if self.clip_range is not None else None  # type: ignore[assignment]
         self.clip_range_vf = FloatSchedule(self.clip_range_vf) if self.clip_range_vf is not None else None  # type: ignore[assignment]
         if self.aux_learning_rate is not None:
             self.aux_learning_rate = FloatSchedule(self.aux_learning_rate)
-        self.batch_size = resolve_batch_size(self, self.n_envs)
+        self.batch_size = self._resolve_batch_size(self.n_envs)
         # The features extractors' precision in each phase; between train() calls (rollouts, predict) the rollouts'
         self._phase_dtypes = resolve_precision(self.precision, self.device, has_convolutions(self.policy))
         self.policy.compute_dtype = self._phase_dtypes["rollout"]
@@ -270,147 +326,249 @@ class PPG(PPGBase):
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
 
+    def _resolve_batch_size(self, n_envs: int) -> int:
+        """The policy-phase minibatch size for ``n_envs`` envs, checked (see ``resolve_batch_size``)."""
+        return resolve_batch_size(
+            None if self._auto_batch_size else self.batch_size,
+            self.n_steps,
+            n_envs,
+            self.normalize_advantage,  # type: ignore[arg-type]
+            self.n_aux_epochs,
+            self.n_policy_iters,
+            self.aux_batch_rollouts,
+        )
+
+    def _check_aux_buffer_memory(self, n_envs: int) -> None:
+        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
+        if self.n_aux_epochs > 0:
+            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+            check_aux_buffer_memory(AuxiliaryBuffer.estimate_nbytes(**args, **spaces), **args)
+
+    def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
+        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
+        if check_memory:
+            self._check_aux_buffer_memory(self.n_envs)
+        if self.n_aux_epochs == 0:
+            return None
+        return AuxiliaryBuffer(
+            self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space, device=self.device
+        )
+
+    def _make_optimizer(self) -> th.optim.Optimizer:
+        """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
+        return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def _optimizers(self) -> list[th.optim.Optimizer]:
+        """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
+        optimizers = (self.policy.optimizer, self.aux_optimizer, self.value_optimizer)
+        return [optimizer for optimizer in optimizers if optimizer is not None]
+
     @property
     def phase_precision(self) -> dict[str, str]:
         """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
         names = {dtype: name for name, dtype in PRECISIONS.items()}
         return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
 
+    @contextmanager
+    def _precision(self, phase: str) -> Iterator[None]:
+        """
+        Run the features extractors at ``phase``'s precision inside the context, and at the rollouts' after it (the
+        next rollout and ``predict`` run at the rollout precision, whatever happened inside).
+
+        :param phase: ``"policy"`` or ``"aux"``
+        """
+        self.policy.compute_dtype = self._phase_dtypes[phase]
+        try:
+            yield
+        finally:
+            self.policy.compute_dtype = self._phase_dtypes["rollout"]
+
     # ------------------------------------------------------------------------------------------------------------
-    # Training: SB3's learn() collects a rollout, then calls train()
+    # Collecting rollouts: SB3's learn() collects a rollout, then calls train()
+    # ------------------------------------------------------------------------------------------------------------
+
+    def learn(
+        self: SelfPPG,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "PPG",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfPPG:
+        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        """SB3's; in data-parallel training, the ranks first check that they agree and take rank 0's state."""
+        if distributed.is_active():
+            aux_rollouts = self.aux_buffer.n_rollouts if self.aux_buffer is not None else None
+            fingerprint = data_parallel.fingerprint(
+                self, self._optimizers(), aux_rollouts, total_timesteps, reset_num_timesteps, callback
+            )
+            self._data_parallel_stats = data_parallel.prepare_learn(self, self._optimizers(), fingerprint)
+        return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        """SB3's; in data-parallel training with the callbacks that count every rank's steps."""
+        if distributed.is_active():
+            return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
+        return super()._init_callback(callback, progress_bar)
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
+        if seed is not None and distributed.is_active():
+            seed += distributed.get_rank() * self.n_envs
+        super().set_random_seed(seed)
+
+    @property
+    def at_rollout_boundary(self) -> bool:
+        """
+        Whether the model is at a rollout boundary: ``train()`` has consumed the last rollout collected (or none was
+        collected yet). False from the start of a rollout until its ``train()`` returns, so also after an exception
+        (Ctrl-C) inside either: ``PPGCheckpointCallback`` writes a checkpoint only at a boundary.
+        """
+        return self._at_rollout_boundary
+
+    def collect_rollouts(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``RolloutBoundaryCallback`` s,
+        such as ``PPGCheckpointCallback``) that this is a rollout boundary: ``train()`` has consumed the previous
+        rollout and nothing of the next one has been drawn yet. In data-parallel training, the ranks then share its
+        outcome (steps, statistics).
+        """
+        for boundary_callback in rollout_boundary_callbacks(callback):
+            boundary_callback.on_rollout_boundary()
+        self._at_rollout_boundary = False  # until train() has consumed this rollout
+        if not distributed.is_active():
+            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+        complete, self._data_parallel_stats = data_parallel.collect_rollouts(
+            self,
+            partial(super().collect_rollouts, env, callback, rollout_buffer, n_rollout_steps),
+            self._data_parallel_stats,
+        )
+        return complete
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Training: one iteration of Algorithm 1 per rollout
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self) -> None:
         """
         One PPG iteration on the rollout just collected (the paper's Algorithm 1, inner loop): normalize the
         advantages, run the policy phase, store the rollout in the auxiliary buffer and, every ``n_policy_iters``
-        iterations, compute the old policy on the buffer and run the auxiliary phase.
+        iterations (when the buffer is full), compute the old policy on the buffer, run the auxiliary phase and empty
+        the buffer.
         """
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
-            advantages = self.rollout_buffer.advantages
-            if distributed.is_active():  # over all ranks' samples
-                mean, std = distributed.global_mean_std(advantages)
-            else:
-                mean, std = advantages.mean(), advantages.std()
-            self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
-        self.policy.compute_dtype = self._phase_dtypes["policy"]
-        try:
-            self._train_policy_phase()
-        finally:
-            # The next rollout (and predict) runs at the rollout precision, whether or not an aux phase follows
-            self.policy.compute_dtype = self._phase_dtypes["rollout"]
+            self._normalize_advantages()
+        with self._precision("policy"):
+            self._policy_phase()
         if self.aux_buffer is not None:
-            self._finish_interrupted_aux_phase()
+            if self.aux_buffer.full():
+                self._rerun_interrupted_aux_phase()
             self.aux_buffer.add(self.rollout_buffer)
             if self.aux_buffer.full():
-                self._run_aux_phase()
+                self._aux_phase()
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
         self._at_rollout_boundary = True
 
-    def _train_policy_phase(self) -> None:
+    def _normalize_advantages(self) -> None:
+        """Normalize the rollout's advantages once, over all its samples (over all ranks' in data-parallel training)."""
+        advantages = self.rollout_buffer.advantages
+        if distributed.is_active():
+            mean, std = distributed.global_mean_std(advantages)
+        else:
+            mean, std = advantages.mean(), advantages.std()
+        self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
+
+    def _policy_phase(self) -> None:
         """
-        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` (the default) each minibatch
-        minimizes the joint loss with the policy optimizer. Otherwise ``n_value_epochs`` value-only epochs with the
-        value optimizer run first, then ``n_epochs`` policy-only epochs (the order of the paper's code).
+        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` (E_V = E_pi, the default) each
+        minibatch of the ``n_epochs`` epochs minimizes the joint loss with the policy optimizer. Otherwise
+        ``n_value_epochs`` value-only epochs with the value optimizer run first, then ``n_epochs`` policy-only epochs
+        (the order of the paper's code). With ``target_kl``, the policy epochs stop at the first minibatch whose
+        approx KL exceeds ``1.5 * target_kl`` (SB3's PPO), which is not applied.
         """
         progress = self._current_progress_remaining
         self._update_learning_rate(self.policy.optimizer)
         clip_range = self._schedule_value("clip_range", progress)
         clip_range_vf = self._schedule_value("clip_range_vf", progress)
-        stats: dict[str, list[th.Tensor]] = defaultdict(list)
-        continue_training, loss = True, th.full((), float("nan"))
-
-        def joint_loss(data: RolloutBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
-            values, log_prob, entropy = self.policy.evaluate_actions(data.observations, self._actions(data))
-            policy_loss, diagnostics = self._policy_loss(data, log_prob, entropy, clip_range)
-            value_loss, value_diagnostics = self._value_loss(data, values, clip_range_vf)
-            return policy_loss + self.vf_coef * value_loss, {**diagnostics, **value_diagnostics}
-
-        def policy_only_loss(data: RolloutBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
-            _, log_prob, entropy = self.policy.evaluate_actions(data.observations, self._actions(data))
-            return self._policy_loss(data, log_prob, entropy, clip_range)
-
-        def value_only_loss(data: RolloutBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
-            value_loss, diagnostics = self._value_loss(data, self.policy.predict_values(data.observations), clip_range_vf)
-            return self.vf_coef * value_loss, diagnostics
-
-        if self.value_optimizer is not None:
+        stats = PhaseStats()
+        if self.n_value_epochs == self.n_epochs:
+            policy_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
+        else:
+            assert self.value_optimizer is not None
             update_learning_rate(self.value_optimizer, self.lr_schedule(progress))
+            value_loss = partial(self._value_loss, clip_range_vf=clip_range_vf)
             for _ in range(self.n_value_epochs):
                 for rollout_data in self.rollout_buffer.get(self.batch_size):
-                    _, diagnostics = self._backward(rollout_data, value_only_loss, "policy")
-                    losses.append_diagnostics(stats, diagnostics)
+                    diagnostics, _ = self._backward(rollout_data, value_loss, "policy")
+                    stats.add(diagnostics)
                     self._step(self.value_optimizer, "policy")
                 self._n_updates += 1
-        compute_loss = joint_loss if self.value_optimizer is None else policy_only_loss
+            policy_loss = partial(self._policy_loss, clip_range=clip_range)
+        continue_training = True
         for _ in range(self.n_epochs):
-            stats["approx_kl"] = []
             for rollout_data in self.rollout_buffer.get(self.batch_size):
                 rollout_data = self._normalize_minibatch_advantages(rollout_data)
-                minibatch_loss, diagnostics = self._backward(rollout_data, compute_loss, "policy")
-                # The value loss of a minibatch that early stopping discards is not logged
-                value_loss = diagnostics.pop("value_loss", None)
-                losses.append_diagnostics(stats, diagnostics)
-                if not (continue_training := self._below_target_kl(stats)):
-                    self.policy.optimizer.zero_grad(set_to_none=True)
+                diagnostics, continue_training = self._backward(rollout_data, policy_loss, "policy", early_stopping=True)
+                stats.add(diagnostics)
+                if not continue_training:
                     break
-                if value_loss is not None:
-                    stats["value_loss"].append(value_loss)
-                loss = minibatch_loss
                 self._step(self.policy.optimizer, "policy")
             self._n_updates += 1
             if not continue_training:
                 break
+        self._log_policy_phase(stats, clip_range, clip_range_vf, continue_training)
 
-        self._log_policy_phase(stats, loss, clip_range, clip_range_vf, continue_training)
+    def _aux_phase(self) -> None:
+        """
+        The auxiliary phase on the full buffer: compute the old policy on it, run ``n_aux_epochs`` epochs, empty it.
+        When the phase is interrupted (an exception, Ctrl-C) the buffer stays full, so that the model stays usable:
+        the next ``train()`` runs the phase again, and the error says how to resume.
+        """
+        assert self.aux_buffer is not None
+        try:
+            with self._precision("aux"):
+                self._compute_old_distributions()
+                self._train_aux_phase()
+        except BaseException as error:
+            if hasattr(error, "add_note"):  # Python 3.11
+                error.add_note(
+                    f"PPG: interrupted during the auxiliary phase at timestep {self.num_timesteps} (auxiliary phase "
+                    f"{self._n_aux_phases + 1}). The model stays usable: learn() again reruns that phase from its start. "
+                    "To resume exactly instead, load the last checkpoint written by PPGCheckpointCallback with "
+                    "PPG.load_checkpoint(); it is left intact."
+                )
+            raise
+        self.aux_buffer.reset()
 
-    def _actions(self, rollout_data: RolloutBufferSamples) -> th.Tensor:
-        """The minibatch's actions in the form the distribution's ``log_prob`` expects."""
-        if isinstance(self.action_space, spaces.Discrete):
-            return rollout_data.actions.long().flatten()
-        return rollout_data.actions
-
-    def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
-        """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
-        if self.normalize_advantage != "minibatch":
-            return rollout_data
-        return rollout_data._replace(advantages=losses.normalize_advantages(rollout_data.advantages))
-
-    def _policy_loss(
-        self,
-        rollout_data: RolloutBufferSamples,
-        log_prob: th.Tensor,
-        entropy: th.Tensor | None,
-        clip_range: float | None,
-    ) -> tuple[th.Tensor, losses.Diagnostics]:
-        """The policy loss of a minibatch and its diagnostics (see :func:`sb3_ppg.ppg.losses.policy_loss`)."""
-        return losses.policy_loss(
-            rollout_data.advantages,
-            log_prob,
-            rollout_data.old_log_prob,
-            entropy,
-            clip_range,
-            self.ent_coef,
-            self.kl_coef,
+    def _rerun_interrupted_aux_phase(self) -> None:
+        """Run an auxiliary phase that an exception (or Ctrl-C) interrupted (the buffer is still full), from its start."""
+        warnings.warn(
+            "The last auxiliary phase was interrupted: it runs again from its start on the stored rollouts "
+            "(the updates it had made are kept) before this iteration's rollout is stored."
         )
-
-    def _below_target_kl(self, stats: dict[str, list[th.Tensor]]) -> bool:
-        """
-        Whether the last minibatch's approx KL allows its update (SB3's PPO: stop before 1.5 * target_kl). In
-        data-parallel training it is the ranks' mean, so that every rank decides the same.
-        """
-        if self.target_kl is None:
-            return True
-        if distributed.is_active():
-            stats["approx_kl"][-1] = distributed.all_reduce_mean(stats["approx_kl"][-1])
-        return stats["approx_kl"][-1].item() <= 1.5 * self.target_kl
-
-    def _value_loss(
-        self, rollout_data: RolloutBufferSamples, values: th.Tensor, clip_range_vf: float | None
-    ) -> tuple[th.Tensor, losses.Diagnostics]:
-        """The value loss of a minibatch and its diagnostics (see :func:`sb3_ppg.ppg.losses.value_loss`)."""
-        return losses.value_loss(values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf)
+        self._aux_phase()
 
     def _compute_old_distributions(self) -> None:
         """
@@ -426,7 +584,7 @@ class PPG(PPGBase):
 
     def _train_aux_phase(self) -> None:
         """
-        The auxiliary phase: ``n_aux_epochs`` epochs over shuffled minibatches of whole rollouts, minimizing
+        The auxiliary phase's epochs: ``n_aux_epochs`` epochs over shuffled minibatches of whole rollouts, minimizing
         ``_aux_loss``, with ``n_aux_grad_accum`` minibatches per optimizer step.
         """
         assert self.aux_buffer is not None
@@ -436,7 +594,7 @@ class PPG(PPGBase):
         update_learning_rate(optimizer, learning_rate)
         n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
         accum = self.n_aux_grad_accum
-        stats: dict[str, list[th.Tensor]] = defaultdict(list)
+        stats = PhaseStats()
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
         for _ in range(self.n_aux_epochs):
@@ -444,22 +602,456 @@ class PPG(PPGBase):
                 # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
                 group_start = batch_index - batch_index % accum
                 group_size = min(accum, n_batches - group_start)
-                _, diagnostics = self._backward(batch, self._aux_loss, "auxiliary", divisor=group_size)
-                losses.append_diagnostics(stats, diagnostics)
+                diagnostics, _ = self._backward(batch, self._aux_loss, "auxiliary", divisor=group_size)
+                stats.add(diagnostics)
                 if batch_index - group_start == group_size - 1:
                     self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
         self._n_aux_phases += 1
-
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
-            self.logger.record(f"aux/{name}", th.stack(stats[name]).mean().item())
+            self.logger.record(f"aux/{name}", stats.mean(name))
         self.logger.record("aux/learning_rate", learning_rate)
         self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
 
-    def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, losses.Diagnostics]:
-        """The auxiliary loss of a minibatch and its diagnostics, one forward pass (:func:`~sb3_ppg.ppg.losses.aux_loss`)."""
+    # ------------------------------------------------------------------------------------------------------------
+    # The losses of a minibatch
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _actions(self, rollout_data: RolloutBufferSamples) -> th.Tensor:
+        """The minibatch's actions in the form the distribution's ``log_prob`` expects."""
+        if isinstance(self.action_space, spaces.Discrete):
+            return rollout_data.actions.long().flatten()
+        return rollout_data.actions
+
+    def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
+        """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
+        if self.normalize_advantage != "minibatch":
+            return rollout_data
+        return rollout_data._replace(advantages=losses.normalize_advantages(rollout_data.advantages))
+
+    def _joint_loss(
+        self, rollout_data: RolloutBufferSamples, clip_range: float | None, clip_range_vf: float | None
+    ) -> tuple[th.Tensor, Diagnostics]:
+        """The policy phase's joint loss (E_V = E_pi): policy loss + ``vf_coef`` * value loss, one forward pass."""
+        values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+        policy_loss, diagnostics = losses.policy_loss(
+            rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
+        )
+        value_loss, value_diagnostics = losses.value_loss(
+            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf
+        )
+        return policy_loss + self.vf_coef * value_loss, {**diagnostics, **value_diagnostics}
+
+    def _policy_loss(self, rollout_data: RolloutBufferSamples, clip_range: float | None) -> tuple[th.Tensor, Diagnostics]:
+        """The policy loss of a policy epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.policy_loss`)."""
+        _, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+        return losses.policy_loss(
+            rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
+        )
+
+    def _value_loss(self, rollout_data: RolloutBufferSamples, clip_range_vf: float | None) -> tuple[th.Tensor, Diagnostics]:
+        """``vf_coef`` * the value loss of a value epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.value_loss`)."""
+        values = self.policy.predict_values(rollout_data.observations)
+        value_loss, diagnostics = losses.value_loss(
+            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf
+        )
+        return self.vf_coef * value_loss, diagnostics
+
+    def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
+        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
         return losses.aux_loss(
             distribution, batch.old_distribution_params, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef
         )
+
+    # ------------------------------------------------------------------------------------------------------------
+    # One optimizer step: backward (in micro-batches), finite checks, gradient averaging and clipping
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _backward(
+        self,
+        minibatch: Minibatch,
+        compute_loss: Callable[[Minibatch], tuple[th.Tensor, Diagnostics]],
+        phase: str,
+        divisor: int = 1,
+        early_stopping: bool = False,
+    ) -> tuple[Diagnostics, bool]:
+        """
+        Compute a minibatch's loss, check it and backpropagate ``loss / divisor`` (adding to the gradients). With
+        ``micro_batch_size``, a larger minibatch runs as micro-batches, one forward and backward pass each, with their
+        losses weighted by their share of the samples: the same gradient up to float rounding, with the activations
+        of one micro-batch at a time.
+
+        :param minibatch: the minibatch
+        :param compute_loss: its loss (a mean over the samples) and diagnostics (means as well)
+        :param phase: "policy" or "auxiliary", for the error message of a non-finite loss
+        :param divisor: what the loss is divided by (the minibatches of an accumulated gradient)
+        :param early_stopping: leave the minibatch out (no gradient) when its approx KL exceeds ``1.5 * target_kl``
+        :return: the minibatch's diagnostics (with its ``loss``) and whether its gradient was kept
+        """
+        micro_batches = split_minibatch(minibatch, self._micro_batch_size)
+        results = []
+        for micro_batch, share in micro_batches:
+            loss, diagnostics = compute_loss(micro_batch)
+            check_finite_loss(loss, phase, self.num_timesteps)
+            if early_stopping and len(micro_batches) == 1 and self._exceeds_target_kl(diagnostics["approx_kl"]):
+                # One forward pass: decided before backward(), as SB3's PPO does
+                return {**diagnostics, "loss": loss.detach()}, False
+            (loss * share / divisor).backward()
+            results.append((share, loss.detach(), diagnostics))
+        if len(results) == 1:
+            return {**results[0][2], "loss": results[0][1]}, True
+        names = results[0][2].keys()
+        totals = {name: sum(share * diagnostics[name] for share, _, diagnostics in results) for name in names}
+        totals["loss"] = sum(share * loss for share, loss, _ in results)  # type: ignore[assignment]
+        if early_stopping and self._exceeds_target_kl(totals["approx_kl"]):  # type: ignore[arg-type]
+            # Several micro-batches: their approx KL is known only once every one has run backward(), so the
+            # minibatch's gradients are dropped here instead
+            self.policy.optimizer.zero_grad(set_to_none=True)
+            return totals, False  # type: ignore[return-value]
+        return totals, True  # type: ignore[return-value]
+
+    def _exceeds_target_kl(self, approx_kl: th.Tensor) -> bool:
+        """
+        Whether a minibatch's approx KL stops the policy epochs (SB3's PPO: above ``1.5 * target_kl``). In
+        data-parallel training it is the ranks' mean, so that every rank decides the same.
+        """
+        if self.target_kl is None:
+            return False
+        if distributed.is_active():
+            approx_kl = distributed.all_reduce_mean(approx_kl)
+        return not approx_kl.item() <= 1.5 * self.target_kl  # a NaN stops too
+
+    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
+        """Average the gradients over the ranks, check and clip them, step the optimizer and clear them."""
+        if distributed.is_active():
+            distributed.average_gradients(self.policy.parameters())
+        clip_gradients(self.policy, self.max_grad_norm, phase, self.num_timesteps)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Schedules and logging
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _schedule_value(self, name: str, progress_remaining: float) -> float | None:
+        """
+        The value at ``progress_remaining`` of the schedule ``name`` (``"learning_rate"``, ``"aux_learning_rate"``,
+        the learning rate's when None, ``"clip_range"``, ``"clip_range_vf"``), checked; None for a clip range of None.
+        """
+        schedule = self.lr_schedule if name == "learning_rate" else getattr(self, name)
+        if name == "aux_learning_rate" and schedule is None:
+            name, schedule = "learning_rate", self.lr_schedule
+        return None if schedule is None else schedule_value(schedule, name, progress_remaining)
+
+    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
+        """
+        SB3's remaining progress (``1 - num_timesteps / total_timesteps``), kept at 0 once the total is reached:
+        the last rollout may end beyond ``total_timesteps`` (its length is ``n_steps * n_envs``), and schedules are
+        functions of a progress from 1 to 0 (a linear schedule would otherwise give a negative learning rate).
+
+        :param num_timesteps: current number of timesteps
+        :param total_timesteps: the total number of timesteps of this ``learn()``
+        """
+        self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(total_timesteps))
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's learning-rate update, after checking the schedule's value (a ``ValueError`` names a bad one)."""
+        self._schedule_value("learning_rate", self._current_progress_remaining)
+        super()._update_learning_rate(optimizers)
+
+    def _log_policy_phase(
+        self, stats: PhaseStats, clip_range: float | None, clip_range_vf: float | None, continue_training: bool
+    ) -> None:
+        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss."""
+        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
+            if (mean := stats.mean(name)) is not None:
+                self.logger.record(f"train/{name}", mean)
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        self.logger.record("train/loss", stats.last("loss"))
+        self.logger.record("train/explained_variance", explained_var)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if clip_range is not None:
+            self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+        if not continue_training and self.verbose >= 1:
+            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")  # type: ignore[operator]
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Run state: what checkpoints and data-parallel training read and write
+    # ------------------------------------------------------------------------------------------------------------
+
+    def get_run_state(self) -> RunState:
+        """
+        Where the run is, beyond its weights and optimizers (see :class:`~sb3_ppg.common.run_state.RunState`): what
+        ``PPGCheckpointCallback`` saves, with the auxiliary buffer, the envs and the random generators.
+
+        :return: the run state (the last observations are the model's arrays, not copies)
+        """
+        return RunState(
+            num_timesteps=self.num_timesteps,
+            total_timesteps=self._total_timesteps,
+            num_timesteps_at_start=self._num_timesteps_at_start,
+            n_updates=self._n_updates,
+            n_aux_phases=self._n_aux_phases,
+            n_aux_updates=self._n_aux_updates,
+            episode_num=self._episode_num,
+            current_progress_remaining=self._current_progress_remaining,
+            ep_info_buffer=list(self.ep_info_buffer or []),
+            ep_success_buffer=list(self.ep_success_buffer or []),
+            last_obs=self._last_obs,  # type: ignore[arg-type]
+            last_original_obs=self._last_original_obs,  # type: ignore[arg-type]
+            last_episode_starts=self._last_episode_starts,
+        )
+
+    def set_run_state(self, state: RunState) -> None:
+        """
+        Put back a run state from :meth:`get_run_state` (``PPG.load_checkpoint`` does, after loading the model zip).
+
+        :param state: the run state
+        """
+        self.num_timesteps = state.num_timesteps
+        self._total_timesteps = state.total_timesteps
+        self._num_timesteps_at_start = state.num_timesteps_at_start
+        self._n_updates = state.n_updates
+        self._n_aux_phases = state.n_aux_phases
+        self._n_aux_updates = state.n_aux_updates
+        self._episode_num = state.episode_num
+        self._current_progress_remaining = state.current_progress_remaining
+        self.ep_info_buffer = deque(state.ep_info_buffer, maxlen=self._stats_window_size)
+        self.ep_success_buffer = deque(state.ep_success_buffer, maxlen=self._stats_window_size)
+        self._last_obs = state.last_obs  # type: ignore[assignment]
+        self._last_original_obs = state.last_original_obs  # type: ignore[assignment]
+        self._last_episode_starts = state.last_episode_starts  # type: ignore[assignment]
+
+    # ------------------------------------------------------------------------------------------------------------
+    # SB3's BaseAlgorithm contract: save, load, set_env; the auxiliary buffer on disk
+    # ------------------------------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        path: str | pathlib.Path | io.BufferedIOBase,
+        exclude: Iterable[str] | None = None,
+        include: Iterable[str] | None = None,
+    ) -> None:
+        """
+        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder, flushed to disk
+        and renamed over the destination, so that a failure (a full disk, Ctrl-C, a kill) leaves the previous file
+        intact and no partial file. Paths follow SB3's rules (".zip" is appended to a path without suffix, missing
+        folders are created); a file object is written directly. The zip stores the policy class wrapped in a
+        :class:`SavedPolicyClass`, so that another algorithm's ``load()`` refuses it clearly. In data-parallel training
+        only rank 0 writes (every rank holds the same model).
+
+        :param path: path to the file where the model should be saved, or a writable binary file object
+        :param exclude: name of parameters that should be excluded in addition to the default ones
+        :param include: name of parameters that might be excluded but should be included anyway
+        """
+        if distributed.get_rank() != 0:
+            return
+        if isinstance(path, (str, pathlib.Path)):
+            destination = zip_destination(path)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(destination, lambda file: self._write_zip(file, exclude, include))
+        else:
+            self._write_zip(path, exclude, include)
+
+    def _write_zip(
+        self, file: io.BufferedIOBase, exclude: Iterable[str] | None = None, include: Iterable[str] | None = None
+    ) -> None:
+        """Write the model zip (SB3's format) to a file object, with the policy class wrapped (see ``save``)."""
+        policy_class = self.policy_class
+        self.policy_class = SavedPolicyClass(policy_class)  # type: ignore[assignment]
+        try:
+            super().save(file, exclude=exclude, include=include)
+        finally:
+            self.policy_class = policy_class
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfPPG],
+        path: str | pathlib.Path | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        **kwargs: Any,
+    ) -> SelfPPG:
+        """
+        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). The hyperparameters it is loaded with (the
+        file's, replaced by ``custom_objects`` and the keyword arguments) are checked as the constructor checks its
+        arguments, and keyword arguments mean what they mean there (``batch_size=None``: 8 minibatches;
+        ``n_value_epochs=None``: ``n_epochs``; a new ``n_epochs`` keeps joint value epochs joint). Changes that would add
+        or drop an optimizer (``n_aux_epochs`` 0 or not, ``separate_aux_optimizer``, ``n_value_epochs`` equal to
+        ``n_epochs`` or not) are refused: the saved optimizers are restored as they are. Every other hyperparameter may
+        change (the rollout and auxiliary buffers are rebuilt; the auxiliary buffer is not saved anyway).
+
+        :param path: path to the file (".zip" is tried after the path as given), or a readable binary file object
+        :param env: the environment to run the loaded model on (None: prediction only)
+        :param device: the device of the model
+        :param custom_objects: objects that replace those of the file with the same names (see SB3's ``load``)
+        :param print_system_info: whether to print the system info of the saved model and of this system
+        :param force_reset: reset the env before training (SB3's default) rather than continuing its last observation
+        :param kwargs: hyperparameters (or other attributes) that replace the file's
+        :return: the model
+        :raises HyperparameterError: (a ``ValueError``) naming each invalid, missing or unknown hyperparameter and where
+            it came from, or a change that would add or drop an optimizer
+        :raises ValueError: when the file holds a model of another algorithm (naming it) or is truncated or corrupt
+        """
+        where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
+        given = dict(kwargs)
+        saved = read_model_zip(path)
+        if saved is not None:
+            data, members = saved
+            check_policy_class(where, data, saved_policy_class(data, custom_objects), PPGPolicy)
+            check_load_arguments(given, data, inspect.signature(cls.__init__).parameters, where)
+            replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
+            kwargs = load_arguments(given, {**data, **replaced})
+            check_saved_optimizers({**data, **replaced, **kwargs}, members, {*replaced, *given}, where)
+        try:
+            return super().load(
+                path,
+                env=env,
+                device=device,
+                custom_objects=custom_objects,
+                print_system_info=print_system_info,
+                force_reset=force_reset,
+                **kwargs,
+            )
+        except HyperparameterError as error:
+            raise with_sources(error, where, given, custom_objects) from None
+        except AssertionError as error:
+            # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
+            if "No data found" in str(error):
+                raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
+            raise
+
+    @classmethod
+    def load_checkpoint(
+        cls: type[SelfPPG],
+        path: str | os.PathLike,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        **kwargs: Any,
+    ) -> SelfPPG:
+        """
+        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run:
+        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (SB3 counts the steps of
+        ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
+        bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
+        Under torchrun every rank calls it and restores its own part (envs, random generators, auxiliary buffer),
+        with the checkpoint's world size. Checkpoints hold pickles (the model zip, DummyVecEnv envs): load trusted ones.
+
+        :param path: a checkpoint folder, or the callback's ``save_path``: then the newest checkpoint (the one written
+            last) that verifies is used, and a warning names the damaged newer ones it skipped
+        :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
+            of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
+            could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
+        :param device: the device of the model
+        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``, ``verbose``, ``tensorboard_log``), checked as
+            there. Hyperparameters given here apply from the checkpoint on (the run then no longer repeats the
+            uninterrupted one); ``n_steps`` and ``n_policy_iters`` cannot change (the stored rollouts and the auxiliary
+            buffer are laid out for them): start anew from the checkpoint's ``model.zip`` with :meth:`load` for that
+        :return: the model
+        :raises FileNotFoundError: when ``path`` holds no complete checkpoint
+        :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), every
+            checkpoint of the folder ``path`` is damaged, or the checkpoint does not fit ``env`` or the world size;
+            ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
+        """
+        layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
+        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
+        if changed:
+            raise HyperparameterError(
+                [(name, f"{name}={value!r} given, the run has {name}={getattr(model, name)!r}") for name, value in changed],
+                header=f"load_checkpoint({str(path)!r}) continues the run, whose rollouts and auxiliary buffer are laid "
+                "out for its n_steps and n_policy_iters: they cannot change.",
+                footer="Leave them out to resume the run, or start anew from the checkpoint's weights with other values: "
+                "PPG.load('<checkpoint folder>/model.zip', env, n_steps=...).",
+            )
+        return model  # type: ignore[return-value]
+
+    def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
+        super()._maybe_recommend_cpu(mlp_class_name)
+
+    def _excluded_save_params(self) -> list[str]:
+        excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "_data_parallel_stats", "_at_rollout_boundary"]
+        return [*super()._excluded_save_params(), *excluded]
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts = ["policy", "policy.optimizer"]
+        if self.aux_optimizer is not None:
+            state_dicts.append("aux_optimizer")
+        if self.value_optimizer is not None:
+            state_dicts.append("value_optimizer")
+        return state_dicts, []
+
+    def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
+        """
+        Set a new environment. Unlike SB3's PPO, the number of environments may change: the rollout and auxiliary
+        buffers are then rebuilt (rollouts already in the auxiliary buffer are dropped, with a warning) and the env
+        is reset.
+
+        :param env: The environment for learning a policy
+        :param force_reset: Force call to ``reset()`` before training
+        """
+        env = self._wrap_env(env, self.verbose)
+        if env.num_envs == self.n_envs:
+            super().set_env(env, force_reset=force_reset)
+            return
+        # Check everything before changing anything
+        check_for_correct_spaces(env, self.observation_space, self.action_space)
+        self._check_aux_buffer_memory(env.num_envs)
+        self.batch_size = self._resolve_batch_size(env.num_envs)
+        if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
+            warnings.warn(
+                f"set_env() changes the number of environments from {self.n_envs} to {env.num_envs}: the "
+                f"{self.aux_buffer.n_iterations} policy iterations in the auxiliary buffer are dropped and the next "
+                "auxiliary phase waits for n_policy_iters new ones."
+            )
+        self.n_envs = env.num_envs
+        super().set_env(env, force_reset=True)
+        self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
+            self.n_steps,
+            self.observation_space,  # type: ignore[arg-type]
+            self.action_space,
+            device=self.device,
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            n_envs=self.n_envs,
+            **self.rollout_buffer_kwargs,
+        )
+        self.aux_buffer = self._make_aux_buffer(check_memory=False)
+
+    def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """
+        Save the auxiliary buffer, so that a run can resume mid-phase without losing data. It is not part of the
+        model zip because it can be many GB. The file holds plain arrays (``.npz`` with JSON metadata and a checksum
+        of every array), written atomically; nothing is pickled. For resuming a run exactly, prefer the checkpoints
+        of :class:`~sb3_ppg.PPGCheckpointCallback`.
+
+        :param path: Path to the file where the buffer should be saved; ".npz" is appended to a str path without
+            a suffix
+        """
+        if self.aux_buffer is None:
+            raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): there is nothing to save.")
+        self.aux_buffer.save(path, self.verbose)
+
+    def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """
+        Load an auxiliary buffer saved by ``save_aux_buffer``; the rollouts it holds count toward the next
+        auxiliary phase. The file is checked completely (checksums, layout, spaces) before the model's buffer is
+        replaced; a pickle or any other file gives a ``ValueError`` and nothing in it is executed.
+
+        :param path: Path to the saved buffer
+        """
+        if self.aux_buffer is None:
+            raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
+        buffer = AuxiliaryBuffer.load(path, self.verbose)
+        buffer.check_compatible(self.aux_buffer, path)
+        buffer.device = self.device
+        self.aux_buffer = buffer

@@ -14,6 +14,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices,
 from sb3_ppg.procgen.games import (
     MAX_INT32,
     PROCGEN_N_ACTIONS,
+    PROCGEN_OPTIONS,
     check_argument_names,
     check_int,
     check_procgen_options,
@@ -199,6 +200,16 @@ class ProcgenVecEnv(VecEnv):
         if self.channels_first:
             observations = observations.transpose(0, 3, 1, 2)
         return observations, rewards, dones, infos
+
+    def get_env_settings(self) -> dict[str, Any]:
+        """
+        The settings that define the games (the game and procgen's options, defaults included, but where the assets
+        are read from): the states of ``get_env_states`` only fit games built with the same settings.
+
+        :return: The settings (JSON values)
+        """
+        settings = {"env_name": self.env_name, **PROCGEN_OPTIONS, **self.procgen_kwargs}
+        return {key: value for key, value in settings.items() if key != "resource_root"}
 
     def get_env_states(self) -> list[bytes]:
         """

@@ -21,12 +21,8 @@ from stable_baselines3.common.vec_env import (
     VecTransposeImage,
 )
 
-from sb3_ppg.procgen.games import PROCGEN_OPTIONS
-
 # Wrappers whose behaviour depends on nothing but their settings
 STATELESS_WRAPPERS = (VecTransposeImage, VecCheckNan, VecExtractDictObs)
-#: Settings of a native VecEnv (ProcgenVecEnv's procgen options) that do not change its games: where assets are read
-UNCOMPARED_NATIVE_SETTINGS = ("resource_root",)
 #: Arguments of a gymnasium env's ``make`` that do not change its episodes
 UNCOMPARED_ENV_KWARGS = ("render_mode",)
 
@@ -74,7 +70,7 @@ def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
     """
     The size of every episode log (``*.monitor.csv``) that the chain writes in this process: those of ``VecMonitor``
     layers and of the ``Monitor`` wrappers of a ``DummyVecEnv``'s envs (a checkpoint records them, so that a resumed
-    run can cut the episodes logged after the checkpoint; see ``sb3_ppg.cli.experiment_manager``).
+    run can cut the episodes logged after the checkpoint; see :mod:`sb3_ppg.cli.experiment_manager`).
 
     :param venv: The model's VecEnv
     :return: ``{real path of the file: bytes written so far}``
@@ -95,18 +91,14 @@ def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
 
 def native_env_settings(venv: VecEnv) -> dict[str, Any] | None:
     """
-    The settings that define the games of a native VecEnv (a ``ProcgenVecEnv``: the game and procgen's options, but
-    where its assets are read from); the game states it saves only fit games built with the same settings.
+    The settings that define the games of a native VecEnv (one with ``get_env_states()``, such as ``ProcgenVecEnv``),
+    as its ``get_env_settings()`` gives them: the game states it saves only fit games built with the same settings.
 
     :param venv: a VecEnv with ``get_env_states()``
-    :return: the settings (JSON values), or None for a VecEnv without ``env_name`` and ``procgen_kwargs``
+    :return: the settings (JSON values), or None for a VecEnv without ``get_env_settings()``
     """
-    env_name, options = getattr(venv, "env_name", None), getattr(venv, "procgen_kwargs", None)
-    if not isinstance(env_name, str) or not isinstance(options, dict):
-        return None
-    # Options not given are procgen's defaults
-    settings = {"env_name": env_name, **PROCGEN_OPTIONS, **options}
-    return {key: value for key, value in settings.items() if key not in UNCOMPARED_NATIVE_SETTINGS}
+    get_env_settings = getattr(venv, "get_env_settings", None)
+    return get_env_settings() if callable(get_env_settings) else None
 
 
 def env_spec_settings(env: gym.Env) -> dict[str, Any] | None:

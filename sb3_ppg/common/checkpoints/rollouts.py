@@ -1,0 +1,120 @@
+"""
+The auxiliary buffer's rollouts in a checkpoint: one file per stored policy iteration, named by its content, in the
+rollouts folder that successive checkpoints share (``<save_path>/<name_prefix>_rollouts/rollout_<digest>.npz``).
+"""
+
+import pathlib
+import re
+from typing import Any
+
+import numpy as np
+
+from sb3_ppg.common.array_files import (
+    array_digest,
+    array_file_checksum,
+    metadata_checksum,
+    read_array_file,
+    write_array_file,
+)
+from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.checkpoints.manifest import CheckpointDamagedError
+
+ROLLOUT_FORMAT = "sb3_ppg.aux_rollout"
+#: The names of the stored rollouts
+ROLLOUT_NAME = re.compile(r"rollout_[0-9a-f]{32}\.npz")
+
+
+def rollout_layout(buffer: AuxiliaryBuffer) -> dict[str, Any]:
+    """The metadata of a stored rollout of ``buffer``: its format, and the buffer's layout it must fit."""
+    return {"format": ROLLOUT_FORMAT, "version": 1, **buffer.layout_metadata()}
+
+
+def stored_checksum(path: pathlib.Path) -> str | None:
+    """The checksum of a stored rollout file, or None when there is no such readable file."""
+    if not path.is_file():
+        return None
+    try:
+        return array_file_checksum(path)
+    except ValueError:
+        return None
+
+
+def write_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path) -> tuple[list[str], dict[str, str]]:
+    """
+    Store each policy iteration of the auxiliary buffer in its own file, named by its content and written once (shared
+    by successive checkpoints, and by the ranks if two ever held the same rollout); a stored file that cannot be read
+    any more is written again.
+
+    :param buffer: the model's auxiliary buffer (None: nothing is stored)
+    :param folder: the rollouts folder
+    :return: the files' names, in order, and their checksums by name (``array_file_checksum``)
+    """
+    rollout_files: list[str] = []
+    rollout_digests: dict[str, str] = {}
+    if buffer is None:
+        return rollout_files, rollout_digests
+    layout = rollout_layout(buffer)
+    for iteration in range(buffer.n_iterations):
+        name = buffer.saved_rollout_files.get(iteration)
+        digest = stored_checksum(folder / name) if name is not None else None
+        if digest is None:
+            arrays = buffer.iteration_arrays(iteration)
+            content = array_digest(np.frombuffer("".join(array_digest(a) for a in arrays.values()).encode(), np.uint8))
+            name = f"rollout_{content[:32]}.npz"
+            digest = stored_checksum(folder / name)
+            if digest is None:
+                digest = write_array_file(folder / name, arrays, layout)["checksum"]
+            buffer.saved_rollout_files[iteration] = name
+        rollout_files.append(name)
+        rollout_digests[name] = digest
+    return rollout_files, rollout_digests
+
+
+def check_rollout(path: pathlib.Path, where: str, expected_checksum: str | None, full: bool) -> None:
+    """
+    Check a stored rollout listed in a manifest: present, readable, with the checksum the manifest recorded.
+
+    :param path: the file
+    :param where: its name in messages (``<rollouts folder>/<name>``)
+    :param expected_checksum: the manifest's checksum (None: manifests of sb3_ppg 0.x have none)
+    :param full: read the whole file and check every array (a rollout damaged inside its arrays is found only so)
+    :raises CheckpointDamagedError: naming the file
+    """
+    if not path.is_file():
+        raise CheckpointDamagedError(f"the stored rollout {where} is missing")
+    try:
+        checksum = metadata_checksum(read_array_file(path, ROLLOUT_FORMAT)[0]) if full else array_file_checksum(path)
+    except ValueError as error:
+        raise CheckpointDamagedError(f"the stored rollout {where} is damaged: {error}") from error
+    if expected_checksum is not None and checksum != expected_checksum:
+        raise CheckpointDamagedError(f"the stored rollout {where} does not match its checksum (another or changed file)")
+
+
+def read_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path, names: list[str], folder_name: str) -> None:
+    """
+    Fill the auxiliary buffer with the stored rollouts ``names`` (its earlier content is dropped).
+
+    :param buffer: the model's auxiliary buffer (None: ``names`` must be empty)
+    :param folder: the rollouts folder
+    :param names: the files, in the buffer's order
+    :param folder_name: the rollouts folder as the manifest names it, for messages
+    :raises CheckpointDamagedError: for a file that cannot be read
+    :raises ValueError: for a rollout that does not fit the buffer
+    """
+    if buffer is None:
+        if names:
+            raise ValueError("the checkpoint holds auxiliary-buffer rollouts but this model has no auxiliary buffer")
+        return
+    layout = rollout_layout(buffer)
+    buffer.reset()
+    for iteration, name in enumerate(names):
+        path = folder / name
+        try:
+            metadata, arrays = read_array_file(path, ROLLOUT_FORMAT)
+        except (ValueError, OSError) as error:
+            raise CheckpointDamagedError(f"the stored rollout {folder_name}/{name} is damaged: {error}") from error
+        mismatches = [key for key, value in layout.items() if metadata.get(key) != value]
+        if mismatches:
+            raise ValueError(f"the stored rollout {str(path)!r} does not fit this model ({', '.join(mismatches)} differ)")
+        buffer.add_iteration_arrays(arrays, path)
+        buffer.saved_rollout_files[iteration] = name

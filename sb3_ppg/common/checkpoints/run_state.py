@@ -1,0 +1,170 @@
+"""
+The run state in a checkpoint (``run_state.npz``: plain arrays and JSON; ``env_states.pkl``: the pickled envs of a
+``DummyVecEnv``): the model's :class:`~sb3_ppg.common.run_state.RunState`, the random generators of torch, numpy and
+Python, and the envs' states. Under torchrun each rank writes its own, into ``rank_<r>/``.
+"""
+
+import json
+import pathlib
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch as th
+
+from sb3_ppg.common import distributed
+from sb3_ppg.common.array_files import atomic_write, file_digest, read_array_file, write_array_file
+from sb3_ppg.common.checkpoints.env_state import get_vec_env_state, monitor_log_sizes, set_vec_env_state, unsaved_parts
+from sb3_ppg.common.checkpoints.manifest import CheckpointDamagedError, rank_folder
+from sb3_ppg.common.run_state import ResumableModel, RunState
+
+RUN_STATE_FORMAT = "sb3_ppg.run_state"
+#: The counters of a :class:`RunState`, by the names the file stores them under
+COUNTERS = {
+    "num_timesteps": "num_timesteps",
+    "_n_updates": "n_updates",
+    "_n_aux_phases": "n_aux_phases",
+    "_n_aux_updates": "n_aux_updates",
+    "_episode_num": "episode_num",
+    "_num_timesteps_at_start": "num_timesteps_at_start",
+    "_total_timesteps": "total_timesteps",
+}
+
+
+def _obs_arrays(name: str, obs: Any) -> dict[str, np.ndarray]:
+    if obs is None:
+        return {}
+    if isinstance(obs, dict):
+        return {f"{name}.{key}": np.asarray(value) for key, value in obs.items()}
+    return {name: np.asarray(obs)}
+
+
+def _obs_from_arrays(name: str, arrays: dict[str, np.ndarray]) -> Any:
+    if name in arrays:
+        return arrays[name]
+    keys = [key[len(name) + 1 :] for key in arrays if key.startswith(name + ".")]
+    return {key: arrays[f"{name}.{key}"] for key in keys} if keys else None
+
+
+def _json_value(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else str(value)
+
+
+def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: list[str]) -> dict[str, str]:
+    """
+    Write the run state into ``folder``: counters, last observations, random generators, episode statistics, the
+    envs' states (``run_state.npz``, and ``env_states.pkl`` for the pickled envs of a ``DummyVecEnv``).
+
+    :param model: the model, at a rollout boundary
+    :param folder: the checkpoint's folder (``rank_<r>/`` in it under torchrun)
+    :param rollout_files: the stored rollouts of the model's auxiliary buffer, in order
+    :return: the checksum of each file written, by name
+    """
+    state = model.get_run_state()
+    metadata: dict[str, Any] = {"format": RUN_STATE_FORMAT, "version": 1}
+    metadata["counters"] = {name: getattr(state, field) for name, field in COUNTERS.items()}
+    metadata["current_progress_remaining"] = state.current_progress_remaining
+    metadata["aux_rollout_files"] = rollout_files
+    metadata["ep_info_buffer"] = state.ep_info_buffer
+    metadata["ep_success_buffer"] = state.ep_success_buffer
+    np_state = np.random.get_state()
+    metadata["numpy_rng"] = {"name": np_state[0], "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
+                             "cached_gaussian": float(np_state[4])}  # fmt: skip
+    python_state = random.getstate()
+    metadata["python_rng"] = [python_state[0], list(python_state[1]), python_state[2]]
+    arrays = {"numpy_rng_keys": np.asarray(np_state[1]), "torch_rng": th.get_rng_state().numpy()}
+    if th.cuda.is_available():
+        for index, cuda_state in enumerate(th.cuda.get_rng_state_all()):
+            arrays[f"cuda_rng.{index}"] = cuda_state.numpy()
+    arrays.update(_obs_arrays("last_obs", state.last_obs))
+    arrays.update(_obs_arrays("last_original_obs", state.last_original_obs))
+    if state.last_episode_starts is not None:
+        arrays["last_episode_starts"] = np.asarray(state.last_episode_starts)
+    pickled_envs = None
+    if model.env is not None:
+        metadata["env"], env_arrays, pickled_envs = get_vec_env_state(model.env)
+        arrays.update(env_arrays)
+        metadata["monitor_log_sizes"] = monitor_log_sizes(model.env)
+    metadata["n_envs"] = model.n_envs
+    write_array_file(folder / "run_state.npz", arrays, json.loads(json.dumps(metadata, default=_json_value)))
+    files = {"run_state.npz": file_digest(folder / "run_state.npz")}
+    if pickled_envs is not None:
+        atomic_write(folder / "env_states.pkl", lambda file: file.write(pickled_envs))
+        files["env_states.pkl"] = file_digest(folder / "env_states.pkl")
+    return files
+
+
+def read_run_state(path: pathlib.Path, where: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """
+    Read a ``run_state.npz`` (its checksums verified).
+
+    :param path: the file
+    :param where: its name in messages
+    :return: its metadata and arrays
+    :raises CheckpointDamagedError: when it cannot be read
+    """
+    try:
+        return read_array_file(path, RUN_STATE_FORMAT)
+    except (ValueError, OSError) as error:
+        raise CheckpointDamagedError(f"{where} cannot be read: {error}") from error
+
+
+def restore_run_state(
+    model: ResumableModel, metadata: dict[str, Any], arrays: dict[str, np.ndarray], pickled_envs: pathlib.Path | None
+) -> None:
+    """
+    Put a run state (from :func:`read_run_state`) back: the model's :class:`RunState`, its envs' states, then the random
+    generators (last: nothing may draw from them afterwards).
+
+    :param model: the model loaded from the checkpoint's zip
+    :param metadata: the run state's metadata
+    :param arrays: its arrays
+    :param pickled_envs: the checkpoint's ``env_states.pkl`` (None when it has none)
+    """
+    state = RunState(
+        **{field: metadata["counters"][name] for name, field in COUNTERS.items()},
+        current_progress_remaining=metadata["current_progress_remaining"],
+        ep_info_buffer=metadata["ep_info_buffer"],
+        ep_success_buffer=metadata["ep_success_buffer"],
+        last_obs=_obs_from_arrays("last_obs", arrays),
+        last_original_obs=_obs_from_arrays("last_original_obs", arrays),
+        last_episode_starts=arrays.get("last_episode_starts"),
+    )
+    if model.env is not None and "env" in metadata:
+        pickled = pickled_envs.read_bytes() if pickled_envs is not None else None
+        if not set_vec_env_state(model.env, metadata["env"], arrays, pickled):
+            warnings.warn(
+                "The envs' states could not be saved in this checkpoint ("
+                + "; ".join(unsaved_parts(metadata["env"]))
+                + "): the episodes restart from a reset, so the run does not continue exactly as it would have."
+            )
+            state.last_obs = None  # learn() resets the env
+    elif model.env is None:
+        state.last_obs = None
+    model.set_run_state(state)
+
+    np_state = metadata["numpy_rng"]
+    np.random.set_state((np_state["name"], arrays["numpy_rng_keys"], np_state["pos"], np_state["has_gauss"],
+                         np_state["cached_gaussian"]))  # fmt: skip
+    version, python_state, gauss_next = metadata["python_rng"]
+    random.setstate((version, tuple(python_state), gauss_next))
+    th.set_rng_state(th.from_numpy(arrays["torch_rng"].copy()))
+    cuda_states = [arrays[f"cuda_rng.{i}"] for i in range(len(arrays)) if f"cuda_rng.{i}" in arrays]
+    if cuda_states and th.cuda.is_available() and len(cuda_states) == th.cuda.device_count():
+        th.cuda.set_rng_state_all([th.from_numpy(cuda_state.copy()) for cuda_state in cuda_states])
+
+
+def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:
+    """
+    The sizes of the run's episode logs (``*.monitor.csv``, by real path) when a checkpoint was written: a resumed
+    run cuts them there, so that the episodes logged after the checkpoint (and played again) are not counted twice.
+
+    :param directory: A complete checkpoint folder (of a single-process run, or this rank's part under torchrun)
+    :return: ``{path: size}`` (empty for checkpoints of envs without episode logs)
+    """
+    path = directory / "run_state.npz"
+    if not path.is_file():
+        path = directory / rank_folder(distributed.get_rank()) / "run_state.npz"
+    metadata, _ = read_array_file(path, RUN_STATE_FORMAT)
+    return {str(name): int(size) for name, size in metadata.get("monitor_log_sizes", {}).items()}

@@ -1,0 +1,99 @@
+"""
+The compute precision of PPG's phases, the micro-batch size of its forward and backward passes, and what they are
+chosen from on ``"auto"``: the hardware (AMX, the memory) and the policy (convolutions or not).
+"""
+
+import torch as th
+
+PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
+PHASES = ("rollout", "policy", "aux")
+#: What ``precision="auto"`` means where bfloat16 is faster with the same learning curves (see resolve_precision)
+AUTO_BF16 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}
+#: What ``micro_batch_size="auto"`` means for a convolutional policy on a CPU (see resolve_micro_batch_size)
+AUTO_CPU_MICRO_BATCH_SIZE = 256
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later: bfloat16 matrix units), as torch detects it."""
+    is_supported = getattr(th.cpu, "_is_amx_tile_supported", None)
+    return bool(is_supported is not None and is_supported())
+
+
+def has_convolutions(module: th.nn.Module) -> bool:
+    """Whether ``module`` holds a convolution (``Conv1d``/``Conv2d``/``Conv3d``)."""
+    return any(isinstance(layer, th.nn.modules.conv._ConvNd) for layer in module.modules())
+
+
+def resolve_precision(
+    precision: str | dict[str, str], device: th.device | str | None = None, convolutional: bool = False
+) -> dict[str, th.dtype]:
+    """
+    The compute dtype of the features extractors in each phase.
+
+    ``"auto"`` is :data:`AUTO_BF16` (bfloat16 autocast in the policy and auxiliary phases, float32 rollouts) for a
+    convolutional features extractor on a CPU with AMX, where it trains faster with the same learning curves (the
+    measurements are in docs/throughput.md and docs/bf16_parity.md); float32 everywhere else.
+
+    :param precision: ``"auto"``, ``"fp32"`` / ``"bf16"`` for every phase, or a dict from phase (``"rollout"``,
+        ``"policy"``, ``"aux"``) to ``"fp32"`` / ``"bf16"`` (missing phases: ``"fp32"``)
+    :param device: the model's device (for ``"auto"``; None: float32)
+    :param convolutional: whether the policy's features extractors hold convolutions (for ``"auto"``)
+    :return: a dtype for each phase
+    """
+    if precision == "auto":
+        fast_bf16 = device is not None and th.device(device).type == "cpu" and convolutional and cpu_has_amx()
+        precision = dict(AUTO_BF16) if fast_bf16 else "fp32"
+    per_phase = dict.fromkeys(PHASES, precision) if isinstance(precision, str) else dict.fromkeys(PHASES, "fp32")
+    if isinstance(precision, dict):
+        unknown = sorted(set(precision) - set(PHASES))
+        if unknown:
+            raise ValueError(f"precision has unknown phases {unknown}: use the keys {list(PHASES)}.")
+        per_phase.update(precision)
+    elif not isinstance(precision, str):
+        raise ValueError(f"precision must be 'auto', 'fp32', 'bf16' or a dict of those per phase, got {precision!r}")
+    for phase, name in per_phase.items():
+        if name not in PRECISIONS:
+            raise ValueError(f"precision {name!r} (phase {phase!r}) is not one of {list(PRECISIONS)} (or 'auto').")
+    return {phase: PRECISIONS[name] for phase, name in per_phase.items()}
+
+
+def resolve_micro_batch_size(micro_batch_size: int | str | None, device: th.device | str, convolutional: bool) -> int | None:
+    """
+    The most samples per forward and backward pass of training (``None``: whole minibatches).
+
+    ``"auto"`` is :data:`AUTO_CPU_MICRO_BATCH_SIZE` for a convolutional features extractor on a CPU, where the
+    activations of the backward pass live in host memory and smaller passes run faster with less memory (measured in
+    docs/throughput.md); whole minibatches elsewhere (MLP extractors; GPUs, where larger batches use the device better).
+
+    :param micro_batch_size: ``"auto"``, a positive integer, or ``None``
+    :param device: the model's device
+    :param convolutional: whether the policy's features extractors hold convolutions
+    :return: the micro-batch size, or ``None``
+    """
+    if micro_batch_size == "auto":
+        return AUTO_CPU_MICRO_BATCH_SIZE if th.device(device).type == "cpu" and convolutional else None
+    return micro_batch_size  # type: ignore[return-value]
+
+
+def memory_info() -> tuple[int | None, int | None]:
+    """
+    The memory available now and the memory this process can have in all, in bytes (None where unknown):
+    ``MemAvailable`` and ``MemTotal`` of ``/proc/meminfo``, the total capped by a cgroup memory limit.
+    """
+    values = {}
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    total = values.get("MemTotal")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as file:
+                limit = int(file.read().strip())
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            continue
+        total = limit if total is None else min(total, limit)
+    return values.get("MemAvailable"), total

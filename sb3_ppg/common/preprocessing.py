@@ -1,0 +1,164 @@
+"""
+What PPG's policies take as observations and actions: the spaces SB3's buffers and networks support (checked with an
+error that names the fix), observations given to ``predict``, and preprocessing that SB3 leaves out.
+"""
+
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose
+from stable_baselines3.common.type_aliases import PyTorchObs
+from stable_baselines3.common.utils import is_vectorized_observation
+
+# The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
+OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+
+
+def check_observation_space(observation_space: spaces.Space, key: str | None = None) -> None:
+    """
+    Refuse, with the space and a fix, an observation space that SB3's buffers and networks cannot take: anything but
+    Box, Discrete, MultiDiscrete and MultiBinary, or a Dict of those (a Dict inside a Dict, a Tuple, a Graph, a
+    Sequence, Text, ...), and a Discrete / MultiDiscrete space whose ``start`` is not 0 (its values would be one-hot
+    encoded as if they started at 0). A Box of shape ``()`` is accepted (one feature).
+
+    :param observation_space: the observation space (of the env, or one entry of a Dict space)
+    :param key: the entry's key when ``observation_space`` is inside a Dict space
+    """
+    where = "" if key is None else f" (key {key!r} of the Dict observation space)"
+    if isinstance(observation_space, spaces.Dict) and key is None:
+        for sub_key, subspace in observation_space.spaces.items():
+            check_observation_space(subspace, sub_key)
+        return
+    if not isinstance(observation_space, OBSERVATION_SPACES):
+        raise ValueError(
+            f"PPG does not support the observation space {observation_space}{where}: its policies take Box, Discrete, "
+            "MultiDiscrete and MultiBinary observations, or a Dict of those (not nested). Convert the observations "
+            "with a gymnasium.ObservationWrapper, e.g. pad a Sequence or Graph into a fixed-shape Box, encode Text as a "
+            "MultiDiscrete of character indices, turn a Tuple into a Dict, flatten a nested Dict."
+        )
+    _check_zero_start(observation_space, f"observation space {observation_space}{where}", "observations")
+
+
+def check_action_space(action_space: spaces.Space) -> None:
+    """
+    Refuse a Discrete / MultiDiscrete action space whose ``start`` is not 0: SB3's distributions sample actions from
+    0, so the env would receive actions outside its space. (The action space's type is checked by SB3.)
+
+    :param action_space: the action space
+    """
+    _check_zero_start(action_space, f"action space {action_space}", "actions")
+
+
+def _check_zero_start(space: spaces.Space, name: str, values: str) -> None:
+    """
+    Refuse a Discrete / MultiDiscrete space whose ``start`` is not 0, with the wrapper that relabels it.
+
+    :param space: a space (only Discrete and MultiDiscrete ones have a ``start``; MultiDiscrete since gymnasium 1.0)
+    :param name: the space, as the error message names it
+    :param values: ``"actions"`` or ``"observations"``
+    """
+    if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) or not np.any(getattr(space, "start", 0)):
+        return
+    if isinstance(space, spaces.MultiDiscrete):
+        start, zero_based = space.start.tolist(), f"MultiDiscrete({space.nvec.tolist()})"
+        offset = f"np.array({start})"
+    else:
+        start, zero_based, offset = int(space.start), f"Discrete({int(space.n)})", str(int(space.start))
+    if values == "actions":
+        problem = "the env would receive actions outside its space"
+        fix = (
+            f"give the model {zero_based} and add the start in a gymnasium.ActionWrapper, e.g. "
+            f"gymnasium.wrappers.TransformAction(env, lambda action: action + {offset}, {zero_based})"
+        )
+    else:
+        problem = "the observations would be one-hot encoded as if they started at 0"
+        fix = "subtract the start in a gymnasium.ObservationWrapper (e.g. gymnasium.wrappers.TransformObservation)"
+    raise ValueError(
+        f"PPG does not support the {name} with start={start}: SB3's networks number the {values} from 0, so {problem}. "
+        f"Declare the space with start=0, or {fix}."
+    )
+
+
+def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:
+    """
+    Check that an observation given to ``predict`` is a dict with exactly the keys of a Dict observation space, each
+    of a valid shape (SB3's message, with the key), and not a dict for any other space.
+
+    :param observation: the observation (one, or a batch)
+    :param observation_space: the model's observation space
+    """
+    if isinstance(observation_space, spaces.Dict):
+        expected = list(observation_space.spaces)
+        if not isinstance(observation, dict):
+            raise ValueError(
+                f"This model takes Dict observations with the keys {expected}, got {type(observation).__name__}: pass a "
+                "dict of arrays (one observation, or a batch along the first axis of every array)."
+            )
+        missing = [key for key in expected if key not in observation]
+        extra = [key for key in observation if key not in observation_space.spaces]
+        if missing or extra:
+            problems = ([f"missing {missing}"] if missing else []) + ([f"unexpected {extra}"] if extra else [])
+            raise ValueError(
+                f"The observation's keys do not match the model's Dict observation space: {', '.join(problems)}. "
+                f"Expected exactly the keys {expected}."
+            )
+        batch_sizes = {}
+        for key, subspace in observation_space.spaces.items():
+            # What SB3's obs_to_tensor checks for each key, whose error would not name the key
+            value = maybe_transpose(observation[key], subspace) if is_image_space(subspace) else np.array(observation[key])
+            try:
+                batch_sizes[key] = len(value) if is_vectorized_observation(value, subspace) else None
+            except ValueError as error:
+                raise ValueError(f"Observation key {key!r}: {error}") from None
+        if len(set(batch_sizes.values())) > 1:
+            counts = ", ".join(
+                f"{key!r}: {'one observation' if size is None else f'a batch of {size}'}" for key, size in batch_sizes.items()
+            )
+            raise ValueError(
+                f"The observation's keys hold different numbers of observations ({counts}): give every key one "
+                "observation, or batches of the same size."
+            )
+    elif isinstance(observation, dict):
+        raise ValueError(
+            f"This model takes {observation_space} observations, got a dict with the keys {list(observation)}: pass "
+            "an array (a Dict observation needs a model trained on a Dict observation space, with MultiInputPolicy)."
+        )
+
+
+def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) -> PyTorchObs:
+    """
+    Give preprocessed observations of a Box of shape ``()`` (a scalar) a feature axis, ``(batch,)`` to
+    ``(batch, 1)``, as the features extractors expect (in a Dict observation too); other observations are returned
+    as they are.
+
+    :param obs: preprocessed observations (a batch)
+    :param observation_space: their space
+    :return: the observations
+    """
+    if isinstance(observation_space, spaces.Dict):
+        assert isinstance(obs, dict)
+        return {key: add_scalar_feature_axis(value, observation_space[key]) for key, value in obs.items()}
+    if isinstance(observation_space, spaces.Box) and observation_space.shape == ():
+        assert isinstance(obs, th.Tensor)
+        return obs.reshape(-1, 1)
+    return obs
+
+
+def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
+    """
+    Refuse observations holding NaN or inf before they reach the networks (integer observations, such as uint8
+    images, cannot hold them and are not looked at).
+
+    :param obs: an observation tensor, or a dict of them
+    :raises ValueError: naming the fix
+    """
+    for key, tensor in obs.items() if isinstance(obs, dict) else [(None, obs)]:
+        if tensor.is_floating_point() and not th.isfinite(tensor).all():
+            where = f"Observation key {key!r}" if key is not None else "The observation"
+            raise ValueError(
+                f"{where} holds NaN or inf values: the policy cannot act on them. Check the environment (wrap it in "
+                "VecCheckNan(env, raise_exception=True) to find the step that produces them), and scale unbounded "
+                "observations (e.g. VecNormalize, which also clips them)."
+            )
