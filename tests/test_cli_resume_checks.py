@@ -22,7 +22,7 @@ from torch import nn
 from sb3_ppg import PPG, PPGCheckpointCallback, PPGEvalCallback
 from sb3_ppg.cli import enjoy, train, zoo
 from sb3_ppg.cli.experiment_manager import read_run_file
-from sb3_ppg.cli.zoo import UnsafeRunFileError
+from sb3_ppg.cli.run_folders import UnsafeRunFileError
 
 ENV_NAME = "CartPole-v1"
 RUN = [

@@ -17,7 +17,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
 from sb3_ppg import PPG
-from sb3_ppg.cli import enjoy, train, zoo
+from sb3_ppg.cli import enjoy, train, vec_env, zoo
 from sb3_ppg.cli import experiment_manager as zoo_manager
 from sb3_ppg.common.envs import DICT_CARTPOLE_ID
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
@@ -177,11 +177,11 @@ def test_experiment_manager_stochastic_procgen_eval(tmp_path: Path):
     manager = zoo.make_experiment_manager(argparse.Namespace(), "ppg", "CartPole-v1", str(tmp_path), vec_env_type="subproc")
     assert manager.deterministic_eval
     assert manager.vec_env_class.fallback_vec_env_cls is SubprocVecEnv
-    assert zoo.is_procgen_env_id("procgen/starpilot-v0") and not zoo.is_procgen_env_id("CartPole-v1")
+    assert vec_env.is_procgen_env_id("procgen/starpilot-v0") and not vec_env.is_procgen_env_id("CartPole-v1")
 
 
 def test_vec_env_factory(tmp_path: Path):
-    factory = zoo.ProcgenVecEnvFactory()
+    factory = vec_env.ProcgenVecEnvFactory()
     env = make_vec_env(
         "procgen/maze-v0",
         n_envs=3,
@@ -206,7 +206,7 @@ def test_vec_env_factory(tmp_path: Path):
     env = make_vec_env("CartPole-v1", n_envs=1, vec_env_cls=factory)  # type: ignore[arg-type]
     assert isinstance(env, DummyVecEnv)
     env.close()
-    env = make_vec_env("CartPole-v1", n_envs=2, vec_env_cls=zoo.ProcgenVecEnvFactory(DummyVecEnv))  # type: ignore[arg-type]
+    env = make_vec_env("CartPole-v1", n_envs=2, vec_env_cls=vec_env.ProcgenVecEnvFactory(DummyVecEnv))  # type: ignore[arg-type]
     assert isinstance(env, DummyVecEnv)
     env.close()
     # Extra gymnasium wrappers: single envs
@@ -252,6 +252,30 @@ def test_run_zoo_restores_sys_argv():
     with pytest.raises(SystemExit):
         zoo.run_zoo("train", ["--algo", "not-an-algo", "--env", "CartPole-v1"])
     assert sys.argv == saved_argv
+
+
+def test_run_zoo_puts_back_the_zoos_registries(monkeypatch):
+    """The zoo's registries hold PPG's entries during a run of the command line only (regression: they stayed)."""
+    import rl_zoo3.train
+    from rl_zoo3 import hyperparams_opt
+    from rl_zoo3.exp_manager import ExperimentManager
+    from rl_zoo3.utils import ALGOS
+
+    before = object()
+    monkeypatch.setitem(ALGOS, "ppg", before)
+    monkeypatch.delitem(hyperparams_opt.HYPERPARAMS_SAMPLER, "ppg", raising=False)
+    monkeypatch.setattr(ExperimentManager, "default_vec_env_cls", None)
+    monkeypatch.setattr(rl_zoo3.train, "ExperimentManager", ExperimentManager)
+    seen = {}
+
+    def train():
+        seen["algo"], seen["manager"] = ALGOS["ppg"], rl_zoo3.train.ExperimentManager
+
+    monkeypatch.setattr(rl_zoo3.train, "train", train)
+    zoo.run_zoo("train", [], keep_checkpoints=2)
+    assert seen["algo"] is PPG and seen["manager"].keywords == {"keep_checkpoints": 2}
+    assert ALGOS["ppg"] is before and "ppg" not in hyperparams_opt.HYPERPARAMS_SAMPLER
+    assert ExperimentManager.default_vec_env_cls is None and rl_zoo3.train.ExperimentManager is ExperimentManager
 
 
 def test_missing_zoo_message(monkeypatch, capsys):

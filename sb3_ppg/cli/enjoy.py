@@ -19,7 +19,9 @@ Example::
 import argparse
 import sys
 
-from sb3_ppg.cli.zoo import UnsafeRunFileError, is_procgen_env_id, run_zoo
+from sb3_ppg.cli.run_folders import UnsafeRunFileError
+from sb3_ppg.cli.vec_env import is_procgen_env_id
+from sb3_ppg.cli.zoo import run_zoo
 
 
 def build_zoo_argv(argv: list[str]) -> list[str]:

@@ -45,7 +45,15 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback, ProgressBarCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
-from sb3_ppg.cli.zoo import RESUME_LATEST, ProcgenVecEnvFactory, UnsafeRunFileError, is_procgen_env_id
+from sb3_ppg.cli.run_folders import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINTS_FOLDER,
+    RESUME_LATEST,
+    RUN_ARGS,
+    RUN_CONFIG,
+    UnsafeRunFileError,
+)
+from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory, is_procgen_env_id
 from sb3_ppg.common import distributed
 from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
@@ -57,12 +65,6 @@ from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.ppg import PPG
 
-#: Sub-folder of a run folder that holds its checkpoints, and their name prefix
-CHECKPOINTS_FOLDER = "checkpoints"
-CHECKPOINT_PREFIX = "ppg"
-#: The files the zoo writes into ``<run folder>/<env name>/``: the hyperparameters, the command line's options
-RUN_CONFIG = "config.yml"
-RUN_ARGS = "args.yml"
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
 EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 
@@ -133,8 +135,8 @@ class RunFileLoader(yaml.SafeLoader):
     - ``!!python/name:<module>.<class>`` (a class given in ``-params``, e.g. ``policy_kwargs:dict(activation_fn=nn.ReLU)``):
       the class, taken from the module only if that module is already imported, and only if it is a class.
 
-    Any other tag raises :class:`~sb3_ppg.cli.zoo.UnsafeRunFileError` naming the file and the tag (the zoo's own loader,
-    ``yaml.UnsafeLoader``, would construct any Python object a tampered file names, running its code).
+    Any other tag raises :class:`~sb3_ppg.cli.run_folders.UnsafeRunFileError` naming the file and the tag (the zoo's
+    own loader, ``yaml.UnsafeLoader``, would construct any Python object a tampered file names, running its code).
     """
 
     def _refuse(self, node: yaml.Node, tag: str | None = None) -> Any:

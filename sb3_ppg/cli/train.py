@@ -28,7 +28,8 @@ import torch.distributed
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
-from sb3_ppg.cli.zoo import RESUME_LATEST, run_zoo
+from sb3_ppg.cli.run_folders import RESUME_LATEST
+from sb3_ppg.cli.zoo import run_zoo
 from sb3_ppg.common import distributed
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenVecEnv

@@ -3,14 +3,14 @@ RL Baselines3 Zoo (``rl_zoo3``) integration: what ``python -m sb3_ppg.train`` / 
 in the zoo before handing over to the zoo's own ``train()`` / ``enjoy()`` (:func:`run_zoo`).
 
 The zoo has no plugin mechanism, but its registries are plain dictionaries and class attributes, shared by all its
-modules. :func:`register_zoo` fills them:
+modules. :func:`register_zoo` fills them (:func:`run_zoo` for its run only, putting back what they held after it):
 
 - ``rl_zoo3.utils.ALGOS["ppg"] = PPG`` (``--algo ppg``);
 - ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER["ppg"]`` / ``HYPERPARAMS_CONVERTER["ppg"]`` (``-optimize``, ``--trial-id``);
 - the gymnasium ids ``procgen/<game>-v0`` and ``sb3_ppg/DictCartPole-v1`` (a Dict-observation CartPole);
-- ``ExperimentManager.default_vec_env_cls``: a :class:`ProcgenVecEnvFactory`, which turns the zoo's list of
-  single Procgen envs into one native :class:`~sb3_ppg.procgen.ProcgenVecEnv` and leaves every other env to the usual
-  ``DummyVecEnv`` / ``SubprocVecEnv``;
+- ``ExperimentManager.default_vec_env_cls``: a :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`, which turns the
+  zoo's list of single Procgen envs into one native :class:`~sb3_ppg.procgen.ProcgenVecEnv` and leaves every other
+  env to the usual ``DummyVecEnv`` / ``SubprocVecEnv``;
 - ``rl_zoo3.train.ExperimentManager``: :func:`make_experiment_manager`, the zoo's experiment manager adjusted for PPG
   (:class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`): stochastic evaluation for Procgen (the zoo only evaluates
   Atari and MiniGrid stochastically; Procgen policies are evaluated with sampled actions, as in the paper), PPG
@@ -24,19 +24,16 @@ import contextlib
 import functools
 import importlib
 import sys
-import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import gymnasium as gym
-from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
+from stable_baselines3.common.vec_env import VecEnv
 from torch import nn
 
+from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.envs import register_dict_cartpole
 from sb3_ppg.ppg import PPG
-from sb3_ppg.procgen import ProcgenGymnasiumEnv, register_procgen_envs
-from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
+from sb3_ppg.procgen import register_procgen_envs
 
 if TYPE_CHECKING:
     import optuna
@@ -46,19 +43,10 @@ ZOO_EXTRA = "zoo"
 # Modules of the zoo extra that ``train`` / ``enjoy`` need (``requests`` is imported by ``rl_zoo3.enjoy`` but not
 # declared by rl_zoo3, see setup.py)
 ZOO_MODULES = ("rl_zoo3", "optuna", "yaml", "huggingface_sb3", "sb3_contrib", "requests")
-#: ``resume`` of the experiment manager for "the latest run of this algorithm and env in the log folder"
-RESUME_LATEST = "latest"
 
 
 class ZooNotInstalledError(ImportError):
     """The RL Zoo (or one of the packages of the ``zoo`` extra) is not installed."""
-
-
-class UnsafeRunFileError(ValueError):
-    """
-    A run folder's ``config.yml`` or ``args.yml`` holds a YAML tag that sb3_ppg does not construct, as it reads run
-    files without running code (see :class:`sb3_ppg.cli.experiment_manager.RunFileLoader`).
-    """
 
 
 def missing_zoo_message(missing: str | None = None) -> str:
@@ -87,112 +75,6 @@ def import_zoo() -> None:
         except ImportError as error:
             missing = error.name or module_name
             raise ZooNotInstalledError(missing_zoo_message(missing)) from error
-
-
-def is_procgen_env_id(env_id: str) -> bool:
-    """
-    Whether a gymnasium id is one of sb3_ppg's Procgen ids (``procgen/<game>-v0``, see
-    :func:`sb3_ppg.procgen.register_procgen_envs`).
-
-    :param env_id: Gymnasium environment id
-    :return: True for a Procgen id
-    """
-    if env_id not in gym.envs.registry:
-        return env_id.startswith("procgen/")
-    spec = gym.spec(env_id)
-    return spec.namespace == "procgen" or "sb3_ppg.procgen" in str(spec.entry_point)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Native vectorized Procgen env for the zoo
-
-
-class ProcgenVecEnvFactory:
-    """
-    Stands in for a ``VecEnv`` class in the zoo (``ExperimentManager.default_vec_env_cls``), which calls it as
-    ``factory(env_fns, **vec_env_kwargs)`` with one env constructor per environment (each wrapped in ``Monitor``).
-
-    For a Procgen env it builds ``env_fns[0]()`` once to read the game and its options (so ``env_kwargs`` and
-    ``--env-kwargs`` / ``--eval-env-kwargs`` still apply), closes it, and returns one native
-    ``ProcgenVecEnv(len(env_fns), game, **options)`` wrapped in ``VecMonitor``: the first layers of
-    :func:`~sb3_ppg.procgen.make_procgen_env`'s chain (:func:`~sb3_ppg.procgen.wrappers.make_monitored_procgen_env`),
-    the zoo adding the reward normalization (``normalize``) and the channel transpose itself. The ``VecMonitor``
-    writes to the probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the
-    training env. All games then run in one C++ env, stepped by procgen's worker threads.
-
-    Any other env (and a Procgen env with extra gymnasium wrappers from ``env_wrapper``) is built with the fallback
-    ``VecEnv`` class.
-
-    :param fallback_vec_env_cls: ``VecEnv`` class for non-Procgen envs. None: ``DummyVecEnv`` for one env,
-        ``SubprocVecEnv`` for several (what ``rl_zoo3.utils.create_test_env`` does by default)
-    """
-
-    def __init__(self, fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
-        self.fallback_vec_env_cls = fallback_vec_env_cls
-
-    def _fallback(self, env_fns: list[Callable[[], gym.Env]], **vec_env_kwargs: Any) -> VecEnv:
-        """
-        :param env_fns: Env constructors
-        :param vec_env_kwargs: Keyword arguments of the ``VecEnv`` class
-        :return: The env built with the fallback class
-        """
-        vec_env_cls = self.fallback_vec_env_cls
-        if vec_env_cls is None:
-            vec_env_cls = SubprocVecEnv if len(env_fns) > 1 else DummyVecEnv
-        return vec_env_cls(env_fns, **vec_env_kwargs)
-
-    def __call__(self, env_fns: list[Callable[[], gym.Env]], **vec_env_kwargs: Any) -> VecEnv:
-        """
-        :param env_fns: Env constructors, as given by ``make_vec_env``
-        :param vec_env_kwargs: Keyword arguments of the ``VecEnv`` class (only used by the fallback)
-        :return: The vectorized env
-        """
-        probe = env_fns[0]()
-        if not isinstance(probe.unwrapped, ProcgenGymnasiumEnv):
-            probe.close()
-            return self._fallback(env_fns, **vec_env_kwargs)
-
-        monitor = None
-        extra_wrappers = []
-        env = probe
-        while isinstance(env, gym.Wrapper):
-            if isinstance(env, Monitor):
-                monitor = env
-            elif not isinstance(env, (gym.wrappers.OrderEnforcing, gym.wrappers.PassiveEnvChecker)):
-                extra_wrappers.append(type(env).__name__)
-            env = env.env
-        if extra_wrappers:
-            probe.close()
-            warnings.warn(
-                f"Procgen env wrapped in {', '.join(extra_wrappers)}: using single envs in a DummyVecEnv "
-                "instead of the native ProcgenVecEnv"
-            )
-            return DummyVecEnv(env_fns)
-
-        procgen_env: ProcgenGymnasiumEnv = probe.unwrapped  # type: ignore[assignment]
-        env_name = procgen_env.env_name
-        procgen_kwargs = dict(procgen_env.procgen_kwargs)
-        if getattr(procgen_env, "render_mode", None) is not None:
-            procgen_kwargs.setdefault("render_mode", procgen_env.render_mode)
-        filename = None
-        info_keywords: tuple[str, ...] = ()
-        append = False
-        if monitor is not None:
-            info_keywords = tuple(monitor.info_keywords)
-            if monitor.results_writer is not None:
-                filename = monitor.results_writer.file_handler.name
-                # A resumed run's log is appended to (Monitor(override_existing=False))
-                append = "a" in monitor.results_writer.file_handler.mode
-        probe.close()
-
-        return make_monitored_procgen_env(
-            len(env_fns),
-            env_name,
-            monitor_filename=filename,
-            monitor_info_keywords=info_keywords,
-            monitor_override_existing=not append,
-            **procgen_kwargs,
-        )
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -298,10 +180,12 @@ def register_envs() -> None:
 
 def register_zoo(fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
     """
-    Make PPG and sb3_ppg's envs available to the RL Zoo (see the module docstring). Safe to call several times.
+    Make PPG and sb3_ppg's envs available to the RL Zoo (see the module docstring), for the rest of the process (the
+    command line's :func:`run_zoo` registers them for its run only: :func:`zoo_registered`). Safe to call several times.
 
     :param fallback_vec_env_cls: ``VecEnv`` class used by ``ExperimentManager.default_vec_env_cls`` for non-Procgen
-        envs (see :class:`ProcgenVecEnvFactory`); training overrides it with the ``--vec-env`` choice
+        envs (see :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`); training overrides it with the ``--vec-env``
+        choice
     :raises ZooNotInstalledError: when the zoo is not installed
     """
     import_zoo()
@@ -320,12 +204,46 @@ def register_zoo(fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
     rl_zoo3.train.ExperimentManager = make_experiment_manager  # type: ignore[assignment, misc]
 
 
+@contextlib.contextmanager
+def zoo_registered(**manager_kwargs: Any) -> Iterator[None]:
+    """
+    Within the context, the zoo knows PPG (:func:`register_zoo`) and its ``train`` builds the experiment manager with
+    ``manager_kwargs``; on leaving it, the zoo's registries hold what they held before (the gymnasium ids stay
+    registered: registering them is harmless and permanent in gymnasium).
+
+    :param manager_kwargs: extra arguments of :class:`~sb3_ppg.cli.experiment_manager.PPGExperimentManager`
+    :raises ZooNotInstalledError: when the zoo is not installed
+    """
+    import_zoo()
+    import rl_zoo3.train
+    from rl_zoo3 import hyperparams_opt
+    from rl_zoo3.exp_manager import ExperimentManager
+    from rl_zoo3.utils import ALGOS
+
+    registries = [ALGOS, hyperparams_opt.HYPERPARAMS_SAMPLER, getattr(hyperparams_opt, "HYPERPARAMS_CONVERTER", {})]
+    saved_entries = [registry.get("ppg") for registry in registries]
+    saved_vec_env_cls, saved_manager = ExperimentManager.default_vec_env_cls, rl_zoo3.train.ExperimentManager
+    try:
+        register_zoo()
+        if manager_kwargs:
+            rl_zoo3.train.ExperimentManager = functools.partial(make_experiment_manager, **manager_kwargs)  # type: ignore[assignment, misc]
+        yield
+    finally:
+        for registry, entry in zip(registries, saved_entries, strict=True):
+            if entry is None:
+                registry.pop("ppg", None)
+            else:
+                registry["ppg"] = entry
+        ExperimentManager.default_vec_env_cls = saved_vec_env_cls
+        rl_zoo3.train.ExperimentManager = saved_manager  # type: ignore[misc]
+
+
 def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     """
-    Register PPG in the zoo (:func:`register_zoo`) and run one of the zoo's command line programs on the given
-    arguments: the zoo's ``train()`` / ``enjoy()`` read ``sys.argv``, which is replaced for the call and restored
-    after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's own
-    command line errors exit. The zoo's ``enjoy`` reads the run folder's ``config.yml`` and ``args.yml`` with
+    Run one of the zoo's command line programs on the given arguments, with PPG registered in the zoo for the run
+    (:func:`zoo_registered`): the zoo's registries and ``sys.argv`` (which the zoo's ``train()`` / ``enjoy()`` read)
+    are put back after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's
+    own command line errors exit. The zoo's ``enjoy`` reads the run folder's ``config.yml`` and ``args.yml`` with
     :class:`sb3_ppg.cli.experiment_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``.
 
     :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
@@ -338,20 +256,18 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     if manager_kwargs and command != "train":
         raise ValueError(f"{', '.join(manager_kwargs)}: options of the train command only")
     try:
-        register_zoo()
+        import_zoo()
     except ZooNotInstalledError as error:
         sys.exit(str(error))
-    module = importlib.import_module(f"rl_zoo3.{command}")
     from sb3_ppg.cli.experiment_manager import zoo_reads_run_files_safely
 
     saved_argv = sys.argv
     sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]
-    if manager_kwargs:
-        module.ExperimentManager = functools.partial(make_experiment_manager, **manager_kwargs)  # type: ignore[attr-defined]
     try:
-        with zoo_reads_run_files_safely() if command == "enjoy" else contextlib.nullcontext():
-            getattr(module, command)()
+        with (
+            zoo_registered(**manager_kwargs),
+            zoo_reads_run_files_safely() if command == "enjoy" else contextlib.nullcontext(),
+        ):
+            getattr(importlib.import_module(f"rl_zoo3.{command}"), command)()
     finally:
         sys.argv = saved_argv
-        if manager_kwargs:
-            module.ExperimentManager = make_experiment_manager  # type: ignore[attr-defined]
