@@ -22,6 +22,20 @@ def test_import_prints_nothing(tmp_path):
     assert output == "", output
 
 
+def test_import_leaves_procgen_unloaded(tmp_path):
+    """
+    ``import sb3_ppg`` imports neither the Procgen package nor gym3 (regression: it did, with procgen's native env
+    module and gym3's cffi wrappers); the first Procgen env does.
+    """
+    code = (
+        "import sys, sb3_ppg; print(sorted({m.split('.')[0] for m in sys.modules} & {'procgen', 'procgen_gym', 'gym3'}))"
+        "; sb3_ppg.ProcgenVecEnv(1, 'starpilot').close()"
+        "; print(sorted({m.split('.')[0] for m in sys.modules} & {'procgen', 'procgen_gym'}))"
+    )
+    package = "procgen_gym" if sys.version_info >= (3, 13) else "procgen"
+    assert run_python(code, str(tmp_path)).splitlines() == ["[]", f"['{package}']"]
+
+
 def run_python(code: str, cwd: str) -> str:
     """Standard output and error of ``python -c code`` (which must succeed), with this checkout first on the path."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (ROOT, os.environ.get("PYTHONPATH")))))

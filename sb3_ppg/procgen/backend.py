@@ -6,44 +6,75 @@ The package that provides Procgen's C++ games, behind one interface.
 - ``procgen_gym`` (``procgen-gym``, Python 3.13): a Gymnasium port of the same C++ code, built against numpy 2, with
   neither gym nor gym3; its vectorized env is a ``gymnasium.vector.VectorEnv``.
 
-:func:`make_native_env` builds the C++ vectorized env of whichever is installed (``procgen`` first) and returns it
-with the part of gym3's interface that :mod:`sb3_ppg.procgen` uses (``act``, ``observe``, ``get_info``,
-``get_state``, ``set_state``, ``close``). Both run the same C++ games: the same seed gives the same levels, dynamics,
-rewards, episode ends and states; the frames are bit-identical except for a few pixels in the games whose sprites
-the two builds' renderers draw differently (CoinRun, CaveFlyer, Jumper, Ninja).
+:func:`make_native_env` builds the C++ vectorized env of whichever is installed (``procgen`` first; imported on first
+use, :func:`backend`) and returns it with the part of gym3's interface that :mod:`sb3_ppg.procgen` uses (``act``,
+``observe``, ``get_info``, ``get_state``, ``set_state``, ``close``). Both run the same C++ games: the same seed gives
+the same levels, dynamics, rewards, episode ends and states; the frames are bit-identical except for a few pixels in
+the games whose sprites the two builds' renderers draw differently (CoinRun, CaveFlyer, Jumper, Ninja).
 """
 
+import functools
 import gc
+import importlib
 import os
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-_procgen: ModuleType | None
-_procgen_gym: ModuleType | None
-try:
-    import procgen as _procgen
-    import procgen.env as _env_module
-except ImportError:  # Python 3.13: procgen-gym
-    _procgen = None
-    try:
-        import procgen_gym as _procgen_gym
-        import procgen_gym.env as _env_module
-    except ImportError:
-        _procgen_gym = None
-        _env_module = None
-else:
-    _procgen_gym = None
 
-#: The installed Procgen package: ``"procgen"`` (procgen or procgen-mirror), ``"procgen-gym"``, or ``None``
-BACKEND: str | None = "procgen" if _procgen is not None else ("procgen-gym" if _procgen_gym is not None else None)
-#: The package's module that defines the games, modes and assets (``ENV_NAMES``, ``DISTRIBUTION_MODE_DICT``, ...)
-ENV_MODULE: ModuleType | None = _env_module
-#: Folder of the game assets (procgen's default ``resource_root``)
-ASSETS_DIR: str | None = None if _env_module is None else os.path.join(_env_module.SCRIPT_DIR, "data", "assets") + os.sep
-#: ``procgen.ProcgenGym3Env`` (what legacy ``gym.make("procgen:...")`` envs wrap); ``None`` with procgen-gym
-ProcgenGym3Env: type | None = None if _procgen is None else _procgen.ProcgenGym3Env
+class Backend(NamedTuple):
+    """The installed Procgen package, imported on first use (see :func:`backend`)."""
+
+    #: ``"procgen"`` (procgen or procgen-mirror), ``"procgen-gym"``, or ``None`` when neither is installed
+    name: str | None
+    #: The package's module that defines the games, modes and assets (``ENV_NAMES``, ``DISTRIBUTION_MODE_DICT``, ...)
+    env_module: ModuleType | None
+    #: Folder of the game assets (procgen's default ``resource_root``)
+    assets_dir: str | None
+    #: ``procgen.ProcgenGym3Env`` (what legacy ``gym.make("procgen:...")`` envs wrap); ``None`` with procgen-gym
+    gym3_env_class: type | None
+    #: The ``procgen_gym`` package (Python 3.13), or ``None``
+    procgen_gym: ModuleType | None
+
+
+@functools.cache
+def backend() -> Backend:
+    """
+    Import the installed Procgen package (``procgen`` first, else ``procgen_gym``), once: ``import sb3_ppg`` does not
+    load it (nor gym3 and gym), the first Procgen env or option check does.
+
+    :return: what sb3_ppg uses of it
+    """
+    try:
+        procgen = importlib.import_module("procgen")
+        env_module = importlib.import_module("procgen.env")
+        name, gym3_env_class, procgen_gym = "procgen", procgen.ProcgenGym3Env, None
+    except ImportError:  # Python 3.13: procgen-gym
+        try:
+            procgen_gym = importlib.import_module("procgen_gym")
+            env_module = importlib.import_module("procgen_gym.env")
+            name, gym3_env_class = "procgen-gym", None
+        except ImportError:
+            return Backend(None, None, None, None, None)
+    assets_dir = os.path.join(env_module.SCRIPT_DIR, "data", "assets") + os.sep
+    return Backend(name, env_module, assets_dir, gym3_env_class, procgen_gym)
+
+
+#: The module attributes of earlier versions (``BACKEND``, ``ENV_MODULE``, ``ASSETS_DIR``, ``ProcgenGym3Env``), read
+#: from :func:`backend` when asked for
+_BACKEND_ATTRIBUTES = {
+    "BACKEND": "name",
+    "ENV_MODULE": "env_module",
+    "ASSETS_DIR": "assets_dir",
+    "ProcgenGym3Env": "gym3_env_class",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _BACKEND_ATTRIBUTES:
+        return getattr(backend(), _BACKEND_ATTRIBUTES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_resource_root(resource_root: str) -> str:
@@ -56,21 +87,22 @@ def check_resource_root(resource_root: str) -> str:
     :return: The folder, ending with a path separator (as procgen expects)
     :raises ValueError: when the folder does not exist or lacks one of procgen's asset files
     """
+    assets_dir = backend().assets_dir
     if not os.path.isdir(resource_root):
         raise ValueError(
             f"resource_root {resource_root!r} is not a folder: pass a folder with procgen's asset layout "
-            f"(a copy of {ASSETS_DIR!r}), or leave resource_root out to use procgen's own assets."
+            f"(a copy of {assets_dir!r}), or leave resource_root out to use procgen's own assets."
         )
     resource_root = os.path.join(resource_root, "")
-    if ASSETS_DIR is not None and os.path.abspath(resource_root) != os.path.abspath(ASSETS_DIR):
-        for folder, _, files in os.walk(ASSETS_DIR):
-            relative = os.path.relpath(folder, ASSETS_DIR)
+    if assets_dir is not None and os.path.abspath(resource_root) != os.path.abspath(assets_dir):
+        for folder, _, files in os.walk(assets_dir):
+            relative = os.path.relpath(folder, assets_dir)
             missing = [name for name in files if not os.path.isfile(os.path.join(resource_root, relative, name))]
             if missing:
                 raise ValueError(
                     f"resource_root {resource_root!r} lacks procgen's asset "
                     f"{os.path.normpath(os.path.join(relative, missing[0]))!r} (procgen would exit the process on "
-                    f"it): copy the whole asset folder {ASSETS_DIR!r} and replace the files you want to change."
+                    f"it): copy the whole asset folder {assets_dir!r} and replace the files you want to change."
                 )
     return resource_root
 
@@ -90,8 +122,9 @@ class ProcgenGymAdapter:
     def __init__(self, num: int, env_name: str, render_mode: str | None = None, **options: Any):
         self.num = num
         self.options = dict(options, env_name=env_name)
-        assert _procgen_gym is not None, "procgen-gym is not installed"
-        self._venv = _procgen_gym.ProcgenVecEnv(num_envs=num, env_name=env_name, render_mode=render_mode, **options)
+        procgen_gym = backend().procgen_gym
+        assert procgen_gym is not None, "procgen-gym is not installed"
+        self._venv = procgen_gym.ProcgenVecEnv(num_envs=num, env_name=env_name, render_mode=render_mode, **options)
         self._observe()
 
     def _observe(self) -> None:
@@ -137,7 +170,8 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
     :param options: procgen's other options
     :return: a ``procgen.ProcgenGym3Env``, or a :class:`ProcgenGymAdapter` over procgen-gym
     """
-    if ProcgenGym3Env is not None:
+    installed = backend()
+    if installed.gym3_env_class is not None:
         # gym3 reaches the C library through cffi, which resolves each function on first use under a lock that is not
         # reentrant. A lost env freed by the garbage collector at that moment closes itself through the same lock
         # and the process hangs forever (seen in the test suite). So the collector is paused while the env is built,
@@ -145,7 +179,7 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
         collecting = gc.isenabled()
         gc.disable()
         try:
-            env = ProcgenGym3Env(num=num, env_name=env_name, render_mode=render_mode, **options)
+            env = installed.gym3_env_class(num=num, env_name=env_name, render_mode=render_mode, **options)
             library = getattr(env, "_c_lib", None)
             for name in dir(library) if library is not None else ():
                 getattr(library, name, None)
@@ -153,7 +187,7 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
             if collecting:
                 gc.enable()
         return env
-    if _procgen_gym is not None:
+    if installed.procgen_gym is not None:
         return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
     raise ImportError(
         "No Procgen package is installed: sb3-ppg installs procgen-mirror (Python 3.11, 3.12), procgen (3.10) or "

@@ -9,7 +9,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from sb3_ppg.procgen.backend import ASSETS_DIR, ProcgenGym3Env
+from sb3_ppg.procgen.backend import backend
 from sb3_ppg.procgen.games import (
     MAX_INT32,
     PROCGEN_N_ACTIONS,
@@ -177,7 +177,8 @@ def _find_procgen_gym3_env(env: Any) -> Any:
     :param env: What ``gym.make("procgen:procgen-<game>-v0")`` returns (or shimmy's wrapper of it)
     :return: The ``ProcgenGym3Env``, or ``None`` (always with procgen-gym, which has no legacy gym envs)
     """
-    if ProcgenGym3Env is None:
+    gym3_env_class = backend().gym3_env_class
+    if gym3_env_class is None:
         return None
     # shimmy's GymV21CompatibilityV0 / GymV26CompatibilityV0 keep the legacy env in ``gym_env``
     inner = getattr(env, "gym_env", env)
@@ -185,7 +186,7 @@ def _find_procgen_gym3_env(env: Any) -> Any:
     inner = getattr(inner, "unwrapped", inner)
     # gym3 wrappers (ExtractDictObWrapper, ViewerWrapper) keep the wrapped env in ``env``
     for _ in range(10):
-        if isinstance(inner, ProcgenGym3Env):
+        if isinstance(inner, gym3_env_class):
             return inner
         inner = getattr(inner, "env", None)
         if inner is None:
@@ -217,7 +218,7 @@ def convert_legacy_procgen_env(env: Any) -> ProcgenGymnasiumEnv:
         )
     options = gym3_env.options
     mode_names = {0: "easy", 1: "hard", 2: "extreme", 10: "memory"}
-    defaults = {**PROCGEN_OPTIONS, "resource_root": ASSETS_DIR}
+    defaults = {**PROCGEN_OPTIONS, "resource_root": backend().assets_dir}
     # Only the options that differ from procgen's defaults
     procgen_kwargs = {key: options[key] for key in PROCGEN_OPTIONS if key in options and options[key] != defaults[key]}
     # "exploration" is stored as "hard" on one fixed level, which is what ``num_levels``/``start_level`` give back
