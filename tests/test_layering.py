@@ -1,0 +1,227 @@
+"""
+The package's layers and the rule between them: ``cli -> ppg (the algorithm) -> common`` and ``cli -> procgen -> common``,
+no import cycle. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
+(relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
+that breaks it, so that it is shown to fail.
+"""
+
+import ast
+import pathlib
+import textwrap
+from collections import deque
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent / "sb3_ppg"
+
+#: The layer each top-level part of the package belongs to; any other module (the package's ``__init__``, the entry
+#: points ``train`` / ``enjoy`` / ``plot`` and the re-export modules kept for old model zips) is the facade
+LAYERS = {"cli": "cli", "ppg": "algorithm", "procgen": "procgen", "common": "common"}
+#: What each layer may import: downwards only. The facade may import anything, and nothing may import it.
+ALLOWED = {
+    "common": {"common"},
+    "procgen": {"procgen", "common"},
+    "algorithm": {"algorithm", "common"},
+    "cli": {"cli", "algorithm", "procgen", "common"},
+    "facade": {"facade", "cli", "algorithm", "procgen", "common"},
+}
+
+
+def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
+    """Every module of the package under ``root``, by its dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool, modules: set[str], package: str) -> set[str]:
+    """
+    The package's modules that a module's source imports: every ``Import`` and ``ImportFrom`` node, wherever it stands
+    (functions, ``if TYPE_CHECKING:``); ``from a import b`` counts as importing ``a.b`` where that is a module, else
+    ``a``; a name that is no module (``import pkg.mod.attr``) counts as its longest module prefix.
+    """
+    found = set()
+    current_package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level > 0:
+                base_parts = current_package.split(".")[: len(current_package.split(".")) - node.level + 1]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target != package and not target.startswith(package + "."):
+                continue
+            while target not in modules:
+                target = target.rpartition(".")[0]
+            found.add(target)
+    return found
+
+
+def import_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (see ``imported_modules``)."""
+    modules = module_names(root, package)
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[module] = imported_modules(tree, module, path.name == "__init__.py", set(modules), package) - {module}
+    return graph
+
+
+def layer_of(module: str) -> str:
+    """The layer of a module (``module`` without the package's name as its first part)."""
+    parts = module.split(".")
+    return LAYERS.get(parts[1], "facade") if len(parts) > 1 else "facade"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import against the rule, as ``importer (layer) -> imported (layer)``."""
+    violations = []
+    for module, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            if layer_of(target) not in ALLOWED[layer_of(module)]:
+                violations.append(f"{module} ({layer_of(module)}) -> {target} ({layer_of(target)})")
+    return violations
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: one per strongly connected group of modules (Tarjan's algorithm), as a closed path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(_closed_path(sorted(group), graph))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def _closed_path(group: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """The shortest path from a group's first module back to it, through modules of the group (for the message)."""
+    start, members = group[0], set(group)
+    previous: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        module = queue.popleft()
+        for target in sorted(graph[module] & members):
+            if target == start:
+                path = [module]
+                while path[-1] != start:
+                    path.append(previous[path[-1]])
+                return [*reversed(path), start]
+            if target not in previous:
+                previous[target] = module
+                queue.append(target)
+    raise AssertionError(f"{group} is not a cycle")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The package
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(ROOT, "sb3_ppg")
+
+
+def test_every_import_goes_down_the_layers(graph):
+    assert layer_violations(graph) == []
+
+
+def test_no_import_cycle(graph):
+    assert import_cycles(graph) == []
+
+
+def test_the_graph_sees_every_layer(graph):
+    """The parser finds the package's real imports (a graph without edges would pass the checks above)."""
+    assert "sb3_ppg.common.buffers" in graph["sb3_ppg.ppg.ppg"]
+    assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.train"]  # from sb3_ppg.ppg import PPG: the package
+    assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
+    assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
+    assert {layer_of(module) for module in graph} == {"facade", "cli", "algorithm", "procgen", "common"}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Each check fails where it should: a synthetic package "pkg" with one broken rule at a time
+
+
+def synthetic_graph(tmp_path: pathlib.Path, sources: dict[str, str]) -> dict[str, set[str]]:
+    """Write the modules of a package ``pkg`` (path -> source) and parse them as the real package is."""
+    for name, source in {"__init__.py": "", **sources}.items():
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(textwrap.dedent(source))
+    return import_graph(tmp_path / "pkg", "pkg")
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # (b) common imports the algorithm, under TYPE_CHECKING (type-only imports count)
+        (
+            {"common/run.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.ppg.ppg import PPG\n"},
+            "pkg.common.run (common) -> pkg.ppg.ppg (algorithm)",
+        ),
+        # (b) common imports the command line, inside a function
+        ({"common/run.py": "def f():\n    import pkg.cli.zoo\n"}, "pkg.common.run (common) -> pkg.cli.zoo (cli)"),
+        # (c) the algorithm imports the command line, relatively
+        ({"ppg/ppg.py": "from ..cli import zoo\n", "cli/zoo.py": ""}, "pkg.ppg.ppg (algorithm) -> pkg.cli.zoo (cli)"),
+        # (d) procgen imports the algorithm, or the command line
+        ({"procgen/env.py": "from pkg.ppg import losses\n"}, "pkg.procgen.env (procgen) -> pkg.ppg.losses (algorithm)"),
+        ({"procgen/env.py": "from pkg.cli.zoo import run\n"}, "pkg.procgen.env (procgen) -> pkg.cli.zoo (cli)"),
+        # common imports procgen; the algorithm imports procgen; a layer imports the facade
+        ({"common/envs.py": "from pkg.procgen import games\n"}, "pkg.common.envs (common) -> pkg.procgen.games (procgen)"),
+        ({"ppg/ppg.py": "import pkg.procgen.games.PROCGEN\n"}, "pkg.ppg.ppg (algorithm) -> pkg.procgen.games (procgen)"),
+        ({"common/buffers.py": "from pkg import PPG\n"}, "pkg.common.buffers (common) -> pkg (facade)"),
+    ],
+)
+def test_layer_check_fails_on_a_wrong_import(tmp_path, sources, violation):
+    sources = {"ppg/losses.py": "", "ppg/ppg.py": "", "procgen/games.py": "", "cli/zoo.py": "", **sources}
+    assert layer_violations(synthetic_graph(tmp_path, sources)) == [violation]
+
+
+def test_cycle_check_fails_on_a_cycle_closed_by_a_type_only_import(tmp_path):
+    graph = synthetic_graph(
+        tmp_path,
+        {
+            "common/a.py": "from pkg.common import b\n",
+            "common/b.py": "from . import c\n",
+            "common/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import Thing\n",
+            "common/d.py": "from pkg.common import a\n",  # imports the cycle without being in it
+        },
+    )
+    assert layer_violations(graph) == []
+    assert import_cycles(graph) == [["pkg.common.a", "pkg.common.b", "pkg.common.c", "pkg.common.a"]]
