@@ -6,6 +6,7 @@ import signal
 import sys
 
 import numpy as np
+from small_model import small_ppg  # tests/: this script's folder
 from stable_baselines3.common.env_util import make_vec_env
 
 import sb3_ppg.common.array_files
@@ -59,10 +60,7 @@ try:
     model = PPG.load_checkpoint(folder / "checkpoints", env=env)
     print(f"resumed at {model.num_timesteps}", flush=True)
 except FileNotFoundError:
-    model = PPG(
-        "MlpPolicy", env, n_steps=16, batch_size=16, n_policy_iters=3, n_aux_epochs=2, aux_batch_rollouts=1,
-        policy_kwargs=dict(net_arch=[16]), seed=0,
-    )  # fmt: skip
+    model = small_ppg(env, n_policy_iters=3, n_aux_epochs=2)
     print("started", flush=True)
 model.learn(total - model.num_timesteps, reset_num_timesteps=False, callback=callback)
 params = {name: tensor.numpy() for name, tensor in model.policy.state_dict().items()}

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from double_precision import run_in_float64  # tests/ is on sys.path: this script's folder, or added by the test
+from small_model import small_ppg
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
@@ -129,17 +130,7 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
     """CartPole with reward normalization through an aux phase; rank 0 saves the model."""
     n_envs = distributed.local_n_envs(GLOBAL_ENVS)
     env = VecNormalize(make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), norm_obs=False, gamma=0.99)
-    model = PPG(
-        "MlpPolicy",
-        env,
-        n_steps=16,
-        n_policy_iters=2,
-        n_aux_epochs=1,
-        aux_batch_rollouts=2,
-        seed=0,
-        policy_kwargs=dict(net_arch=[16]),
-        tensorboard_log=os.path.join(out_dir, "tensorboard"),
-    )
+    model = small_ppg(env, batch_size=None, aux_batch_rollouts=2, tensorboard_log=os.path.join(out_dir, "tensorboard"))
     model.learn(4 * 16 * GLOBAL_ENVS, progress_bar=True)
     model.save(os.path.join(out_dir, f"model_rank{distributed.get_rank()}"))  # a no-op on rank 1
     return dict(

@@ -16,7 +16,6 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
 from sb3_ppg.common.checkpoints.lock import lock_folder
-from tests.conftest import small_ppg
 
 N_ENVS, N_STEPS = 2, 16
 ITERATION = N_ENVS * N_STEPS  # env steps per iteration
@@ -47,10 +46,10 @@ def checkpoint_names(folder: pathlib.Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> tuple[pathlib.Path, dict[str, th.Tensor]]:
+def reference(tmp_path_factory, make_model) -> tuple[pathlib.Path, dict[str, th.Tensor]]:
     """An uninterrupted run with a checkpoint every iteration (all kept), and its final parameters."""
     folder = tmp_path_factory.mktemp("reference") / "run"
-    model = small_ppg(make_env(), **RUN)
+    model = make_model(make_env(), **RUN)
     model.learn(TOTAL, callback=callback(folder))
     return folder, parameters(model)
 
@@ -95,10 +94,10 @@ def test_rollback_to_the_oldest_of_three(reference, run):
     assert_identical(parameters(model), reference[1])
 
 
-def test_second_learn_counting_from_zero(tmp_path):
+def test_second_learn_counting_from_zero(tmp_path, make_model):
     """A second learn() that counts its steps from 0 again: its checkpoints are the newest ones (not pruned as the
     oldest), and the folder loads its last one."""
-    model = small_ppg(make_env(), **RUN)
+    model = make_model(make_env(), **RUN)
     model.learn(TOTAL, callback=callback(tmp_path, keep_last=2))
     model.learn(3 * ITERATION, callback=callback(tmp_path, keep_last=2))
     assert checkpoint_names(tmp_path) == [f"ppg_{2 * ITERATION}_steps", f"ppg_{3 * ITERATION}_steps"]
@@ -107,7 +106,7 @@ def test_second_learn_counting_from_zero(tmp_path):
     assert_identical(parameters(loaded), parameters(model))
 
 
-def test_pruning_deletes_only_its_own_files(reference, tmp_path):
+def test_pruning_deletes_only_its_own_files(reference, tmp_path, make_model):
     """Symbolic links out of save_path (the rollouts folder, an old checkpoint from a backup) and files sb3_ppg did not
     write are left alone, with a warning."""
     save = tmp_path / "save"
@@ -121,7 +120,7 @@ def test_pruning_deletes_only_its_own_files(reference, tmp_path):
     (save / "ppg_48_steps").mkdir()  # an incomplete checkpoint holding a file of the user's
     (save / "ppg_48_steps" / "notes.txt").write_text("mine")
     (save / ".notes.txt.tmp-1").write_text("mine")
-    model = small_ppg(make_env(), **RUN)
+    model = make_model(make_env(), **RUN)
     with pytest.warns(UserWarning) as warned:
         model.learn(TOTAL, callback=callback(save, keep_last=2))
     messages = "\n".join(str(warning.message) for warning in warned)
@@ -191,9 +190,9 @@ def test_refused_for_sb3_ppo(tmp_path):
     assert not (tmp_path / "save").exists()
 
 
-def test_interrupted_train_writes_no_checkpoint(tmp_path, monkeypatch):
+def test_interrupted_train_writes_no_checkpoint(tmp_path, monkeypatch, make_model):
     """Ctrl-C inside train(), then on_training_end() (as the RL Zoo calls it): no checkpoint of the half-trained model."""
-    model = small_ppg(make_env(), **RUN)
+    model = make_model(make_env(), **RUN)
     checkpoints = callback(tmp_path)
     original = PPG._policy_phase
     calls = []
@@ -217,7 +216,7 @@ def hold_lock(folder: str, ready, release) -> None:
     release.wait(30)
 
 
-def test_another_process_writing_here(tmp_path):
+def test_another_process_writing_here(tmp_path, make_model):
     """A second run writing into a folder a live process has locked stops at its start, naming that process; the lock
     of a process that ended does not block."""
     context = multiprocessing.get_context("fork")
@@ -226,7 +225,7 @@ def test_another_process_writing_here(tmp_path):
     holder.start()
     try:
         assert ready.wait(30)
-        model = small_ppg(make_env(), **RUN)
+        model = make_model(make_env(), **RUN)
         with pytest.raises(RuntimeError, match=rf"Another run is writing here \(pid {holder.pid} on "):
             model.learn(TOTAL, callback=callback(tmp_path))
         assert checkpoint_names(tmp_path) == []

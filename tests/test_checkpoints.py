@@ -44,17 +44,15 @@ def checkpoint_dir(folder: pathlib.Path, steps: int) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, make_model):
     """The uninterrupted run (a checkpoint every iteration), and the same run without callback."""
     folder = tmp_path_factory.mktemp("reference")
-    from tests.conftest import small_ppg
-
     runs = {}
     for normalize in (False, True):
-        model = small_ppg(make_env(normalize=normalize), **RUN)
+        model = make_model(make_env(normalize=normalize), **RUN)
         callback = PPGCheckpointCallback(N_STEPS, str(folder / str(normalize)), name_prefix="ppg")
         model.learn(TOTAL, callback=callback)
-        plain = small_ppg(make_env(normalize=normalize), **RUN).learn(TOTAL)
+        plain = make_model(make_env(normalize=normalize), **RUN).learn(TOTAL)
         runs[normalize] = (folder / str(normalize), parameters(model), parameters(plain), model)
     return runs
 
@@ -292,17 +290,16 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
         assert agent._n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
 
 
-def test_procgen_resume_bit_identical(tmp_path):
+def test_procgen_resume_bit_identical(tmp_path, make_model):
     """make_procgen_env at a tiny size: the games' native states travel in the checkpoint; resuming is exact."""
     from sb3_ppg import make_procgen_env
 
     def make(seed: int = 5):
         return make_procgen_env("starpilot", n_envs=2, seed=seed, num_threads=1)
 
-    hyperparams = dict(n_steps=8, batch_size=8, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, seed=3, device="cpu")
     policy_kwargs = dict(arch="detach", features_extractor_kwargs=dict(channels=(4, 4, 4), features_dim=16))
     total = 5 * 16
-    model = PPG("ProcgenCnn", make(), policy_kwargs=policy_kwargs, **hyperparams)
+    model = make_model(make(), "ProcgenCnn", policy_kwargs, n_steps=8, batch_size=8, seed=3, device="cpu")
     model.learn(total, callback=PPGCheckpointCallback(8, str(tmp_path / "run"), name_prefix="ppg"))
     params = parameters(model)
     # Cut inside an N_pi cycle (3 iterations: one stored) and resume on an env built with another seed

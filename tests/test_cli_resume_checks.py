@@ -146,9 +146,9 @@ def test_resume_keeps_the_run_hyperparameters_when_the_file_changed(finished_run
     assert {name: (run / ENV_NAME / name).read_bytes() for name in run_files} == run_files
 
 
-def test_resume_refuses_a_checkpoint_written_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_resume_refuses_a_checkpoint_written_from_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_model):
     project = tmp_path / "project"
-    model = PPG("MlpPolicy", make_vec_env(ENV_NAME, 2), n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=2)
+    model = make_model(ENV_NAME, n_envs=2, aux_batch_rollouts=2)
     model.learn(32, callback=PPGCheckpointCallback(16, str(project / "checkpoints"), name_prefix="rl_model"))
     before = folder_contents(project)
     monkeypatch.chdir(project)

@@ -1,6 +1,7 @@
 """Hostile inputs: wrong types, negative or non-finite values and schedules, malformed ``net_arch``, NaN
 observations, non-finite gradients and oversized auxiliary buffers, each refused with an error naming the fix."""
 
+import os
 import re
 
 import gymnasium as gym
@@ -22,13 +23,28 @@ INTEGER_HYPERPARAMETERS = (
 )
 
 
-@pytest.mark.parametrize("name", INTEGER_HYPERPARAMETERS)
-@pytest.mark.parametrize("value", [2.5, "256", True, None, [4]])
+#: The integer hyperparameters whose documented default is None
+NONE_DEFAULTS = ("batch_size", "n_value_epochs")
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        (name, value)
+        for name in INTEGER_HYPERPARAMETERS
+        for value in (2.5, "256", True, None, [4])
+        if not (value is None and name in NONE_DEFAULTS)
+    ],
+)
 def test_non_integer_hyperparameters_are_named(make_model, name, value):
-    if value is None and name in ("batch_size", "n_value_epochs"):
-        return  # None is their documented default
     with pytest.raises(ValueError, match=rf"{name} must be an integer, got {re.escape(repr(value))}"):
         make_model(**{name: value})
+
+
+def test_none_means_the_default_of_batch_size_and_n_value_epochs(make_model):
+    model = make_model("CartPole-v1", n_envs=2, batch_size=None, n_epochs=3, n_value_epochs=None)
+    assert model.batch_size == 2 * 16 // 8  # 8 minibatches of the rollout
+    assert model.n_value_epochs == 3 and model.value_optimizer is None  # joint value and policy epochs
 
 
 def test_numpy_integers_are_accepted_as_python_ints(make_model):
@@ -70,7 +86,14 @@ def test_schedule_with_bad_value_stops_at_phase_start(make_model, name, bad):
 
 
 def test_schedules_reaching_zero_are_fine(make_model):
-    make_model(learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, clip_range_vf=lambda p: p).learn(64)
+    model = make_model(learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, clip_range_vf=lambda p: p)
+    model.learn(64)
+    # The last iteration ran at progress 0: a learning rate and clip ranges of 0, accepted
+    assert model.num_timesteps == 64 and model._n_aux_phases == 2
+    assert model.policy.optimizer.param_groups[0]["lr"] == 0.0
+    logged = model.logger.name_to_value
+    assert logged["train/clip_range"] == 0.0 and logged["train/clip_range_vf"] == 0.0
+    assert all(th.isfinite(parameter).all() for parameter in model.policy.parameters())
 
 
 def test_schedules_are_evaluated_at_progress_zero_after_the_total(make_model):
@@ -91,8 +114,13 @@ def test_schedules_are_evaluated_at_progress_zero_after_the_total(make_model):
 
 def test_valid_integer_and_float_types_still_train(make_model):
     model = make_model(gamma=np.float32(0.99), ent_coef=0, learning_rate=np.float64(1e-3), n_aux_epochs=np.int32(1))
+    before = [parameter.detach().clone() for parameter in model.policy.parameters()]
     model.learn(32)
-    assert gym is not None
+    # The NumPy integer is a Python int; the NumPy floats are used as the numbers they are
+    assert type(model.n_aux_epochs) is int and model.gamma == np.float32(0.99)
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    assert model.num_timesteps == 32 and model._n_aux_phases == 1
+    assert not all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
 
 
 OBS_SPACE = gym.spaces.Box(-1, 1, (4,), np.float32)
@@ -287,9 +315,11 @@ def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
 def test_memory_info_reads_this_machine():
     from sb3_ppg.common.precision import memory_info
 
+    if not os.path.isfile("/proc/meminfo"):
+        pytest.skip("no /proc/meminfo here: memory_info() knows nothing")
     available, total = memory_info()
-    if total is not None:
-        assert total > 0 and (available is None or 0 < available)
+    assert total is not None and available is not None
+    assert available > 0 and total > 0  # (a cgroup limit may make the total the smaller one)
 
 
 def test_one_sample_rollouts_need_no_advantage_normalization():
@@ -339,7 +369,7 @@ def test_closed_procgen_envs_say_so():
             use()
 
 
-def test_procgen_resume_with_other_games_is_refused_before_their_states_are_set(tmp_path):
+def test_procgen_resume_with_other_games_is_refused_before_their_states_are_set(tmp_path, make_model):
     """Resuming a Procgen checkpoint on other levels would train on silently, on another game procgen's C++
     assertion would end the process: the saved settings are compared first, naming both values."""
     from sb3_ppg import PPGCheckpointCallback, make_procgen_env
@@ -348,8 +378,7 @@ def test_procgen_resume_with_other_games_is_refused_before_their_states_are_set(
         return make_procgen_env(env_name, n_envs=2, seed=1, num_threads=1, **kwargs)
 
     policy_kwargs = dict(arch="detach", features_extractor_kwargs=dict(channels=(4, 4, 4), features_dim=16))
-    hyperparams = dict(n_steps=8, batch_size=8, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1, seed=3)
-    model = PPG("ProcgenCnn", make(), policy_kwargs=policy_kwargs, **hyperparams)
+    model = make_model(make(), "ProcgenCnn", policy_kwargs, n_steps=8, batch_size=8, seed=3)
     model.learn(16, callback=PPGCheckpointCallback(8, str(tmp_path), name_prefix="ppg"))
     for env_name, kwargs, message in (
         ("starpilot", dict(distribution_mode="hard"), "distribution_mode='hard' in the env, 'easy' in the checkpoint"),

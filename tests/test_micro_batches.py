@@ -22,15 +22,14 @@ SGD = dict(net_arch=[16], optimizer_class=th.optim.SGD, optimizer_kwargs=dict(mo
 # Whole and split minibatches sum the same terms in another order: in float64 they agree far below this
 FLOAT64_TOLERANCE = dict(rtol=0.0, atol=1e-10)
 # Two envs x 16 steps, minibatches of 32 samples (policy) and 2 rollouts = 32 samples (aux), one aux phase
-CONFIG = dict(n_steps=16, batch_size=32, n_epochs=2, n_policy_iters=2, n_aux_epochs=2, aux_batch_rollouts=2, seed=0)
+CONFIG = dict(batch_size=32, n_epochs=2, n_aux_epochs=2, aux_batch_rollouts=2, precision="fp32")
 
 
-def train(micro_batch_size: int | None, env_id: Any = "CartPole-v1", **overrides: Any) -> PPG:
-    """Two policy iterations and one auxiliary phase of a small model, in float64."""
+def train(make_model: Any, micro_batch_size: int | None, env_id: Any = "CartPole-v1", **overrides: Any) -> PPG:
+    """Two policy iterations and one auxiliary phase of the small model, in float64."""
     policy = "MultiInputPolicy" if env_id is SimpleMultiObsEnv else "MlpPolicy"
     env = make_vec_env(env_id, n_envs=2, seed=0)
-    kwargs = {**CONFIG, "policy_kwargs": SGD, **overrides}
-    model = run_in_float64(PPG(policy, env, micro_batch_size=micro_batch_size, precision="fp32", **kwargs))
+    model = run_in_float64(make_model(env, policy, SGD, micro_batch_size=micro_batch_size, **{**CONFIG, **overrides}))
     model.learn(64)
     assert model._n_aux_phases == (1 if model.n_aux_epochs else 0)
     return model
@@ -47,8 +46,8 @@ def train(micro_batch_size: int | None, env_id: Any = "CartPole-v1", **overrides
     ],
     ids=["joint", "value-epochs", "minibatch-advantages", "aux-accumulation", "dict-obs"],
 )
-def test_micro_batches_train_to_the_same_parameters(overrides):
-    whole, split = (train(size, **overrides) for size in (None, 5))  # 32 = 5 + 5 + ... + 2: unequal parts
+def test_micro_batches_train_to_the_same_parameters(make_model, overrides):
+    whole, split = (train(make_model, size, **overrides) for size in (None, 5))  # 32 = 5 + 5 + ... + 2: unequal parts
     for a, b in zip(whole.policy.parameters(), split.policy.parameters(), strict=True):
         th.testing.assert_close(a, b, **FLOAT64_TOLERANCE)
     assert (whole._n_updates, whole._n_aux_updates) == (split._n_updates, split._n_aux_updates)
@@ -57,9 +56,9 @@ def test_micro_batches_train_to_the_same_parameters(overrides):
         assert split.logger.name_to_value[key] == pytest.approx(whole.logger.name_to_value[key], rel=1e-9, abs=1e-12)
 
 
-def test_micro_batches_bound_every_forward_pass():
+def test_micro_batches_bound_every_forward_pass(make_model):
     """No forward pass of training (rollouts, both phases, the old-policy pass) holds more than micro_batch_size."""
-    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), micro_batch_size=6, **CONFIG)
+    model = make_model(make_vec_env("CartPole-v1", n_envs=2, seed=0), micro_batch_size=6, **CONFIG)
     batch_sizes = []
     for module in model.policy.modules():
         if isinstance(module, BaseFeaturesExtractor):
@@ -69,15 +68,15 @@ def test_micro_batches_bound_every_forward_pass():
     assert max(batch_sizes) == 6 and 2 in batch_sizes  # 32 = 5 x 6 + 2 (and the rollouts' 2 envs)
 
 
-def test_early_stopping_leaves_no_gradient_behind():
+def test_early_stopping_leaves_no_gradient_behind(make_model):
     """A minibatch that target_kl stops was already backpropagated in micro-batches: its gradient is dropped."""
     stop = dict(target_kl=1e-12, batch_size=16, n_aux_epochs=0, n_policy_iters=1)
-    model = train(5, **stop)
+    model = train(make_model, 5, **stop)
     # Each of the 2 policy phases stopped in its first epoch (of 2), before its second minibatch's step
     assert model._n_updates == 2
     assert all(parameter.grad is None for parameter in model.policy.parameters())
     # The same stop without micro-batches: the same parameters
-    whole = train(None, **stop)
+    whole = train(make_model, None, **stop)
     for a, b in zip(whole.policy.parameters(), model.policy.parameters(), strict=True):
         th.testing.assert_close(a, b, **FLOAT64_TOLERANCE)
 

@@ -8,7 +8,6 @@ import pytest
 import torch as th
 from double_precision import run_in_float64
 from stable_baselines3 import PPO
-from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
 
@@ -46,18 +45,16 @@ def test_smoke_procgen_cnn_like_cleanrl():
 @pytest.mark.parametrize(
     "n_envs, n_policy_iters, aux_batch_rollouts, accum", [(1, 3, 1, 1), (2, 2, 3, 1), (2, 3, 2, 2), (3, 1, 1, 2)]
 )
-def test_aux_phase_cadence_and_update_counts(n_envs, n_policy_iters, aux_batch_rollouts, accum):
-    model = PPG(
-        "MlpPolicy",
-        make_vec_env("CartPole-v1", n_envs=n_envs),
+def test_aux_phase_cadence_and_update_counts(make_model, n_envs, n_policy_iters, aux_batch_rollouts, accum):
+    model = make_model(
+        "CartPole-v1",
+        n_envs=n_envs,
         n_steps=8,
         batch_size=8,
         n_policy_iters=n_policy_iters,
         n_aux_epochs=2,
         aux_batch_rollouts=aux_batch_rollouts,
         n_aux_grad_accum=accum,
-        policy_kwargs=dict(net_arch=[8]),
-        seed=0,
     )
     iterations = 2 * n_policy_iters + 1
     model.learn(iterations * 8 * n_envs)
@@ -179,6 +176,21 @@ def test_value_only_epochs_do_not_touch_the_policy_network(make_model):
     model._policy_phase()
     assert same_params(policy_params, params_of(model.policy.mlp_extractor.policy_net) + params_of(model.policy.action_net))
     assert not same_params(value_params, params_of(model.policy.mlp_extractor.value_net) + params_of(model.policy.value_net))
+
+
+def test_early_stopping_is_decided_before_backward(make_model):
+    """
+    With target_kl, a minibatch whose approx KL is too large is not backpropagated at all (SB3's PPO decides before
+    backward()): one backward pass per iteration here, for the first minibatch (regression: the stopped minibatch was
+    backpropagated, then its gradient dropped).
+    """
+    model = make_model(target_kl=1e-12, batch_size=8, n_epochs=2, n_aux_epochs=0, n_policy_iters=1, micro_batch_size=None)
+    backward_passes = []
+    model.policy.action_net.weight.register_hook(lambda grad: backward_passes.append(1))
+    model.learn(2 * 16)
+    # Each iteration: the first minibatch steps (its KL is ~0), the second stops the phase in its first epoch
+    assert len(backward_passes) == 2 and model._n_updates == 2
+    assert model.logger.name_to_value["train/approx_kl"] > 1.5e-12
 
 
 def test_kl_penalty_objective_without_clipping(make_model):
@@ -358,7 +370,7 @@ def test_continuous_actions_and_single_network_archs_run(make_model):
         assert model.aux_buffer.old_distribution_params.shape[-1] == 2  # mean and log std of 1 action
 
 
-def test_channels_last_and_nchw_train_to_the_same_parameters():
+def test_channels_last_and_nchw_train_to_the_same_parameters(make_model):
     """
     The optimized memory format computes what the reference NCHW one does. Compared in float64 (see
     ``double_precision.run_in_float64``: the two layouts then agree to rounding at ~1e-16, on any CPU), one iteration with its
@@ -368,18 +380,8 @@ def test_channels_last_and_nchw_train_to_the_same_parameters():
     for channels_last in (True, False):
         env = FakeImageEnv(screen_height=16, screen_width=16, n_channels=3, discrete=True)
         env.observation_space.seed(0)
-        model = PPG(
-            "ProcgenCnn",
-            env,
-            n_steps=16,
-            batch_size=8,
-            n_policy_iters=1,
-            n_aux_epochs=2,
-            aux_batch_rollouts=1,
-            policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4, 8), channels_last=channels_last)),
-            seed=0,
-            precision="fp32",
-        )
+        policy_kwargs = dict(features_extractor_kwargs=dict(channels=(4, 8), channels_last=channels_last))
+        model = make_model(env, "ProcgenCnn", policy_kwargs, batch_size=8, n_policy_iters=1, n_aux_epochs=2, precision="fp32")
         run_in_float64(model)
         extractor = model.policy.pi_features_extractor
         memory_format = th.channels_last if channels_last else th.contiguous_format

@@ -286,9 +286,9 @@ def test_failed_set_env_leaves_model_unchanged(make_model):
     assert model._n_aux_phases == 1
 
 
-def test_load_with_fewer_envs_default_batch_size(tmp_path):
+def test_load_with_fewer_envs_default_batch_size(tmp_path, make_model):
     env = make_env("CartPole-v1", n_envs=16)
-    model = PPG("MlpPolicy", env, n_steps=16, n_policy_iters=2, aux_batch_rollouts=1, policy_kwargs=dict(net_arch=[16]))
+    model = make_model(env, batch_size=None)
     assert model.batch_size == 32
     model.save(tmp_path / "model.zip")
     loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1", n_envs=1))
