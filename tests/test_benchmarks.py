@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs a benchmark script in a new interpreter
+
 BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
 
 

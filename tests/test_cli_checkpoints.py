@@ -19,6 +19,8 @@ from sb3_ppg import PPG
 from sb3_ppg.cli import train, zoo
 from sb3_ppg.common.checkpoints.lock import lock_folder
 
+pytestmark = pytest.mark.slow  # command-line runs through the zoo, some in new interpreters
+
 CARTPOLE = [
     "--env",
     "CartPole-v1",

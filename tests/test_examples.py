@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs an example script in a new interpreter
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 EXAMPLES = os.path.join(ROOT, "examples")
 # The examples import sb3_ppg from this checkout, whichever copy is installed
@@ -38,7 +40,6 @@ def test_resume_example(tmp_path):
     assert (tmp_path / "model_aux_buffer.npz").exists()
 
 
-@pytest.mark.slow
 def test_torchrun_example(tmp_path):
     """The data-parallel example under torchrun with two CPU processes: one table, one model, evaluated by rank 0."""
     with socket.socket() as sock:
@@ -57,7 +58,6 @@ def test_torchrun_example(tmp_path):
     assert (tmp_path / "model.zip").exists()
 
 
-@pytest.mark.slow
 def test_procgen_example(tmp_path):
     """Training on 200 levels, evaluation on training and unseen levels (bossfight: short random episodes)."""
     stdout = run_example(

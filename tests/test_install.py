@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test imports sb3_ppg in a new interpreter
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
