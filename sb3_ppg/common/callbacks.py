@@ -74,40 +74,17 @@ class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
     ``PPG.load_checkpoint()`` continues the run exactly: on CPU with a seed, a run killed at any moment and resumed
     from its newest checkpoint ends with the same parameters, bit for bit, as one never interrupted.
 
-    A checkpoint is written at the first **rollout boundary** after the ``save_freq``-th call: once ``train()``
-    has consumed the rollout and before the next one starts. That is the only point where resuming can be exact:
-    in the middle of a rollout the rollout buffer (hundreds of MB of observations at Procgen scale, plus the
-    per-step values and log-probabilities) would have to be saved too, and during ``train()`` the state of the
-    running phase (minibatch order, optimizer step in progress) cannot be saved at all. The boundary is reported by
-    ``PPG.collect_rollouts()`` before it draws anything (gSDE noise included), and the end of ``learn()`` is one too.
-
-    Each checkpoint is a folder ``<save_path>/<name_prefix>_<num_timesteps>_steps/`` holding ``model.zip`` (the
-    policy and all optimizers, auxiliary and value ones included), ``run_state.npz`` (plain arrays and JSON:
-    counters, the position in the N_pi cycle, the last observations and episode starts, the torch / numpy /
-    Python random generators, SB3's episode info buffers, ``VecNormalize`` / ``VecMonitor`` statistics, native env
-    states), ``env_states.pkl`` (the pickled envs of a ``DummyVecEnv``, with their random generators) and
-    ``manifest.json``, written last, which lists every file with its SHA-256: a folder without manifest is
-    incomplete and ignored. The auxiliary buffer's rollouts are stored once each, in
-    ``<save_path>/<name_prefix>_rollouts/``, and shared by successive checkpoints, so a checkpoint writes only the
-    rollouts collected since the previous one. Every file is written under a temporary name, fsynced and renamed
-    into place. Old checkpoints are pruned (``keep_last``) only once the new one is complete; the newest checkpoint
-    is the one written last (the manifest's ``sequence``), not the one with the most steps.
-
-    While it trains, the run holds a lock on ``save_path`` (``.sb3_ppg.lock``): a second run writing there stops at
-    its start with an error naming the first one's process. A run resumed from a checkpoint of ``save_path`` keeps it,
-    and every checkpoint written after it, until it has written a checkpoint of its own; then the checkpoints written
-    after the resume point (an abandoned branch) and those beyond ``keep_last`` are deleted. Pruning deletes only the
-    files this package writes, by their names, never through a symbolic link: foreign files and folders stay (with a
-    warning when they are inside a checkpoint or the rollouts folder). See docs/checkpoints.md.
-
-    Under torchrun, give the callback to every rank, with the same arguments (``learn()`` checks it): each checkpoint
-    then holds every rank's part (rank 0 writes ``model.zip``, rank ``r`` its run state in ``rank_<r>/`` and its
-    rollouts in the shared rollouts folder), rank 0 writes the manifest once all ranks are done and alone prunes.
-    ``save_path`` must be a folder all ranks share (one machine, or a shared filesystem).
-
-    Where the envs' states cannot be saved (e.g. ``SubprocVecEnv``), a warning says so when the first checkpoint is
-    written, and resuming restarts the episodes with a warning. Checkpoints hold pickles (the model zip, the envs):
-    load only checkpoints from trusted sources.
+    A checkpoint is written at the first **rollout boundary** after the ``save_freq``-th call (once ``train()`` has
+    consumed the rollout, before the next one draws anything: the only point where resuming can be exact), into the
+    folder ``<save_path>/<name_prefix>_<num_timesteps>_steps/``: ``model.zip`` (the policy and every optimizer), the
+    run state (counters, last observations, random generators, episode statistics, ``VecNormalize`` / ``VecMonitor``
+    statistics, the envs' states) and, written last, ``manifest.json``, which lists every file with its SHA-256. The
+    auxiliary buffer's rollouts are stored once each in ``<save_path>/<name_prefix>_rollouts/``, shared by the
+    checkpoints. Every file is written atomically. While it trains, the run holds a lock on ``save_path``; pruning
+    (``keep_last``) deletes only this package's own files, never through a symbolic link. Under torchrun give the
+    callback to every rank, with the same arguments: each checkpoint then holds every rank's part, and ``save_path``
+    must be shared by the ranks. Checkpoints hold pickles (the model zip, the envs): load only trusted ones. The files,
+    the pruning rules and what cannot be saved (e.g. ``SubprocVecEnv`` envs) are in docs/checkpoints.md.
 
     :param save_freq: Save a checkpoint every ``save_freq`` calls to ``env.step()`` (``n_envs`` steps each); it
         is written at the next rollout boundary. The count follows ``model.num_timesteps``, so a resumed run
@@ -118,7 +95,7 @@ class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
         resume needs it)
     :param save_vecnormalize: Accepted for compatibility with SB3; ``VecNormalize`` statistics are always saved
     :param verbose: Verbosity level: 0 for no output, 2 for a line per checkpoint
-    :param keep_last: Number of complete checkpoints kept (older ones are deleted); ``None`` keeps all
+    :param keep_last: Number of complete checkpoints kept (older ones are deleted); ``None`` (default) keeps all
     """
 
     def __init__(
@@ -376,32 +353,18 @@ class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
 
 class PPGEvalCallback(EvalCallback):
     """
-    SB3's ``EvalCallback`` (same arguments) for runs that are checkpointed and resumed:
-
-    - an evaluation draws from its own random streams: torch's, numpy's and Python's global generators are saved
-      before it and put back after it, so evaluating with sampled actions (``deterministic=False``) does not change
-      what training draws. A run trains exactly as it would without evaluations, and a run resumed from a
-      ``PPGCheckpointCallback`` checkpoint exactly as an uninterrupted one (its evaluations themselves start from a
-      freshly built evaluation env, so their episodes can differ from the uninterrupted run's);
-    - evaluations happen every ``eval_freq`` calls counted from the run's start (``model.num_timesteps``), so a
-      resumed run evaluates at the same steps as an uninterrupted one;
-    - when training starts from a resumed model (``num_timesteps > 0``) and ``log_path`` already holds
-      ``evaluations.npz``, the evaluations up to ``num_timesteps`` are kept (later ones belong to the part of the
-      run that is played again) and ``best_mean_reward`` is taken from them, so the log and ``best_model.zip``
-      continue as in an uninterrupted run. A log that cannot be read (e.g. truncated by a crash of an older
-      version) is moved aside to ``evaluations.npz.damaged`` with a warning, and the log starts again;
-    - the log (``<log_path>/evaluations.npz``) is written to a temporary file renamed over the previous one, so a
-      kill or a full disk during an evaluation leaves the previous log, never a truncated one;
-    - with ``seed``, the evaluation env is seeded with ``seed + num_timesteps`` before each evaluation, so an
-      evaluation depends only on the policy and the step, not on the evaluations before it: a resumed run's
-      evaluations then equal an uninterrupted run's too.
-
-    The RL Zoo command line (``python -m sb3_ppg.train``) uses it, with the run's ``--seed``, for every PPG run
-    with ``--eval-freq``.
+    SB3's ``EvalCallback`` (same arguments) for runs that are checkpointed and resumed: an evaluation draws from its
+    own random streams (training's torch, numpy and Python generators are saved before it and put back after it), it
+    happens every ``eval_freq`` calls counted from the run's start (``model.num_timesteps``), a resumed run keeps the
+    evaluations of ``<log_path>/evaluations.npz`` up to its ``num_timesteps`` (a log that cannot be read is moved
+    aside to ``evaluations.npz.damaged``, with a warning), and the log is replaced atomically. So a run trains exactly
+    as it would without evaluations, and a resumed run evaluates at the same steps as an uninterrupted one. The RL Zoo
+    command line uses it, with the run's ``--seed``, for every PPG run with ``--eval-freq``.
 
     :param args: The arguments of SB3's ``EvalCallback``
-    :param seed: Seed the evaluation env before each evaluation (see above); ``None``: as ``EvalCallback``, the
-        evaluation env continues from where the previous evaluation left it
+    :param seed: Seed the evaluation env with ``seed + num_timesteps`` before each evaluation, so that an evaluation
+        depends only on the policy and the step; ``None`` (default): as ``EvalCallback``, the evaluation env continues
+        from where the previous evaluation left it
     :param kwargs: The keyword arguments of SB3's ``EvalCallback``
     """
 
