@@ -1,6 +1,6 @@
 """
 PPG with a continuous (Box) action space: Pendulum-v1, with generalized State-Dependent Exploration (gSDE).
-The settings are the packaged zoo entry (sb3_ppg/hyperparams/ppg.yml): about -160 after 100k steps.
+The settings are the packaged zoo entry (sb3_ppg/cli/hyperparams/ppg.yml): about -160 after 100k steps.
 
     python examples/continuous_control.py
 """

@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
+import sb3_ppg
 from sb3_ppg import PPG
 
 DATA = Path(__file__).parent / "data" / "old_files"
@@ -47,6 +49,10 @@ def test_old_model_zip_predicts_as_recorded(name, old_paths):
     assert all(path in saved_module_paths(DATA / name) for path in old_paths)
     expected = EXPECTED[name]
     model = PPG.load(DATA / name, device="cpu")
+    # The old paths are this package's own modules (not another copy of sb3_ppg that an editable install may expose)
+    package = Path(sb3_ppg.__file__).parent
+    for path in old_paths:
+        assert Path(sys.modules[path.decode()].__file__).parent == package
     assert f"{type(model.policy).__module__}.{type(model.policy).__qualname__}".endswith(
         expected["policy_class"].rsplit(".", 1)[1]
     )

@@ -1,6 +1,6 @@
 """
 Learning curves as data: reading RL Zoo / SB3 monitor and evaluation files, smoothing and aggregating seeds, and the
-published Procgen curves of the original PPG code (shipped in ``sb3_ppg/data/openai_ppg``). Drawn by :mod:`sb3_ppg.plot`.
+published Procgen curves of the original PPG code (shipped in ``sb3_ppg/cli/data/openai_ppg``). Drawn by :mod:`sb3_ppg.plot`.
 """
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-# Location of the packaged paper curves (see sb3_ppg/data/openai_ppg/README.md)
+# Location of the packaged paper curves (see sb3_ppg/cli/data/openai_ppg/README.md)
 PAPER_DATA_DIR = Path(__file__).parent / "data" / "openai_ppg"
 PAPER_EXPERIMENTS = {"ppg": "paper PPG", "ppo": "paper PPO"}
 MONITOR_SUFFIX = "monitor.csv"
@@ -223,7 +223,7 @@ def detect_game(names: list[str]) -> str | None:
 def load_paper_curves(game: str, experiment: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """
     Published learning curves of the original PPG code for one Procgen game (hard mode, 3 seeds),
-    shipped in ``sb3_ppg/data/openai_ppg``.
+    shipped in ``sb3_ppg/cli/data/openai_ppg``.
 
     :param game: Procgen game name, e.g. ``"coinrun"``
     :param experiment: ``"ppg"`` (PPG, dual networks) or ``"ppo"`` (the paper's PPO baseline)

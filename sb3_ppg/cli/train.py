@@ -5,7 +5,7 @@ This is the zoo's own ``train`` (``rl_zoo3.train.train()``) with PPG registered 
 defaults:
 
 - ``--algo ppg``;
-- ``-conf``: the packaged hyperparameters, ``sb3_ppg/hyperparams/ppg.yml`` (Procgen: the paper's settings, hard mode),
+- ``-conf``: the packaged hyperparameters, ``sb3_ppg/cli/hyperparams/ppg.yml`` (Procgen: the paper's settings, hard mode),
   or ``ppg_easy.yml`` (Procgen: CleanRL-equivalent settings, easy mode) with ``--preset easy``;
 - Procgen ids run on the native vectorized env and are evaluated with sampled actions.
 
