@@ -506,7 +506,7 @@ class PPG(OnPolicyAlgorithm):
         minibatch of the ``n_epochs`` epochs minimizes the joint loss with the policy optimizer. Otherwise
         ``n_value_epochs`` value-only epochs with the value optimizer run first, then ``n_epochs`` policy-only epochs
         (the order of the paper's code). With ``target_kl``, the policy epochs stop at the first minibatch whose
-        approx KL exceeds ``1.5 * target_kl`` (SB3's PPO), which is not applied.
+        approx KL exceeds ``1.5 * target_kl`` (SB3's PPO); that minibatch's update is not applied.
         """
         progress = self._current_progress_remaining
         self._update_learning_rate(self.policy.optimizer)
@@ -514,7 +514,7 @@ class PPG(OnPolicyAlgorithm):
         clip_range_vf = self._schedule_value("clip_range_vf", progress)
         stats = PhaseStats()
         if self.n_value_epochs == self.n_epochs:
-            policy_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
+            policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
         else:
             assert self.value_optimizer is not None
             update_learning_rate(self.value_optimizer, self.lr_schedule(progress))
@@ -525,12 +525,12 @@ class PPG(OnPolicyAlgorithm):
                     stats.add(diagnostics)
                     self._step(self.value_optimizer, "policy")
                 self._n_updates += 1
-            policy_loss = partial(self._policy_loss, clip_range=clip_range)
+            policy_epoch_loss = partial(self._policy_loss, clip_range=clip_range)
         continue_training = True
         for _ in range(self.n_epochs):
             for rollout_data in self.rollout_buffer.get(self.batch_size):
                 rollout_data = self._normalize_minibatch_advantages(rollout_data)
-                diagnostics, continue_training = self._backward(rollout_data, policy_loss, "policy", early_stopping=True)
+                diagnostics, continue_training = self._backward(rollout_data, policy_epoch_loss, "policy", early_stopping=True)
                 stats.add(diagnostics)
                 if not continue_training:
                     break
