@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch as th
 import yaml
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
-from sb3_ppg import train
+from sb3_ppg import PPG, train
 from sb3_ppg.procgen import ProcgenVecEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +81,36 @@ def test_quickstart_evaluations_are_alike_and_beside_random_actions(quickstart_r
     assert "trained model, saved and loaded:" in output
     assert "Mean return per episode (sampled actions, levels from the full distribution as in training" in output
     assert re.search(r"The trained model (beats|is not clearly better than) random actions", output)
+
+
+def test_final_evaluation_runs_with_one_torch_thread(quickstart_run, monkeypatch):
+    """
+    Two torch threads made the final evaluation 30 to 50 times slower on a busy 2-core CPU: it runs with one, and
+    gives the caller's thread count back.
+    """
+    results, _, _ = quickstart_run
+    model = PPG.load(results["model"], device="cpu")
+    monkeypatch.setattr(train, "QUICKSTART_EVAL_EPISODES", TINY_EVAL_EPISODES)
+    monkeypatch.setattr(train, "QUICKSTART_EVAL_ENVS", 2)
+    evaluate = train.evaluate_with_progress
+    threads_seen = []
+
+    def evaluate_and_record_threads(*args, **kwargs):
+        threads_seen.append(th.get_num_threads())
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train, "evaluate_with_progress", evaluate_and_record_threads)
+    threads = th.get_num_threads()
+    th.set_num_threads(2)
+    try:
+        returns = train.evaluate_against_random_actions(model, "starpilot")
+        assert th.get_num_threads() == 2
+    finally:
+        th.set_num_threads(threads)
+    assert threads_seen == [1, 1]
+    assert {name: len(episode_returns) for name, episode_returns in returns.items()} == {"model": 2, "random": 2}
+    # Random actions are seeded: the quick start's own numbers again
+    assert np.mean(returns["random"]) == pytest.approx(results["random_mean_reward"])
 
 
 def test_quickstart_output(quickstart_run):
