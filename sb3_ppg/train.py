@@ -405,7 +405,9 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
     n_timesteps = known.n_timesteps or QUICKSTART_TIMESTEPS
     params = {param.split(":", 1)[0]: param for param in QUICKSTART_PARAMS}
     params["n_timesteps"] = f"n_timesteps:{n_timesteps}"
-    params["callback"] = "callback:'sb3_ppg.train.QuickstartProgressBar'"
+    # The zoo imports the callback by its path: this module's (sb3_ppg.train when run as python -m sb3_ppg.train)
+    module = __name__ if __name__ != "__main__" else "sb3_ppg.train"
+    params["callback"] = f"callback:'{module}.{QuickstartProgressBar.__name__}'"
     extra_params, extra_argv = split_quickstart_params([arg for arg in argv if arg != "--quickstart"])
     params.update(extra_params)
     zoo_argv = [

@@ -5,6 +5,7 @@ and what its install gives (video recording).
 
 import ast
 import contextlib
+import importlib
 import importlib.util
 import io
 import re
@@ -124,6 +125,10 @@ def test_quickstart_output(quickstart_run):
     assert f"('n_timesteps', {TINY_TIMESTEPS})" in output and "25000000" not in output
     assert "('n_envs', 2)" in output and "('aux_batch_rollouts', 2)" in output
     assert "Overwriting n_timesteps" not in output
+    # The progress bar, given to the zoo by its import path
+    callback_path = re.search(r"\('callback', '([\w.]+)'\)", output).group(1)
+    module_name, class_name = callback_path.rsplit(".", 1)
+    assert getattr(importlib.import_module(module_name), class_name) is train.QuickstartProgressBar
     # The zoo's env messages are printed once per env: not at all in the quick start
     assert "Normalization activated" not in output and "VecTransposeImage" not in output
     # Progress of the training phases and of the evaluations (the last state of each bar)
