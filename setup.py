@@ -53,6 +53,11 @@ setup(
             "tqdm",
             "rich",
             "tensorboard",
+            # Videos (SB3's VecVideoRecorder, gymnasium's RecordVideo) write with moviepy, which imports imageio-ffmpeg;
+            # the imageio-ffmpeg 0.3 that gym3 pins (Python < 3.13) imports pkg_resources, which setuptools 81 removed
+            # (installing torch brings a newer setuptools). procgen-gym (3.13) brings no gym3: any imageio-ffmpeg works.
+            "moviepy>=1.0.0",
+            "setuptools<81; python_version<'3.13'",
         ],
         "tests": [
             "pytest",

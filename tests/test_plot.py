@@ -186,3 +186,54 @@ def test_procgen_is_imported_only_to_plot_procgen_games(capsys):
     with pytest.raises(SystemExit):
         plot.parse_args(["logs", "--game", "pong"])
     assert "invalid choice: 'pong' (choose from bigfish, bossfight," in capsys.readouterr().err
+
+
+def test_eval_curve_of_a_run_without_evaluations(tmp_path: Path, capsys):
+    """A run trained without --eval-freq: the message says it has no evaluations and how to get them."""
+    run = tmp_path / "logs" / "ppg" / "CartPole-v1_1"
+    write_monitor(run / "0.monitor.csv", 10, seed=0)
+    with pytest.raises(SystemExit) as error:
+        plot.main([str(run), "--curve", "eval", "-o", str(tmp_path / "x.png")])
+    message = str(error.value)
+    assert message.startswith(f"error: Nothing to plot: {run} has no evaluations (evaluations.npz), only training episodes")
+    assert "--eval-freq N" in message and "--curve train" in message
+    assert not (tmp_path / "x.png").exists()
+    # The whole log folder: the runs are named
+    with pytest.raises(ValueError, match=f"{run} has no evaluations"):
+        plot.plot_learning_curves([str(tmp_path / "logs")], output=str(tmp_path / "x.png"), curve_type="eval")
+    # An evaluation log without any evaluation yet
+    np.savez(run / "evaluations.npz", timesteps=np.zeros(0), results=np.zeros((0, 5)), ep_lengths=np.zeros((0, 5)))
+    with pytest.raises(ValueError, match="hold no evaluation yet"):
+        plot.plot_learning_curves([str(run)], output=str(tmp_path / "x.png"), curve_type="eval")
+    # No run at all
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no run found"):
+        plot.plot_learning_curves([str(tmp_path / "empty")], output=str(tmp_path / "x.png"))
+
+
+def test_seeds_of_different_lengths(tmp_path: Path, capsys):
+    """Seeds that end far apart are averaged where all have data, the plot ends there, and a line says so."""
+    steps_short, steps_long = np.linspace(100, 1000, 10), np.linspace(100, 4000, 40)
+    groups = {
+        "a": [(steps_short, np.ones(10)), (steps_long, np.ones(40))],
+        "b": [(np.linspace(100, 2000, 20), np.ones(20))],
+    }
+    assert plot.last_drawn_step(groups) == 2000
+    assert plot.report_unequal_seeds(groups)
+    message = capsys.readouterr().err
+    assert "a: its 2 runs, averaged as seeds, end at different steps (1,000 to 4,000); their mean is drawn up to 1,000" in (
+        message
+    )
+    assert "b:" not in message
+    # Within the range shown, the seeds are alike
+    assert not plot.report_unequal_seeds(groups, x_max=1000)
+    # Seeds that end close together (the last episodes of runs of the same length) are not reported
+    assert not plot.report_unequal_seeds({"a": [(steps_long, np.ones(40)), (steps_long[:-1], np.ones(39))]})
+    assert capsys.readouterr().err == ""
+    # Through the command line
+    root = tmp_path / "logs" / "ppg"
+    write_monitor(root / "procgen-coinrun-v0_1" / "0.monitor.csv", 10, seed=0)
+    write_monitor(root / "procgen-coinrun-v0_2" / "0.monitor.csv", 200, seed=1)
+    plot.main([str(tmp_path / "logs"), "-o", str(tmp_path / "x.png"), "--smooth", "1"])
+    assert "procgen-coinrun-v0: its 2 runs, averaged as seeds, end at different steps" in capsys.readouterr().err
+    assert png_size(tmp_path / "x.png") == (800, 500)

@@ -429,37 +429,6 @@ def test_optimize_one_trial(tmp_path: Path):
     assert "params_n_aux_epochs" in trials.columns
 
 
-def test_quickstart(tmp_path: Path, monkeypatch, capsys):
-    monkeypatch.setattr(train, "QUICKSTART_EVAL_EPISODES", 2)
-    log_folder = tmp_path / "logs"
-    train.main(
-        [
-            "--quickstart",
-            "-f",
-            str(log_folder),
-            "-n",
-            "64",
-            "--eval-freq",
-            "64",
-            "--eval-episodes",
-            "1",
-            "--n-eval-envs",
-            "1",
-            "--verbose",
-            "0",
-            "-params",
-            *TINY_PARAMS,
-        ]
-    )
-    output = capsys.readouterr().out
-    assert "Mean evaluation return over" in output
-    run_folder = log_folder / "ppg" / "procgen-starpilot-v0_1"
-    for name in ("procgen-starpilot-v0.zip", "best_model.zip", "evaluations.npz", "0.monitor.csv"):
-        assert (run_folder / name).is_file()
-        assert str(run_folder / name) in output
-    assert (tmp_path / "learning_curve.png").is_file()
-
-
 @pytest.mark.parametrize(
     "env_kwargs, eval_env_kwargs, train_options, eval_options",
     [

@@ -159,6 +159,35 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
     return curves
 
 
+def nothing_to_plot_message(paths: list[str], curve_type: str) -> str:
+    """
+    Why ``paths`` hold no curve of the requested type, and what to do about it.
+
+    :param paths: The paths given to :func:`load_curves`, which found no curve in them
+    :param curve_type: ``"train"`` or ``"eval"``
+    :return: The message
+    """
+    folders = [Path(path) for path in paths if Path(path).is_dir()]
+    if curve_type == "eval":
+        if any(_run_dirs(folder, "eval") for folder in folders):
+            return (
+                f"Nothing to plot: the {EVALUATIONS_FILE} files in {paths} hold no evaluation yet (the first one is "
+                "made after --eval-freq steps)"
+            )
+        runs = [str(run_dir) for folder in folders for run_dir in _run_dirs(folder, "train")]
+        if runs:
+            return (
+                f"Nothing to plot: {', '.join(runs)} {'has' if len(runs) == 1 else 'have'} no evaluations "
+                f"({EVALUATIONS_FILE}), only training episodes. Runs are evaluated when trained with --eval-freq N "
+                "(every N steps, e.g. python -m sb3_ppg.train --env CartPole-v1 --eval-freq 10000); "
+                "--curve train (the default) plots the training episodes."
+            )
+        return f"Nothing to plot: no run with evaluations ({EVALUATIONS_FILE}) found in {paths}"
+    if any(_run_dirs(folder, "train") for folder in folders):
+        return f"Nothing to plot: no training episode has finished yet in the runs of {paths}"
+    return f"Nothing to plot: no run found in {paths} (no '*{MONITOR_SUFFIX}' file)"
+
+
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
     """
     Trailing moving average (the first entries average over the values available so far).

@@ -19,6 +19,7 @@ curves themselves (reading, smoothing, aggregating, the paper's data) are in :mo
 
 import argparse
 import os
+import sys
 
 import numpy as np
 
@@ -28,8 +29,49 @@ from sb3_ppg.cli.curves import (
     detect_game,
     load_curves,
     load_paper_curves,
+    nothing_to_plot_message,
     smooth,
 )
+
+#: Seeds of one experiment whose curves end before this fraction of the longest one's end are reported: their mean is
+#: drawn only up to the shortest seed's end (the range where every seed has data)
+SEED_END_TOLERANCE = 0.9
+
+
+def report_unequal_seeds(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]], x_max: float | None = None) -> bool:
+    """
+    The mean over the seeds of an experiment is drawn where every seed has data (see :func:`aggregate`): print a line
+    (to stderr) for each experiment whose seeds end far apart (the shortest before ``SEED_END_TOLERANCE`` of the
+    longest, within ``x_max``), which is then drawn only up to its shortest seed's end.
+
+    :param groups: The ``(steps, returns)`` curves of the seeds of each experiment
+    :param x_max: The last step shown (None: no limit)
+    :return: Whether some experiment is cut short
+    """
+    cut = False
+    for name, seeds in sorted(groups.items()):
+        ends = [float(steps[-1]) for steps, _ in seeds]
+        shown_end = max(ends) if x_max is None else min(max(ends), x_max)
+        if min(ends) < SEED_END_TOLERANCE * shown_end:
+            cut = True
+            print(
+                f"{name}: its {len(seeds)} runs, averaged as seeds, end at different steps ({min(ends):,.0f} to "
+                f"{max(ends):,.0f}); their mean is drawn up to {min(ends):,.0f}, where every run has data "
+                "(--separate draws each run in full).",
+                file=sys.stderr,
+            )
+    return cut
+
+
+def last_drawn_step(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> float:
+    """
+    The default right end of the plot: the end of the longest experiment, each drawn up to its shortest seed's end
+    (the x axis would otherwise run past the mean curves, empty).
+
+    :param groups: The ``(steps, returns)`` curves of the seeds of each experiment
+    :return: The step
+    """
+    return max(min(float(steps[-1]) for steps, _ in seeds) for seeds in groups.values())
 
 
 def plot_learning_curves(  # noqa: C901
@@ -77,7 +119,7 @@ def plot_learning_curves(  # noqa: C901
         smoothing = 100 if curve_type == "train" else 1
     curves = load_curves(paths, curve_type)
     if len(curves) == 0 and not paper:
-        raise ValueError(f"Nothing to plot: no run found in {paths}")
+        raise ValueError(nothing_to_plot_message(paths, curve_type))
 
     # Group seeds by experiment name
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -86,6 +128,7 @@ def plot_learning_curves(  # noqa: C901
         groups.setdefault(key, []).append((curve.steps, smooth(curve.returns, smoothing)))
     if labels is not None and len(labels) != len(groups):
         raise ValueError(f"Got {len(labels)} labels for {len(groups)} experiments: {sorted(groups)}")
+    cut_seeds = report_unequal_seeds(groups, x_max)
 
     paper_groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     if paper:
@@ -100,7 +143,7 @@ def plot_learning_curves(  # noqa: C901
             )
 
     if x_max is None and len(curves) > 0:
-        x_max = max(float(curve.steps[-1]) for curve in curves)
+        x_max = last_drawn_step(groups)
         first_paper_steps = [group[0][0] for group in paper_groups.values()]
         if any(len(steps) < 2 or steps[1] > x_max for steps in first_paper_steps):
             # The runs are too short to show anything of the paper curves: show their whole range
@@ -137,6 +180,8 @@ def plot_learning_curves(  # noqa: C901
     notes = []
     if any(len(seeds) > 1 for _, seeds, _ in all_groups):
         notes.append("mean over seeds, shaded: " + ("min-max" if band == "minmax" else "+/- 1 std"))
+    if cut_seeds:
+        notes.append("up to the shortest seed")
     if len(curves) > 0 and smoothing > 1:
         unit = "episode" if curve_type == "train" else "evaluation"
         notes.append(f"{smoothing}-{unit} moving average" + (" (paper curves: 400 episodes)" if paper_groups else ""))
@@ -222,21 +267,24 @@ def main(argv: list[str] | None = None) -> None:
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
     """
     args = parse_args(argv)
-    output = plot_learning_curves(
-        args.paths,
-        output=args.output,
-        curve_type=args.curve,
-        paper=args.paper,
-        game=args.game,
-        labels=args.labels,
-        smoothing=args.smooth,
-        band=args.band,
-        separate=args.separate,
-        x_max=args.x_max,
-        figsize=(args.figsize[0], args.figsize[1]),
-        dpi=args.dpi,
-        title=args.title,
-    )
+    try:
+        output = plot_learning_curves(
+            args.paths,
+            output=args.output,
+            curve_type=args.curve,
+            paper=args.paper,
+            game=args.game,
+            labels=args.labels,
+            smoothing=args.smooth,
+            band=args.band,
+            separate=args.separate,
+            x_max=args.x_max,
+            figsize=(args.figsize[0], args.figsize[1]),
+            dpi=args.dpi,
+            title=args.title,
+        )
+    except (ValueError, FileNotFoundError) as error:
+        sys.exit(f"error: {error}")
     print(f"Learning curves written to {os.path.abspath(output)}")
 
 
