@@ -9,7 +9,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.utils import ConstantSchedule
 
-from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.buffers import AuxiliaryBuffer, env_minibatches
 from sb3_ppg.common.distributions import get_distribution_params
 from sb3_ppg.ppg.policies import PPGPolicy
 
@@ -180,3 +180,77 @@ def test_save_load_plain_arrays(tmp_path, observation_space, action_space):
     loaded.check_compatible(aux_buffer, "test")
     # No temporary file left behind
     assert [path.name for path in tmp_path.iterdir()] == ["buffer.npz"]
+
+
+@pytest.mark.parametrize("observation_space", [IMAGE_SPACE, spaces.Dict(image=IMAGE_SPACE, vector=spaces.Box(0, 9, (3,)))])
+def test_env_minibatches_are_whole_env_rollouts_in_one_seeded_order(observation_space):
+    """
+    policy_minibatches="envs": one permutation of the envs per epoch from NumPy's global generator (SB3 seeds it), cut
+    into groups of batch_size // n_steps envs; each minibatch holds all the steps of its envs, env by env, in order.
+    """
+    buffer = filled_rollout_buffer(0, observation_space)
+    np.random.seed(7)
+    expected_order = np.random.permutation(N_ENVS)
+    np.random.seed(7)
+    minibatches = list(env_minibatches(buffer, batch_size=2 * N_STEPS))
+    assert buffer.generator_ready  # flattened as SB3's get() flattens it
+    # 3 envs, 2 per minibatch: the last minibatch holds the remaining env (as torch.chunk makes it)
+    assert [len(minibatch.returns) for minibatch in minibatches] == [2 * N_STEPS, N_STEPS]
+    returns = th.cat([minibatch.returns for minibatch in minibatches]).numpy()
+    expected = (expected_order[:, None] * 100 + np.arange(N_STEPS)[None, :]).reshape(-1)
+    np.testing.assert_array_equal(returns, expected)
+    for minibatch in minibatches:
+        images = minibatch.observations["image"] if isinstance(minibatch.observations, dict) else minibatch.observations
+        # The observations go with the returns: pixel (1, 0, 0) is the env, pixel (0, 0, 0) the step
+        np.testing.assert_array_equal(images[:, 1, 0, 0].numpy() * 100 + images[:, 0, 0, 0].numpy(), minibatch.returns)
+    # The next epoch draws the next permutation of the envs from the same generator
+    next_order = np.random.permutation(N_ENVS)
+    np.random.seed(7)
+    np.random.permutation(N_ENVS)
+    second_epoch = th.cat([minibatch.returns for minibatch in env_minibatches(buffer, batch_size=N_STEPS)]).numpy()
+    np.testing.assert_array_equal(second_epoch // 100, next_order.repeat(N_STEPS))
+
+
+@pytest.mark.parametrize("n_envs, n_minibatches", [(4, 2), (7, 3), (5, 2), (8, 8)])
+def test_env_minibatches_split_the_envs_as_torch_chunk(n_envs, n_minibatches):
+    """The paper's code cuts a permutation of the envs with torch.chunk(order, n_minibatches): chunks of
+    ceil(n_envs / n_minibatches) envs, which is what batch_size = ceil(n_envs / n_minibatches) * n_steps gives."""
+    n_steps = 2
+    buffer = RolloutBuffer(n_steps, spaces.Box(0, 1, (1,)), ACTION_SPACE, device="cpu", n_envs=n_envs)
+    buffer.returns = np.tile(np.arange(n_envs, dtype=np.float32), (n_steps, 1))  # the env of each sample
+    buffer.full = True
+    order = np.random.default_rng(0).permutation(n_envs)
+    batch_size = -(-n_envs // n_minibatches) * n_steps
+    minibatches = env_minibatches(buffer, batch_size, generator=FixedOrder(order))
+    envs = [minibatch.returns[::n_steps].long().tolist() for minibatch in minibatches]
+    assert envs == [chunk.tolist() for chunk in th.chunk(th.as_tensor(order), n_minibatches)]
+
+
+class FixedOrder:
+    """A generator whose permutation is given."""
+
+    def __init__(self, order: np.ndarray) -> None:
+        self.order = order
+
+    def permutation(self, n: int) -> np.ndarray:
+        assert n == len(self.order)
+        return self.order
+
+
+def test_old_distribution_params_and_returns_keep_float64():
+    """A float64 model's old policy and value targets are stored in float64 (no float32 rounding); float32 as before."""
+    aux_buffer = make_aux_buffer(n_policy_iters=1)
+    rollout_buffer = filled_rollout_buffer(0)
+    rollout_buffer.returns = rollout_buffer.returns.astype(np.float64) + 1 / 3
+    aux_buffer.add(rollout_buffer)
+    params = th.rand(N_ENVS * N_STEPS, aux_buffer.n_distribution_params, dtype=th.float64) / 3
+    aux_buffer.store_old_distribution_params(slice(0, N_ENVS), params)
+    batch = next(aux_buffer.get(N_ENVS, generator=FixedOrder(np.arange(N_ENVS))))
+    assert batch.returns.dtype == batch.old_distribution_params.dtype == th.float64
+    th.testing.assert_close(batch.old_distribution_params, params, rtol=0, atol=0)
+    np.testing.assert_array_equal(batch.returns.numpy(), rollout_buffer.returns.swapaxes(0, 1).reshape(-1))
+    # A float32 rollout after reset(): float32 arrays again
+    aux_buffer.reset()
+    aux_buffer.add(filled_rollout_buffer(0))
+    aux_buffer.store_old_distribution_params(slice(0, N_ENVS), params.float())
+    assert aux_buffer.returns.dtype == aux_buffer.old_distribution_params.dtype == np.float32

@@ -19,7 +19,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 
 from sb3_ppg import PPG
-from sb3_ppg.common import distributed
+from sb3_ppg.common import data_parallel, distributed
 
 TESTS = Path(__file__).parent
 WORKER = str(TESTS / "distributed_worker.py")
@@ -121,6 +121,16 @@ def test_single_process(monkeypatch):
     monkeypatch.setenv(distributed.AUTO_INIT_VARIABLE, "0")  # opted out: one independent process
     assert distributed.local_n_envs(6) == 6
     assert distributed.auto_init("cpu") == "cpu" and not distributed.is_active()
+
+
+def test_fingerprint_holds_value_clipping_and_policy_minibatches(make_model):
+    """Ranks built with other value_clipping or policy_minibatches differ in their fingerprint: learn() refuses them."""
+    fingerprints = [
+        data_parallel.fingerprint(model, model._optimizers(), 0, 16, True)
+        for model in (make_model(), make_model(value_clipping="max", policy_minibatches="envs"))
+    ]
+    assert [fingerprint["value_clipping"] for fingerprint in fingerprints] == ["'sb3'", "'max'"]
+    assert [fingerprint["policy_minibatches"] for fingerprint in fingerprints] == ["'transitions'", "'envs'"]
 
 
 def test_gloo_exit_handler_registered_once(monkeypatch):

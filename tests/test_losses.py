@@ -43,6 +43,29 @@ def test_value_loss_plain_and_clipped() -> None:
     assert diagnostics["value_loss"] == loss
 
 
+def test_value_clipping_forms() -> None:
+    """
+    "sb3": the clipped prediction's error; "max" (baselines, CleanRL): the larger of the unclipped and clipped errors.
+    Where a value moved past the clip range, "sb3" gives it no gradient; "max" gives it the unclipped error's gradient
+    when that error is the larger (sample 0), none when the clipped one is (sample 1).
+    """
+    old_values, returns = th.tensor([1.5, 1.5]), th.tensor([3.0, 4.0])
+    # Both values moved 0.5 from the old ones, past the clip range 0.1: clipped predictions 1.4 and 1.6
+    gradients = {}
+    for form, expected in (("sb3", (1.6**2 + 2.4**2) / 2), ("max", (2.0**2 + 2.4**2) / 2)):
+        values = th.tensor([1.0, 2.0], requires_grad=True)
+        loss, diagnostics = value_loss(values, returns, old_values, 0.1, form)
+        th.testing.assert_close(loss, th.tensor(expected))
+        assert diagnostics["value_loss"] == loss
+        loss.backward()
+        gradients[form] = values.grad
+    th.testing.assert_close(gradients["sb3"], th.tensor([0.0, 0.0]))
+    th.testing.assert_close(gradients["max"], th.tensor([(1.0 - 3.0), 0.0]))  # d/dV of (V - R)^2 / 2
+    # Without clip_range_vf the form does not matter
+    values = th.tensor([1.0, 2.0])
+    assert value_loss(values, returns, old_values, None, "max")[0] == value_loss(values, returns, old_values, None)[0]
+
+
 def test_aux_loss_weights() -> None:
     distribution = CategoricalDistribution(3).proba_distribution(th.tensor([[0.0, 1.0, 2.0], [1.0, 0.0, 0.0]]))
     old_params = th.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])

@@ -12,10 +12,12 @@ from stable_baselines3.common.distributions import (
     DiagGaussianDistribution,
     MultiCategoricalDistribution,
 )
-from stable_baselines3.common.utils import ConstantSchedule
+from stable_baselines3.common.preprocessing import preprocess_obs
+from stable_baselines3.common.utils import ConstantSchedule, obs_as_tensor
 from torch import nn
 
 from sb3_ppg.common.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
+from sb3_ppg.common.preprocessing import preprocess_obs_as
 from sb3_ppg.common.torch_layers import ImpalaCNN, normed_init_
 from sb3_ppg.ppg.policies import PPGPolicy, ProcgenCnnPolicy
 
@@ -263,3 +265,43 @@ def test_procgen_cnn_policy_is_exported_under_both_names():
     assert PPG.policy_aliases["ProcgenCnnPolicy"] is ProcgenCnnPolicy
     policy = make_procgen_policy("dual", SMALL_IMAGE_OBS)
     assert isinstance(policy.pi_features_extractor, ImpalaCNN)
+
+
+def test_image_observations_are_preprocessed_in_the_policy_dtype():
+    """SB3's preprocessing gives float32: a float64 policy divides its images by 255 in float64 (no float32 rounding),
+    a float32 policy gets SB3's own preprocessing."""
+    space = spaces.Box(0, 255, (3, 8, 8), np.uint8)
+    obs = th.as_tensor(np.random.default_rng(0).integers(0, 256, (5, 3, 8, 8), dtype=np.uint8))
+    assert th.equal(preprocess_obs_as(obs, space, True, th.float32), preprocess_obs(obs, space))
+    float64 = preprocess_obs_as(obs, space, True, th.float64)
+    assert float64.dtype == th.float64 and th.equal(float64, obs.double() / 255.0)
+    assert not th.equal(float64, preprocess_obs(obs, space).double())  # what float32 rounding gives
+    assert th.equal(preprocess_obs_as(obs, space, False, th.float64), obs.double())
+
+
+@pytest.mark.parametrize(
+    "observation_space",
+    [
+        spaces.Box(-1, 1, (3,), np.float64),
+        spaces.Discrete(4),
+        spaces.MultiDiscrete([2, 3]),
+        spaces.MultiBinary(3),
+        spaces.Dict(vector=spaces.Box(-1, 1, (3,), np.float64), index=spaces.Discrete(4)),
+    ],
+)
+def test_other_observations_are_preprocessed_in_the_policy_dtype(observation_space):
+    """Float64 Box observations reach a float64 policy unrounded; one-hot and binary encodings are exact in any dtype."""
+    observation_space.seed(0)
+    samples = [observation_space.sample() for _ in range(5)]
+    if isinstance(observation_space, spaces.Dict):
+        obs = obs_as_tensor({key: np.stack([sample[key] for sample in samples]) for key in observation_space.spaces}, "cpu")
+    else:
+        obs = obs_as_tensor(np.stack(samples), "cpu")
+    float64 = preprocess_obs_as(obs, observation_space, True, th.float64)
+    reference = preprocess_obs(obs, observation_space)
+    subspaces = observation_space.spaces if isinstance(observation_space, spaces.Dict) else {None: observation_space}
+    for key, subspace in subspaces.items():
+        result, raw, sb3 = (value[key] if key is not None else value for value in (float64, obs, reference))
+        assert result.dtype == th.float64
+        expected = raw if isinstance(subspace, spaces.Box) else sb3.double()
+        assert th.equal(result, expected)

@@ -226,6 +226,64 @@ def test_clipped_value_loss_is_used(make_model):
         make_model(clip_range_vf=0.0)
 
 
+@pytest.mark.parametrize("n_value_epochs", [1, 2])
+def test_value_clipping_form_reaches_the_value_loss(monkeypatch, make_model, n_value_epochs):
+    """value_clipping is the form of every value loss of the policy phase (joint loss, or separate value epochs)."""
+    forms = []
+    value_loss = losses.value_loss
+
+    def recording_value_loss(values, returns, old_values, clip_range_vf, value_clipping):
+        forms.append((clip_range_vf, value_clipping))
+        return value_loss(values, returns, old_values, clip_range_vf, value_clipping)
+
+    monkeypatch.setattr(losses, "value_loss", recording_value_loss)
+    model = make_model(clip_range_vf=0.2, value_clipping="max", n_value_epochs=n_value_epochs, n_aux_epochs=0)
+    model.learn(16)
+    assert forms == [(0.2, "max")] * n_value_epochs
+    assert make_model().value_clipping == "sb3"
+
+
+@pytest.mark.parametrize(
+    "n_envs, batch_size, expected",
+    [
+        (4, None, 16),  # ceil(4 / 8) = 1 env per minibatch: 4 minibatches (the paper's code: torch.chunk(envs, 8))
+        (16, None, 32),  # 2 envs: 8 minibatches
+        (4, 32, 32),
+    ],
+)
+def test_env_minibatches_batch_size(make_model, n_envs, batch_size, expected):
+    model = make_model("CartPole-v1", n_envs=n_envs, policy_minibatches="envs", batch_size=batch_size, n_aux_epochs=0)
+    assert model.batch_size == expected
+    model.learn(16 * n_envs)
+    assert model._n_updates == 1
+
+
+def test_env_minibatches_are_used_in_every_epoch(monkeypatch, make_model):
+    """policy_minibatches="envs": every minibatch of the value and policy epochs holds whole env rollouts."""
+    minibatch_envs = []
+    loss = PPG._joint_loss
+
+    def recording_loss(self, rollout_data, **kwargs):
+        minibatch_envs.append(rollout_data.observations.shape[0] // self.n_steps)
+        return loss(self, rollout_data, **kwargs)
+
+    monkeypatch.setattr(PPG, "_joint_loss", recording_loss)
+    model = make_model("CartPole-v1", n_envs=6, policy_minibatches="envs", batch_size=32, n_epochs=2, n_aux_epochs=0)
+    env_rows = []
+    get_samples = model.rollout_buffer._get_samples
+
+    def recording_get_samples(indices, env=None):
+        env_rows.append(sorted(set(np.asarray(indices) // model.n_steps)))
+        assert sorted(indices) == [env * model.n_steps + step for env in env_rows[-1] for step in range(model.n_steps)]
+        return get_samples(indices, env)
+
+    model.rollout_buffer._get_samples = recording_get_samples
+    model.learn(16 * 6)
+    assert minibatch_envs == [2] * 6  # 2 epochs of 3 minibatches of 2 whole envs
+    for epoch in range(2):  # each epoch's minibatches hold every env once
+        assert sorted(env for minibatch in env_rows[epoch * 3 : epoch * 3 + 3] for env in minibatch) == list(range(6))
+
+
 def test_aux_phase_true_value_weight_and_separate_optimizer(make_model):
     # vf_true_coef = 0 in the dual arch: the aux phase leaves the value network alone and trains the policy network
     model = make_model(vf_true_coef=0.0, n_aux_epochs=2)
@@ -334,6 +392,13 @@ def test_invalid_hyperparameters_raise_clear_errors(make_model):
         (dict(n_aux_grad_accum=0), "n_aux_grad_accum must be >= 1"),
         (dict(n_aux_epochs=-1), "n_aux_epochs must be >= 0"),
         (dict(policy_kwargs=dict(arch="quad")), "Unknown PPG arch 'quad'"),
+        (dict(value_clipping="min"), r"value_clipping must be one of \('sb3', 'max'\), got 'min'"),
+        (dict(policy_minibatches="rows"), r"policy_minibatches must be one of \('transitions', 'envs'\), got 'rows'"),
+        (
+            dict(policy_minibatches="envs", batch_size=8),
+            r"policy_minibatches='envs' .* batch_size must be a multiple of n_steps, got batch_size=8: use e.g. "
+            r"batch_size=16 \(1 env\(s\) per minibatch\)",
+        ),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -345,6 +410,8 @@ def test_invalid_hyperparameters_raise_clear_errors(make_model):
         make_model(n_epochs=0, gamma=2.0)
     with pytest.warns(UserWarning, match="not a multiple of batch_size"):
         make_model(batch_size=5)
+    with pytest.warns(UserWarning, match="n_envs=3 is not a multiple of the 2 envs per minibatch"):
+        make_model("CartPole-v1", n_envs=3, policy_minibatches="envs", batch_size=32)
 
 
 class NaNRewardEnv(gym.Wrapper):
@@ -456,3 +523,29 @@ def test_auto_precision(monkeypatch, tmp_path, amx):
 def test_invalid_precision(make_model, precision, message):
     with pytest.raises(ValueError, match=message):
         make_model(precision=precision)
+
+
+def test_float64_policy_trains_in_float64(make_model):
+    """
+    model.policy.to(th.float64) trains end to end in float64: rollouts, policy phase, old policy, auxiliary phase. The
+    observations are preprocessed in float64 and pi_old is stored in float64 (no float32 rounding on the way).
+    """
+    model = make_model("CartPole-v1", n_envs=2, n_aux_epochs=2)
+    model.policy.to(th.float64)
+    model.learn(16 * 2)  # one iteration: the auxiliary buffer holds it, the phase waits for a second one
+    model._compute_old_distributions()
+    stored = model.aux_buffer.old_distribution_params[: model.n_envs]
+    assert stored.dtype == np.float64
+    observations = th.as_tensor(model.aux_buffer.observations[: model.n_envs].reshape(-1, 4))
+    with th.no_grad():
+        logits = model.policy.get_distribution(observations).distribution.logits
+    assert logits.dtype == th.float64
+    np.testing.assert_array_equal(stored.reshape(-1, 2), logits.numpy())
+    assert np.any(stored != stored.astype(np.float32))  # float64 values, not float32 ones stored in float64
+    initial = params_of(model.policy)
+    model.learn(16 * 2, reset_num_timesteps=False)
+    assert model._n_aux_phases == 1
+    assert not same_params(initial, params_of(model.policy))
+    assert all(parameter.dtype == th.float64 and th.isfinite(parameter).all() for parameter in model.policy.parameters())
+    for optimizer in model._optimizers():
+        assert all(state["exp_avg"].dtype == th.float64 for state in optimizer.state.values())

@@ -645,6 +645,7 @@ def _edit_data(path, edit) -> None:
         (dict(separate_aux_optimizer=False), r"separate_aux_optimizer=False \(separate_aux_optimizer given to load"),
         (dict(n_value_epochs=3), "needs value_optimizer, the optimizer of separate value epochs"),
         (dict(gama=0.9), r"'gama' is neither a PPG hyperparameter .*\(did you mean 'gamma'\?\)"),
+        (dict(value_clipping="min"), r"value_clipping must be one of \('sb3', 'max'\), got 'min' \(given to load\(\)\)"),
     ],
 )
 def test_load_checks_hyperparameters_as_the_constructor(tmp_path, make_model, load_kwargs, match):
@@ -669,6 +670,17 @@ def test_load_checks_an_edited_zip(tmp_path, make_model, edit, match):
     with pytest.raises(ValueError, match=match) as error:
         PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
     assert repr(str(tmp_path / "model.zip")) in str(error.value)
+
+
+def test_value_clipping_and_policy_minibatches_are_saved(tmp_path, make_model):
+    """Both options travel with the model; a zip written before they existed loads with the defaults (its behaviour)."""
+    kwargs = dict(policy_minibatches="envs", clip_range_vf=0.2, value_clipping="max")
+    make_model(make_env("CartPole-v1"), **kwargs).save(tmp_path / "model.zip")
+    loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
+    assert (loaded.policy_minibatches, loaded.value_clipping) == ("envs", "max")
+    _edit_data(tmp_path / "model.zip", lambda data: [data.pop("policy_minibatches"), data.pop("value_clipping")])
+    loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
+    assert (loaded.policy_minibatches, loaded.value_clipping) == ("transitions", "sb3")
 
 
 def test_load_arguments_mean_what_they_mean_in_the_constructor(tmp_path, make_model):

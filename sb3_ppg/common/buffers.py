@@ -88,6 +88,56 @@ def split_minibatch(minibatch: Minibatch, micro_batch_size: int | None) -> list[
     return parts
 
 
+#: The per-step arrays that the rollout buffers' ``get()`` flattens to ``(n_envs * n_steps, ...)``, env-major: those of
+#: SB3's ``RolloutBuffer`` and ``DictRolloutBuffer`` (observations a dict), and the ``action_masks`` of maskable buffers
+FLATTENED_ROLLOUT_ARRAYS = ("observations", "actions", "values", "log_probs", "advantages", "returns", "action_masks")
+
+
+def flatten_rollout_buffer(rollout_buffer: RolloutBuffer) -> None:
+    """
+    Flatten a full rollout buffer's per-step arrays (:data:`FLATTENED_ROLLOUT_ARRAYS`) from ``(n_steps, n_envs, ...)``
+    to ``(n_envs * n_steps, ...)`` as its ``get()`` does before its first minibatch (once: then ``generator_ready``
+    is set), so that sample ``env * n_steps + step`` is step ``step`` of env ``env``.
+
+    :param rollout_buffer: SB3's rollout buffer (or a subclass), full
+    """
+    if rollout_buffer.generator_ready:
+        return
+    for name in FLATTENED_ROLLOUT_ARRAYS:
+        array = getattr(rollout_buffer, name, None)
+        if isinstance(array, dict):
+            setattr(rollout_buffer, name, {key: rollout_buffer.swap_and_flatten(value) for key, value in array.items()})
+        elif array is not None:
+            setattr(rollout_buffer, name, rollout_buffer.swap_and_flatten(array))
+    rollout_buffer.generator_ready = True
+
+
+def env_minibatches(
+    rollout_buffer: RolloutBuffer, batch_size: int, generator: np.random.Generator | None = None
+) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
+    """
+    One epoch of policy-phase minibatches made of whole env rollouts, as the paper's code makes them
+    (``policy_minibatches="envs"``): one permutation of the envs, cut into consecutive groups of
+    ``batch_size // n_steps`` envs (the last group may be smaller, as ``torch.chunk`` makes it); a minibatch holds
+    all ``n_steps`` steps of its envs, env by env, in time order. SB3's ``get()`` instead draws one permutation of
+    all ``n_steps * n_envs`` transitions.
+
+    :param rollout_buffer: SB3's rollout buffer (or a subclass: its ``_get_samples`` makes the minibatches), full
+    :param batch_size: the minibatch size, a multiple of ``n_steps`` (``resolve_batch_size`` checks it)
+    :param generator: the generator of the permutation; ``None``: NumPy's global one (which SB3 seeds), as SB3's
+        ``get()`` draws its permutation from, one ``permutation(n_envs)`` per epoch
+    :return: a generator of the rollout buffer's samples
+    """
+    n_steps, n_envs = rollout_buffer.buffer_size, rollout_buffer.n_envs
+    envs_per_minibatch = batch_size // n_steps
+    env_order = generator.permutation(n_envs) if generator is not None else np.random.permutation(n_envs)
+    flatten_rollout_buffer(rollout_buffer)
+    steps = np.arange(n_steps)
+    for start in range(0, n_envs, envs_per_minibatch):
+        envs = env_order[start : start + envs_per_minibatch]
+        yield rollout_buffer._get_samples((envs[:, None] * n_steps + steps).reshape(-1))
+
+
 def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_steps: int) -> None:
     """
     Check, before allocating it, that the auxiliary buffer fits in memory: warn when it exceeds the memory
@@ -115,6 +165,11 @@ def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_ste
         )
 
 
+def _with_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``array`` itself, or a new zero array of its shape when its dtype is not ``dtype``."""
+    return array if array.dtype == dtype else np.zeros(array.shape, dtype=dtype)
+
+
 class AuxiliaryBuffer:
     """
     Storage for PPG's auxiliary phase. Each row is one env's rollout of one policy iteration: ``n_steps``
@@ -124,7 +179,9 @@ class AuxiliaryBuffer:
     Observations are stored on the CPU in the observation space's dtype (uint8 for images), so the buffer
     costs the raw observation bytes plus ``4 * (1 + n_params)`` bytes per step. The old-policy distribution
     parameters are filled by the algorithm (``store_old_distribution_params``) right before the auxiliary
-    phase; the buffer itself runs no network.
+    phase; the buffer itself runs no network. The value targets and the distribution parameters are kept at the
+    precision they come in: float32, or float64 for a model trained in float64 (``model.policy.to(th.float64)``,
+    whose old-policy parameters are float64; the value targets are float64 where the rollout buffer's are).
 
     :param n_policy_iters: policy iterations per auxiliary phase (N_pi)
     :param n_steps: steps per rollout
@@ -239,6 +296,8 @@ class AuxiliaryBuffer:
                 f"auxiliary buffer of {self.n_steps} steps x {self.n_envs} envs."
             )
         flattened = rollout_buffer.generator_ready
+        if self.pos == 0:
+            self.returns = _with_dtype(self.returns, rollout_buffer.returns.dtype)
         rows = slice(self.pos, self.pos + self.n_envs)
         if isinstance(self.observations, dict):
             for key, array in self.observations.items():
@@ -274,9 +333,12 @@ class AuxiliaryBuffer:
         Store the old policy's distribution parameters of some rows.
 
         :param rows: the rows, as yielded by ``iter_rollout_chunks``
-        :param params: tensor of shape (n_rows * n_steps, n_distribution_params), on any device
+        :param params: tensor of shape (n_rows * n_steps, n_distribution_params), on any device: float64 ones are
+            stored in float64 (a float64 model), any other in float32
         """
-        array = params.float().cpu().numpy()
+        array = params.to(th.float64 if params.dtype == th.float64 else th.float32).cpu().numpy()
+        if rows.start == 0:
+            self.old_distribution_params = _with_dtype(self.old_distribution_params, array.dtype)
         self.old_distribution_params[rows] = array.reshape(-1, self.n_steps, self.n_distribution_params)
 
     def get(

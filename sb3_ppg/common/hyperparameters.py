@@ -14,9 +14,13 @@ import numpy as np
 from sb3_ppg.common.precision import resolve_precision
 
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
+#: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
+VALUE_CLIPPINGS = ("sb3", "max")
+#: ``policy_minibatches``: shuffled transitions (SB3's PPO, CleanRL), or whole env rollouts (the paper's code)
+POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
-#: ``precision``) take their defaults, which keep the older models' behaviour.
+#: ``precision``, ``value_clipping``, ``policy_minibatches``) take their defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -43,7 +47,7 @@ SAVED_HYPERPARAMETERS = (
     "target_kl",
 )
 #: The hyperparameters :func:`check_hyperparameters` checks (those that do not depend on the env)
-CHECKED_HYPERPARAMETERS = (*SAVED_HYPERPARAMETERS, "micro_batch_size", "precision")
+CHECKED_HYPERPARAMETERS = (*SAVED_HYPERPARAMETERS, "micro_batch_size", "precision", "value_clipping", "policy_minibatches")
 
 
 def is_integer(value: object) -> bool:
@@ -164,6 +168,12 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         isinstance(values["normalize_advantage"], str) and values["normalize_advantage"] in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {values['normalize_advantage']!r}",
     )
+    for name, choices in (("value_clipping", VALUE_CLIPPINGS), ("policy_minibatches", POLICY_MINIBATCHES)):
+        checker.check(
+            name,
+            isinstance(values[name], str) and values[name] in choices,
+            f"{name} must be one of {choices}, got {values[name]!r}",
+        )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
     checker.check(
@@ -341,23 +351,27 @@ def resolve_batch_size(
     n_aux_epochs: int,
     n_policy_iters: int,
     aux_batch_rollouts: int,
+    policy_minibatches: str = "transitions",
 ) -> int:
     """
     The policy-phase minibatch size for ``n_envs`` environments, after checking that every minibatch of either phase
     fits in what it is drawn from.
 
-    :param batch_size: the minibatch size; ``None``: 8 minibatches per rollout
+    :param batch_size: the minibatch size; ``None``: 8 minibatches per rollout (with ``policy_minibatches="envs"``,
+        ``ceil(n_envs / 8)`` whole env rollouts, as the paper's code cuts the envs into 8 chunks with ``torch.chunk``)
     :param n_steps: the rollout length
     :param n_envs: the number of environments
     :param normalize_advantage: ``"batch"``, ``"minibatch"`` or ``"none"``
     :param n_aux_epochs: E_aux (0: no auxiliary phase, whose minibatches are then not checked)
     :param n_policy_iters: N_pi
     :param aux_batch_rollouts: rollouts per auxiliary minibatch
+    :param policy_minibatches: ``"transitions"`` or ``"envs"`` (whole env rollouts: ``batch_size`` must be a multiple
+        of ``n_steps``)
     :return: the minibatch size
     """
     rollout_size = n_steps * n_envs
     if batch_size is None:
-        batch_size = max(1, rollout_size // 8)
+        batch_size = -(-n_envs // 8) * n_steps if policy_minibatches == "envs" else max(1, rollout_size // 8)
     if rollout_size < 2 and normalize_advantage != "none":
         raise ValueError(
             f"n_steps * n_envs must be > 1 with normalize_advantage={normalize_advantage!r} (the advantages of "
@@ -367,6 +381,14 @@ def resolve_batch_size(
         raise ValueError(
             f"batch_size={batch_size} is larger than the rollout (n_steps * n_envs = {n_steps} * "
             f"{n_envs} = {rollout_size}): use a batch_size <= {rollout_size}."
+        )
+    if policy_minibatches == "envs" and batch_size % n_steps != 0:
+        envs_per_minibatch = max(1, batch_size // n_steps)
+        raise ValueError(
+            f"policy_minibatches='envs' makes each minibatch of whole env rollouts of n_steps={n_steps} steps, so "
+            f"batch_size must be a multiple of n_steps, got batch_size={batch_size}: use e.g. "
+            f"batch_size={envs_per_minibatch * n_steps} ({envs_per_minibatch} env(s) per minibatch), batch_size=None "
+            "(8 minibatches), or policy_minibatches='transitions'."
         )
     if normalize_advantage == "minibatch" and batch_size < 2:
         raise ValueError("normalize_advantage='minibatch' needs batch_size > 1 (the std of one sample is undefined).")
@@ -379,11 +401,19 @@ def resolve_batch_size(
                 f"use aux_batch_rollouts <= {n_rollouts}."
             )
     if rollout_size % batch_size != 0:
-        warnings.warn(
-            f"The rollout size (n_steps * n_envs = {rollout_size}) is not a multiple of batch_size={batch_size}: "
-            f"there will be a truncated mini-batch of size {rollout_size % batch_size} in each epoch. We recommend "
-            "a batch_size that divides n_steps * n_envs."
-        )
+        if policy_minibatches == "envs":
+            envs_per_minibatch = batch_size // n_steps
+            warnings.warn(
+                f"n_envs={n_envs} is not a multiple of the {envs_per_minibatch} envs per minibatch (batch_size // "
+                f"n_steps): the last minibatch of each epoch holds {n_envs % envs_per_minibatch} env(s) (as the "
+                "paper's code's torch.chunk). We recommend a number of envs per minibatch that divides n_envs."
+            )
+        else:
+            warnings.warn(
+                f"The rollout size (n_steps * n_envs = {rollout_size}) is not a multiple of batch_size={batch_size}: "
+                f"there will be a truncated mini-batch of size {rollout_size % batch_size} in each epoch. We recommend "
+                "a batch_size that divides n_steps * n_envs."
+            )
     return batch_size
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose
+from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import is_vectorized_observation
 
@@ -125,6 +125,31 @@ def check_observation_keys(observation: Any, observation_space: spaces.Space) ->
             f"This model takes {observation_space} observations, got a dict with the keys {list(observation)}: pass "
             "an array (a Dict observation needs a model trained on a Dict observation space, with MultiInputPolicy)."
         )
+
+
+def preprocess_obs_as(obs: PyTorchObs, observation_space: spaces.Space, normalize_images: bool, dtype: th.dtype) -> PyTorchObs:
+    """
+    SB3's ``preprocess_obs`` (images divided by 255, one-hot encodings), giving ``dtype``. For float32 it is SB3's
+    function itself. SB3's gives float32 whatever the network: for another dtype (a policy cast with
+    ``policy.to(th.float64)``) Box observations are converted to it before images are divided by 255, so that no
+    float32 rounding enters; one-hot and binary encodings are exact in any dtype.
+
+    :param obs: observations (a batch), a tensor or a dict of tensors
+    :param observation_space: their space
+    :param normalize_images: divide images by 255
+    :param dtype: the floating-point dtype of the result (the network's)
+    :return: the preprocessed observations
+    """
+    if dtype == th.float32:
+        return preprocess_obs(obs, observation_space, normalize_images=normalize_images)
+    if isinstance(observation_space, spaces.Dict):
+        assert isinstance(obs, dict)
+        return {key: preprocess_obs_as(value, observation_space[key], normalize_images, dtype) for key, value in obs.items()}
+    assert isinstance(obs, th.Tensor)
+    if isinstance(observation_space, spaces.Box):
+        obs = obs.to(dtype)
+        return obs / 255.0 if normalize_images and is_image_space(observation_space) else obs
+    return preprocess_obs(obs, observation_space, normalize_images=normalize_images).to(dtype)  # type: ignore[union-attr]
 
 
 def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) -> PyTorchObs:

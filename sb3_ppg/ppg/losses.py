@@ -98,21 +98,36 @@ def policy_loss(
 
 
 def value_loss(
-    values: th.Tensor, returns: th.Tensor, old_values: th.Tensor, clip_range_vf: float | None
+    values: th.Tensor,
+    returns: th.Tensor,
+    old_values: th.Tensor,
+    clip_range_vf: float | None,
+    value_clipping: str = "sb3",
 ) -> tuple[th.Tensor, Diagnostics]:
     """
-    The policy phase's value loss ``MSE(returns, V)``, with ``V`` clipped around the old values when
-    ``clip_range_vf`` is set (not yet weighted by ``vf_coef``).
+    The policy phase's value loss (not yet weighted by ``vf_coef``): ``MSE(returns, V)``, or with ``clip_range_vf``
+    set, where ``V_clipped = old_values + clamp(V - old_values, -clip_range_vf, clip_range_vf)``:
+
+    - ``value_clipping="sb3"`` (SB3's PPO): ``MSE(returns, V_clipped)``, the clipped prediction only;
+    - ``value_clipping="max"`` (OpenAI baselines, CleanRL): ``mean(max((V - returns)^2, (V_clipped - returns)^2))``,
+      the larger of the unclipped and the clipped errors. The two differ in their gradient wherever ``V`` has moved
+      beyond the clip range: there ``"sb3"`` has none, ``"max"`` has the unclipped error's when it is the larger.
 
     :param values: the value function's predictions, shape (batch,)
     :param returns: the value targets, shape (batch,)
     :param old_values: the values predicted when the rollout was collected, shape (batch,)
     :param clip_range_vf: the value clip range, ``None`` for no clipping
+    :param value_clipping: the clipped loss's form, ``"sb3"`` or ``"max"`` (used only with ``clip_range_vf``)
     :return: the loss and its diagnostics (value_loss)
     """
-    if clip_range_vf is not None:
-        values = old_values + th.clamp(values - old_values, -clip_range_vf, clip_range_vf)
-    loss = F.mse_loss(returns, values)
+    if clip_range_vf is None:
+        loss = F.mse_loss(returns, values)
+    else:
+        clipped_values = old_values + th.clamp(values - old_values, -clip_range_vf, clip_range_vf)
+        if value_clipping == "max":
+            loss = th.max((values - returns) ** 2, (clipped_values - returns) ** 2).mean()
+        else:
+            loss = F.mse_loss(returns, clipped_values)
     return loss, {"value_loss": loss.detach()}
 
 

@@ -9,7 +9,6 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import ActorCriticPolicy
-from stable_baselines3.common.preprocessing import preprocess_obs
 from stable_baselines3.common.torch_layers import (
     BaseFeaturesExtractor,
     CombinedExtractor,
@@ -26,6 +25,7 @@ from sb3_ppg.common.preprocessing import (
     check_finite_observations,
     check_observation_keys,
     check_observation_space,
+    preprocess_obs_as,
 )
 from sb3_ppg.common.torch_layers import HEAD_SCALE, IMPALA_DENSE_SCALE, ImpalaCNN, normed_init_
 
@@ -292,20 +292,23 @@ class PPGPolicy(ActorCriticPolicy):
     def _features(self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor) -> th.Tensor:
         """
         Preprocess the observation and run one features extractor, under autocast to ``compute_dtype`` when that is
-        not float32 (the heads, the distributions and the losses always stay in float32).
+        not float32 (the heads, the distributions and the losses always stay in the parameters' dtype). The
+        observations are preprocessed in the parameters' dtype: float32, or float64 for a policy cast with
+        ``policy.to(th.float64)`` (SB3's preprocessing alone would give float32).
 
         :param obs: Observation
         :param features_extractor: The features extractor to run
-        :return: The features, in float32
+        :return: The features, in the parameters' dtype
         """
+        dtype = self.action_net.weight.dtype
         preprocessed_obs = add_scalar_feature_axis(
-            preprocess_obs(obs, self.observation_space, normalize_images=self.normalize_images), self.observation_space
+            preprocess_obs_as(obs, self.observation_space, self.normalize_images, dtype), self.observation_space
         )
         if self.compute_dtype == th.float32:
             return features_extractor(preprocessed_obs)
         with th.autocast(device_type=self.device.type, dtype=self.compute_dtype):
             features = features_extractor(preprocessed_obs)
-        return features.float()
+        return features.to(dtype)
 
     def extract_features(  # type: ignore[override]
         self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor | None = None

@@ -35,6 +35,7 @@ from sb3_ppg.common.buffers import (
     AuxiliaryBufferSamples,
     Minibatch,
     check_aux_buffer_memory,
+    env_minibatches,
     split_minibatch,
     split_observations,
 )
@@ -84,7 +85,9 @@ class PPG(OnPolicyAlgorithm):
     where ``pi_old`` is the policy right before the phase and the targets are the GAE returns of each rollout.
     With ``n_aux_epochs=0`` this is PPO (the paper's baseline, with ``policy_kwargs=dict(arch="shared")``).
 
-    The defaults are the paper's Procgen settings; docs/hyperparams.md lists the presets.
+    The defaults are the paper's Procgen settings but for the form of the policy-phase minibatches (shuffled
+    transitions, as SB3's PPO; ``policy_minibatches="envs"`` gives the paper's whole env rollouts); docs/hyperparams.md
+    lists the presets, with which PPG makes the original code's and CleanRL's updates (docs/fidelity.md).
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ProcgenCnn, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
@@ -93,7 +96,13 @@ class PPG(OnPolicyAlgorithm):
     :param n_steps: The number of steps to run for each environment per update (rollout length); default 256 (the
         paper's)
     :param batch_size: Policy-phase minibatch size; ``None`` (default) gives ``n_steps * n_envs // 8`` (8 minibatches,
-        the paper's)
+        the paper's; with ``policy_minibatches="envs"``, ``ceil(n_envs / 8)`` whole env rollouts)
+    :param policy_minibatches: What the policy phase's minibatches are made of: ``"transitions"`` (default, as SB3's
+        PPO and CleanRL): each epoch draws one permutation of all ``n_steps * n_envs`` transitions, cut into
+        minibatches of ``batch_size``; ``"envs"`` (the paper's code): each epoch draws one permutation of the envs,
+        cut into groups of ``batch_size // n_steps`` envs, each minibatch all the steps of its envs (``batch_size``
+        must be a multiple of ``n_steps``). Both draw from NumPy's global generator, which SB3 seeds. The paper's
+        preset uses ``"envs"``; see docs/fidelity.md for the measurement behind the default
     :param n_epochs: Policy epochs per iteration (E_pi); default 1 (the paper's)
     :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default) means ``n_epochs`` (the paper's
         E_V = E_pi = 1). When equal to ``n_epochs`` each minibatch minimizes the joint loss with one optimizer;
@@ -107,6 +116,10 @@ class PPG(OnPolicyAlgorithm):
         ``kl_coef > 0``)
     :param clip_range_vf: Clipping parameter for the value function (policy phase only; the auxiliary phase's
         value losses are never clipped); ``None`` (default, the paper's) for no value clipping
+    :param value_clipping: The form of the clipped value loss, used only with ``clip_range_vf``: ``"sb3"`` (default,
+        SB3's PPO) minimizes the squared error of the clipped prediction; ``"max"`` (OpenAI baselines and CleanRL,
+        whose preset uses it) the larger of the unclipped and the clipped squared errors (see
+        :func:`~sb3_ppg.ppg.losses.value_loss`). The paper's code clips no values
     :param normalize_advantage: ``"batch"`` (default: once over the whole rollout, as the paper's code),
         ``"minibatch"`` (per minibatch, as SB3's PPO) or ``"none"``; ``True`` means ``"batch"``, ``False`` ``"none"``
     :param ent_coef: Entropy coefficient of the policy loss; default 0.01 (the paper's)
@@ -176,12 +189,14 @@ class PPG(OnPolicyAlgorithm):
         learning_rate: float | Schedule = 5e-4,
         n_steps: int = 256,
         batch_size: int | None = None,
+        policy_minibatches: str = "transitions",
         n_epochs: int = 1,
         n_value_epochs: int | None = None,
         gamma: float = 0.999,
         gae_lambda: float = 0.95,
         clip_range: float | Schedule | None = 0.2,
         clip_range_vf: float | Schedule | None = None,
+        value_clipping: str = "sb3",
         normalize_advantage: str | bool = "batch",
         ent_coef: float = 0.01,
         vf_coef: float = 0.5,
@@ -234,10 +249,12 @@ class PPG(OnPolicyAlgorithm):
             supported_action_spaces=(spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary),
         )
         self.batch_size = batch_size
+        self.policy_minibatches = policy_minibatches
         self.n_epochs = n_epochs
         self.n_value_epochs = n_epochs if n_value_epochs is None else n_value_epochs
         self.clip_range = clip_range
         self.clip_range_vf = clip_range_vf
+        self.value_clipping = value_clipping
         self.normalize_advantage = resolve_normalize_advantage(normalize_advantage)
         self.kl_coef = kl_coef
         self.target_kl = target_kl
@@ -336,6 +353,7 @@ class PPG(OnPolicyAlgorithm):
             self.n_aux_epochs,
             self.n_policy_iters,
             self.aux_batch_rollouts,
+            self.policy_minibatches,
         )
 
     def _check_aux_buffer_memory(self, n_envs: int) -> None:
@@ -520,7 +538,7 @@ class PPG(OnPolicyAlgorithm):
             update_learning_rate(self.value_optimizer, self.lr_schedule(progress))
             value_loss = partial(self._value_loss, clip_range_vf=clip_range_vf)
             for _ in range(self.n_value_epochs):
-                for rollout_data in self.rollout_buffer.get(self.batch_size):
+                for rollout_data in self._rollout_minibatches():
                     diagnostics, _ = self._backward(rollout_data, value_loss, "policy")
                     stats.add(diagnostics)
                     self._step(self.value_optimizer, "policy")
@@ -528,7 +546,7 @@ class PPG(OnPolicyAlgorithm):
             policy_epoch_loss = partial(self._policy_loss, clip_range=clip_range)
         continue_training = True
         for _ in range(self.n_epochs):
-            for rollout_data in self.rollout_buffer.get(self.batch_size):
+            for rollout_data in self._rollout_minibatches():
                 rollout_data = self._normalize_minibatch_advantages(rollout_data)
                 diagnostics, continue_training = self._backward(rollout_data, policy_epoch_loss, "policy", early_stopping=True)
                 stats.add(diagnostics)
@@ -539,6 +557,15 @@ class PPG(OnPolicyAlgorithm):
             if not continue_training:
                 break
         self._log_policy_phase(stats, clip_range, clip_range_vf, continue_training)
+
+    def _rollout_minibatches(self) -> Iterator[RolloutBufferSamples]:
+        """
+        One epoch of the policy phase's minibatches (``policy_minibatches``): shuffled transitions (the rollout
+        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
+        """
+        if self.policy_minibatches == "envs":
+            return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
+        return self.rollout_buffer.get(self.batch_size)
 
     def _aux_phase(self) -> None:
         """
@@ -639,7 +666,7 @@ class PPG(OnPolicyAlgorithm):
             rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
         )
         value_loss, value_diagnostics = losses.value_loss(
-            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf
+            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf, self.value_clipping
         )
         return policy_loss + self.vf_coef * value_loss, {**diagnostics, **value_diagnostics}
 
@@ -654,7 +681,7 @@ class PPG(OnPolicyAlgorithm):
         """``vf_coef`` * the value loss of a value epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.value_loss`)."""
         values = self.policy.predict_values(rollout_data.observations)
         value_loss, diagnostics = losses.value_loss(
-            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf
+            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf, self.value_clipping
         )
         return self.vf_coef * value_loss, diagnostics
 

@@ -49,7 +49,8 @@ class ProcgenPreset:
 
         Both references put 1/16 of an iteration's rollouts in each auxiliary minibatch (16 of the paper's 256 envs,
         4 of CleanRL's 64), so ``aux_batch_rollouts`` is ``n_envs // 16`` (at least 1); the policy phase keeps 8
-        minibatches per epoch (``batch_size=None``).
+        minibatches per epoch (``batch_size=None``; with the paper's minibatches of whole env rollouts,
+        ``ceil(n_envs / 8)`` envs each, so fewer minibatches with fewer than 8 envs).
 
         :param n_envs: Envs of this process (``env.num_envs``)
         :return: The keyword arguments (a new dict: change it freely)
@@ -84,14 +85,22 @@ def _env_kwargs(distribution_mode: str, reward_gamma: float) -> Mapping[str, Any
 
 
 def _algorithm_kwargs(
-    clip_range_vf: float | None, vf_coef: float, max_grad_norm: float | None, separate_aux_optimizer: bool, arch: str
+    policy_minibatches: str,
+    clip_range_vf: float | None,
+    value_clipping: str,
+    vf_coef: float,
+    max_grad_norm: float | None,
+    separate_aux_optimizer: bool,
+    arch: str,
 ) -> Mapping[str, Any]:
     """A preset's PPG arguments: the common ones and those where the paper's code and CleanRL differ."""
     policy_kwargs = dict(arch=arch, detach_value_in_aux=True) if arch == "detach" else dict(arch=arch)
     return MappingProxyType(
         dict(
             _COMMON_ALGORITHM_KWARGS,
+            policy_minibatches=policy_minibatches,
             clip_range_vf=clip_range_vf,
+            value_clipping=value_clipping,
             vf_coef=vf_coef,
             max_grad_norm=max_grad_norm,
             separate_aux_optimizer=separate_aux_optimizer,
@@ -108,12 +117,19 @@ PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
             description=(
                 "The PPG paper (Cobbe et al. 2021, openai/phasic-policy-gradient train.py): hard mode, rewards scaled by "
                 "the std of a 0.99-discounted return (the original RewardNormalizer's default) while the RL discount is "
-                "0.999, separate policy and value networks, no gradient or value clipping, a separate Adam for the "
-                "auxiliary phase; 4 workers x 64 envs, 100M steps"
+                "0.999, separate policy and value networks, policy-phase minibatches of whole env rollouts, no gradient "
+                "or value clipping, a separate Adam for the auxiliary phase; 4 workers x 64 envs, 100M steps. Its "
+                "updates match the original code's to float64 precision (tests/test_fidelity.py, docs/fidelity.md)"
             ),
             env_kwargs=_env_kwargs(distribution_mode="hard", reward_gamma=0.99),
             algorithm_kwargs=_algorithm_kwargs(
-                clip_range_vf=None, vf_coef=0.5, max_grad_norm=None, separate_aux_optimizer=True, arch="dual"
+                policy_minibatches="envs",
+                clip_range_vf=None,
+                value_clipping="sb3",
+                vf_coef=0.5,
+                max_grad_norm=None,
+                separate_aux_optimizer=True,
+                arch="dual",
             ),
             n_envs=256,
             total_timesteps=100_000_000,
@@ -123,12 +139,21 @@ PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
             name="cleanrl",
             description=(
                 "CleanRL's ppg_procgen.py: easy mode, rewards scaled by the std of a 0.999-discounted return, one IMPALA "
-                "trunk with the value head on detached features, gradient clipping 0.5, value clipping 0.2 with weight "
-                "0.25, one Adam for both phases; 64 envs, 25M steps"
+                "trunk with the value head on detached features, policy-phase minibatches of shuffled transitions, "
+                "gradient clipping 0.5, CleanRL's value clipping (the larger of the clipped and unclipped squared "
+                "errors, clip 0.2, weight 0.25), one Adam for both phases; 64 envs, 25M steps. Its updates match "
+                "CleanRL's to float64 precision but for CleanRL's Bessel-corrected advantage std and its policy "
+                "gradient left in the first auxiliary step (docs/fidelity.md)"
             ),
             env_kwargs=_env_kwargs(distribution_mode="easy", reward_gamma=0.999),
             algorithm_kwargs=_algorithm_kwargs(
-                clip_range_vf=0.2, vf_coef=0.25, max_grad_norm=0.5, separate_aux_optimizer=False, arch="detach"
+                policy_minibatches="transitions",
+                clip_range_vf=0.2,
+                value_clipping="max",
+                vf_coef=0.25,
+                max_grad_norm=0.5,
+                separate_aux_optimizer=False,
+                arch="detach",
             ),
             n_envs=64,
             total_timesteps=25_000_000,
