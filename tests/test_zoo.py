@@ -90,11 +90,13 @@ def test_packaged_hyperparams_keys():
 @pytest.mark.parametrize("env_id", [f"procgen/{game}-v0" for game in PROCGEN_GAMES])
 def test_procgen_entries_construct(env_id: str, tmp_path: Path):
     # Fewer envs (and a matching minibatch) so the auxiliary buffer stays small: 2 x 32 x 256 frames (~0.2 GB, lazily
-    # allocated) instead of 24 GiB for the paper's 256 envs
-    _, model = build_entry(PAPER_FILE, env_id, {"n_envs": 2, "batch_size": 64}, tmp_path / "paper")
+    # allocated) instead of 24 GiB for the paper's 256 envs; the paper's minibatches are whole env rollouts, so the
+    # minibatch is one env's 256 steps
+    _, model = build_entry(PAPER_FILE, env_id, {"n_envs": 2, "batch_size": 256}, tmp_path / "paper")
     assert isinstance(model, PPG)
     assert model.gamma == 0.999 and model.gae_lambda == 0.95 and model.ent_coef == 0.01 and model.vf_coef == 0.5
     assert model.max_grad_norm is None and model.clip_range_vf is None
+    assert (model.policy_minibatches, model.batch_size, model.n_steps) == ("envs", 256, 256)
     assert (model.n_policy_iters, model.n_aux_epochs, model.aux_batch_rollouts) == (32, 6, 16)
     assert model.separate_aux_optimizer and model.policy.arch == "dual"
     assert model.policy.optimizer.defaults["eps"] == 1e-8
@@ -108,7 +110,8 @@ def test_procgen_entries_construct(env_id: str, tmp_path: Path):
 
     _, model = build_entry(EASY_FILE, env_id, {"n_envs": 2, "batch_size": 64}, tmp_path / "easy")
     assert model.gamma == 0.999 and model.max_grad_norm == 0.5 and model.vf_coef == 0.25
-    assert model.clip_range_vf(1.0) == 0.2
+    assert model.clip_range_vf(1.0) == 0.2 and model.value_clipping == "max"
+    assert model.policy_minibatches == "transitions"
     assert (model.n_policy_iters, model.n_aux_epochs, model.aux_batch_rollouts) == (32, 6, 4)
     assert not model.separate_aux_optimizer and model.policy.arch == "detach"
     assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "easy"
