@@ -244,11 +244,21 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path, capsys):
     assert "starting a new one" in capsys.readouterr().out
     run = tmp_path / "ppg" / "CartPole-v1_1"
     assert PPG.load(run / "CartPole-v1.zip").num_timesteps == 128
-    # A run stopped before its first checkpoint: it starts over in its folder
+    # A finished run without a checkpoint (--save-freq larger than the run, or none): --resume would start it over
+    # and overwrite its model; it refuses and leaves the run as it is
     shutil.rmtree(run / "checkpoints")
+    model_bytes, log_bytes = (run / "CartPole-v1.zip").read_bytes(), (run / "0.monitor.csv").read_bytes()
+    with pytest.raises(SystemExit) as error:
+        train.main([*tiny, "-f", str(tmp_path), "--resume"])
+    message = str(error.value.code)
+    assert "is finished" in message and "would start it over and overwrite it" in message and "\n" not in message.strip()
+    assert (run / "CartPole-v1.zip").read_bytes() == model_bytes and (run / "0.monitor.csv").read_bytes() == log_bytes
+    # A run stopped before its first checkpoint (no final model either): it starts over in its folder
+    (run / "CartPole-v1.zip").unlink()
     train.main([*tiny, "-f", str(tmp_path), "--resume"])
     assert "no complete checkpoint yet" in capsys.readouterr().out
     assert not (tmp_path / "ppg" / "CartPole-v1_2").exists()
+    assert PPG.load(run / "CartPole-v1.zip").num_timesteps == 128
 
 
 def test_keep_checkpoints(tmp_path: Path):

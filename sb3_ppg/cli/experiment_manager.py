@@ -488,6 +488,15 @@ class PPGExperimentManager(ExperimentManager):
         self.save_path = str(run_folder)
         self.params_path = f"{self.save_path}/{self.env_name}"
         if checkpoint is None:
+            final_model = run_folder / f"{self.env_name}.zip"
+            if final_model.is_file():
+                # Starting over would overwrite a finished run's model and episode log
+                raise ValueError(
+                    f"--resume: the run {run_folder} is finished (its final model {final_model} is saved) and has no "
+                    "checkpoint to continue from, so --resume would start it over and overwrite it. Leave out --resume "
+                    f"to start a new run (with --save-freq to make it resumable), or train this model further from "
+                    f"Python: PPG.load({str(final_model)!r}, env=env).learn(..., reset_num_timesteps=False)."
+                )
             print(f"--resume: {run_folder} has no complete checkpoint yet, starting its run over.")
             return
         print(f"--resume: continuing {run_folder} from {checkpoint.name}")
