@@ -287,7 +287,7 @@ def test_missing_zoo_message(monkeypatch, capsys):
         with pytest.raises(SystemExit) as exc_info:
             main(["--env", "CartPole-v1"])
         message = str(exc_info.value.code)
-        assert '"sb3-ppg[zoo]"' in message and "rl_zoo3" in message
+        assert '`pip install -e ".[zoo]"` in the sb3-ppg folder' in message and "rl_zoo3" in message
         assert "\n" not in message
 
 

@@ -16,8 +16,8 @@ modules. :func:`register_zoo` fills them (:func:`run_zoo` for its run only, putt
   Atari and MiniGrid stochastically; Procgen policies are evaluated with sampled actions, as in the paper), PPG
   checkpoints for ``--save-freq`` and ``--resume``.
 
-The zoo is an optional extra (``pip install "sb3-ppg[zoo]"``): nothing here imports it at module import time, and
-:func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
+The zoo is an optional extra (``pip install -e ".[zoo]"`` in the sb3-ppg folder): nothing here imports it at module
+import time, and :func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
 """
 
 import contextlib
@@ -59,7 +59,8 @@ def missing_zoo_message(missing: str | None = None) -> str:
     what = f" (missing module: {missing})" if missing else ""
     return (
         f"sb3_ppg's train/enjoy commands need the RL Baselines3 Zoo{what}: "
-        f'install the extra with `pip install "sb3-ppg[{ZOO_EXTRA}]"`'
+        f'install the extra with `pip install -e ".[{ZOO_EXTRA}]"` in the sb3-ppg folder '
+        f'(or `pip install "<path to sb3-ppg>[{ZOO_EXTRA}]"`)'
     )
 
 

@@ -191,5 +191,5 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
         return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
     raise ImportError(
         "No Procgen package is installed: sb3-ppg installs procgen-mirror (Python 3.11, 3.12), procgen (3.10) or "
-        "procgen-gym (3.13) as a dependency; reinstall it with pip install sb3-ppg."
+        "procgen-gym (3.13) as a dependency; reinstall sb3-ppg (pip install -e . in its folder)."
     )
