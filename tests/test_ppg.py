@@ -390,6 +390,11 @@ def test_learn_warns_when_it_ends_before_the_first_aux_phase(make_model):
     # The warning points at the caller's learn()
     assert warned[0].filename == __file__
     assert model._n_aux_phases == 0 and model.aux_buffer.n_iterations == 3
+    # A total inside a rollout: SB3 runs that rollout to its end, and the warning says where it stops
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    with pytest.warns(UserWarning, match=r"learn\(total_timesteps=65\) stops at step 96, before .* at step 128 .* most 3"):
+        model.learn(65)
+    assert model.num_timesteps == 96
 
 
 @pytest.mark.parametrize("total_timesteps", [128, 97])

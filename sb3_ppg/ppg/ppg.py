@@ -479,14 +479,16 @@ class PPG(OnPolicyAlgorithm):
         buffer (a resumed run) count; no warning once an auxiliary phase has run.
 
         :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
-        :param total_timesteps: the step at which this ``learn()`` stops (SB3's, counted from the run's start)
+        :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start (it stops at the first
+            rollout boundary at or beyond it)
         """
         assert self.aux_buffer is not None
         aux_step = self._next_aux_phase_step()
         steps_per_rollout = self.n_steps * self.n_envs * distributed.get_world_size()
         # SB3 collects whole rollouts while num_timesteps < total_timesteps
         n_rollouts = max(0, -(-(total_timesteps - self.num_timesteps) // steps_per_rollout))
-        if self._n_aux_phases > 0 or n_rollouts == 0 or self.num_timesteps + n_rollouts * steps_per_rollout >= aux_step:
+        stop_step = self.num_timesteps + n_rollouts * steps_per_rollout
+        if self._n_aux_phases > 0 or n_rollouts == 0 or stop_step >= aux_step:
             return
         rollout = f"{self.n_steps} steps x {self.n_envs} envs"
         if distributed.get_world_size() > 1:
@@ -499,7 +501,7 @@ class PPG(OnPolicyAlgorithm):
             held = ""
             fix = f"Lower n_policy_iters (to at most {n_rollouts} for this budget) or n_steps, or "
         warnings.warn(
-            f"learn(total_timesteps={given_timesteps:,}) stops at step {total_timesteps:,}, before PPG's first auxiliary "
+            f"learn(total_timesteps={given_timesteps:,}) stops at step {stop_step:,}, before PPG's first auxiliary "
             f"phase at step {aux_step:,} (after n_policy_iters={self.n_policy_iters} rollouts of {rollout}{held}): "
             "this learn() trains as plain PPO. "
             f"{fix}{'r' if fix else 'R'}aise total_timesteps to at least {aux_step - total_timesteps + given_timesteps:,}.",
