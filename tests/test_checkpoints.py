@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -87,6 +88,24 @@ def test_resume_bit_identical(reference, tmp_path, cut, normalize):
     manifest = json.loads((checkpoint_dir(tmp_path, TOTAL) / "manifest.json").read_text())
     reference_manifest = json.loads((checkpoint_dir(folder, TOTAL) / "manifest.json").read_text())
     assert manifest["aux_rollout_files"] == reference_manifest["aux_rollout_files"]
+
+
+def test_resumed_run_warns_only_when_it_ends_before_its_first_aux_phase(reference):
+    """The checkpoint after iteration 1 holds 1 of the 3 rollouts of the first auxiliary phase (at step 3 * ITERATION)."""
+    folder = reference[False][0]
+    resumed = PPG.load_checkpoint(checkpoint_dir(folder, ITERATION), env=make_env())
+    with pytest.warns(UserWarning) as warned:
+        resumed.learn(ITERATION, reset_num_timesteps=False)
+    assert [str(warning.message) for warning in warned] == [
+        f"learn(total_timesteps={ITERATION}) stops at step {2 * ITERATION}, before PPG's first auxiliary phase at step "
+        f"{3 * ITERATION} (after n_policy_iters=3 rollouts of {N_STEPS} steps x {N_ENVS} envs; the auxiliary buffer holds "
+        f"1 of them): this learn() trains as plain PPO. Raise total_timesteps to at least {2 * ITERATION}."
+    ]
+    resumed = PPG.load_checkpoint(checkpoint_dir(folder, ITERATION), env=make_env())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.learn(2 * ITERATION, reset_num_timesteps=False)
+    assert resumed._n_aux_phases == 1
 
 
 def damage(path: pathlib.Path) -> None:

@@ -115,3 +115,39 @@ def test_export_example(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     actions = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(actions) == 3 and set(actions) <= {0, 1}
+
+
+def python_code_blocks(path: str) -> list[str]:
+    """The ``.. code-block:: python`` blocks of an .rst file, dedented."""
+    blocks, lines = [], open(os.path.join(ROOT, path)).read().splitlines()
+    for index, line in enumerate(lines):
+        if line.strip() == ".. code-block:: python":
+            block = []
+            for body in lines[index + 1 :]:
+                if body.strip() and not body.startswith("   "):
+                    break
+                block.append(body[3:])
+            blocks.append("\n".join(block).strip("\n"))
+    return blocks
+
+
+@pytest.mark.parametrize("path", ["docs/index.rst", "docs/guide/quickstart.rst"])
+def test_documented_cartpole_examples_have_sensible_minibatches(path, tmp_path, monkeypatch):
+    """
+    The docs' CartPole examples, run with ``learn()`` recorded instead of training: policy minibatches of at least 32
+    samples (the front page had 4: ``n_steps=32`` on one env) and at least 10 auxiliary phases in their training budget.
+    """
+    from sb3_ppg import PPG
+
+    learned = []
+    monkeypatch.setattr(PPG, "learn", lambda self, total_timesteps, **_: learned.append((self, total_timesteps)) or self)
+    monkeypatch.chdir(tmp_path)
+    blocks = [block for block in python_code_blocks(path) if "CartPole" in block]
+    assert blocks
+    for block in blocks:
+        exec(compile(block, path, "exec"), {})
+    assert len(learned) == len(blocks)
+    for model, total_timesteps in learned:
+        assert model.batch_size >= 32
+        first_aux_phase = model.n_policy_iters * model.n_steps * model.n_envs
+        assert first_aux_phase * 10 <= total_timesteps

@@ -1,6 +1,7 @@
 """The PPG algorithm: phase schedule, losses, optimizers, advantage normalization, validation and failure modes."""
 
 import copy
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -373,6 +374,85 @@ def test_no_aux_epochs_is_plain_ppo():
     # ... and the update did move the weights
     assert not th.allclose(ppo.policy.action_net.weight, initial_action_weight)
     assert ppg._n_aux_phases == 0
+
+
+def test_learn_warns_when_it_ends_before_the_first_aux_phase(make_model):
+    """N_pi 4 rollouts of 16 steps x 2 envs: the first auxiliary phase runs at step 128."""
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    message = (
+        "learn(total_timesteps=96) stops at step 96, before PPG's first auxiliary phase at step 128 (after "
+        "n_policy_iters=4 rollouts of 16 steps x 2 envs): this learn() trains as plain PPO. Lower n_policy_iters (to at "
+        "most 3 for this budget) or n_steps, or raise total_timesteps to at least 128."
+    )
+    with pytest.warns(UserWarning) as warned:
+        model.learn(96)
+    assert [str(warning.message) for warning in warned] == [message]
+    # The warning points at the caller's learn()
+    assert warned[0].filename == __file__
+    assert model._n_aux_phases == 0 and model.aux_buffer.n_iterations == 3
+    # A total inside a rollout: SB3 runs that rollout to its end, and the warning says where it stops
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    with pytest.warns(UserWarning, match=r"learn\(total_timesteps=65\) stops at step 96, before .* at step 128 .* most 3"):
+        model.learn(65)
+    assert model.num_timesteps == 96
+
+
+@pytest.mark.parametrize("total_timesteps", [128, 97])
+def test_learn_does_not_warn_when_the_aux_phase_runs(make_model, total_timesteps):
+    """SB3 collects whole rollouts until the total is reached: 97 steps run the 4th rollout, and its aux phase, too."""
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.learn(total_timesteps)
+    assert model._n_aux_phases == 1
+
+
+def test_ppo_mode_never_warns_about_the_aux_phase(make_model):
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4, n_aux_epochs=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.learn(32)
+    assert model.aux_buffer is None
+
+
+def test_resumed_learn_counts_the_stored_rollouts_for_the_aux_phase_warning(make_model):
+    """A continued run (reset_num_timesteps=False) counts its steps from the run's start and the buffer's rollouts."""
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    with pytest.warns(UserWarning, match="before PPG's first auxiliary phase"):
+        model.learn(64)
+    # 2 rollouts stored: 32 more steps end at step 96, before the phase at step 128
+    with pytest.warns(UserWarning) as warned:
+        model.learn(32, reset_num_timesteps=False)
+    assert [str(warning.message) for warning in warned] == [
+        "learn(total_timesteps=32) stops at step 96, before PPG's first auxiliary phase at step 128 (after "
+        "n_policy_iters=4 rollouts of 16 steps x 2 envs; the auxiliary buffer holds 2 of them): this learn() trains as "
+        "plain PPO. Raise total_timesteps to at least 64."
+    ]
+    # 3 stored: one more rollout runs the phase, and once a phase has run no learn() warns
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            model.learn(32, reset_num_timesteps=False)
+    assert model._n_aux_phases == 1 and model.num_timesteps == 160
+    # A new run (reset_num_timesteps=True) keeps the stored rollouts too: 1 of 4 stored, 3 rollouts (96 steps) to go
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.learn(96)
+    assert model._n_aux_phases == 2
+
+
+def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
+    """The log (SB3's logger, here its log.txt) states the auxiliary buffer's size at the start of a run."""
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    model.set_logger(configure(str(tmp_path), ["log"]))
+    model.learn(128)
+    # CartPole: 4 float32 observations, plus the value target and 2 logits (4 bytes each) per step
+    assert model.aux_buffer.nbytes == 4 * 2 * 16 * (16 + 12)
+    line = (
+        "Auxiliary buffer: n_policy_iters * n_envs * n_steps = 4 * 2 * 16 steps of 28 bytes (16 of observations), "
+        "3.6 kB, taken as rollouts arrive; next auxiliary phase at step 128."
+    )
+    assert line in (tmp_path / "log.txt").read_text().splitlines()
 
 
 def test_invalid_hyperparameters_raise_clear_errors(make_model):

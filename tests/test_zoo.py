@@ -3,6 +3,7 @@
 import argparse
 import glob
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -466,3 +467,76 @@ def test_env_kwargs_complete_the_preset(tmp_path: Path, env_kwargs, eval_env_kwa
         env.close()
     # config.yml describes the training env
     assert saved_hyperparams["env_kwargs"] == {"distribution_mode": "easy", "num_levels": train_options[1], "start_level": 0}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# enjoy: which run it plays, and its errors
+
+
+def make_runs(log_folder: Path, make_model, models: dict[int, tuple[str, ...]]) -> Path:
+    """
+    Run folders ``<log_folder>/ppg/CartPole-v1_<id>`` holding the given model files (a small PPG model; the zoo's
+    ``enjoy`` needs nothing else of a CartPole run). A run without files is a run that failed before saving a model.
+    """
+    algo_folder = log_folder / "ppg"
+    model = make_model("CartPole-v1")
+    for run_id, names in models.items():
+        (algo_folder / f"CartPole-v1_{run_id}").mkdir(parents=True)
+        for name in names:
+            model.save(algo_folder / f"CartPole-v1_{run_id}" / name)
+    return algo_folder
+
+
+def enjoy_argv(log_folder: Path, *options: str) -> list[str]:
+    return ["--env", "CartPole-v1", "-f", str(log_folder), "--no-render", "-n", "10", "--verbose", "0", *options]
+
+
+def test_enjoy_plays_the_newest_run_that_has_the_model(tmp_path: Path, make_model, capsys):
+    """The newest run (3) failed before saving a model: the zoo alone would fail on it, enjoy takes run 2 and says so."""
+    algo_folder = make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip", "best_model.zip"), 2: ("CartPole-v1.zip",), 3: ()})
+    enjoy.main(enjoy_argv(tmp_path))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [
+        f"Playing run {algo_folder / 'CartPole-v1_2'}, model CartPole-v1.zip; skipped the newer CartPole-v1_3: no "
+        "CartPole-v1.zip (failed or unfinished runs?)",
+        f"Loading {algo_folder / 'CartPole-v1_2' / 'CartPole-v1.zip'}",
+    ]
+    # --load-best: the newest run with a best model
+    enjoy.main(enjoy_argv(tmp_path, "--load-best"))
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        f"Playing run {algo_folder / 'CartPole-v1_1'}, model best_model.zip; skipped the newer CartPole-v1_3, "
+        "CartPole-v1_2: no best_model.zip (failed or unfinished runs?)",
+        f"Loading {algo_folder / 'CartPole-v1_1' / 'best_model.zip'}",
+    ]
+
+
+def test_enjoy_without_a_model_fails_with_one_line(tmp_path: Path, make_model):
+    """The command line: exit status 1 and a one-line error on stderr naming the runs and the fixes, no traceback."""
+    algo_folder = make_runs(tmp_path, make_model, {1: (), 2: ()})
+    command = [sys.executable, "-m", "sb3_ppg.enjoy", *enjoy_argv(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: no run of ppg on CartPole-v1 in {algo_folder}{os.sep} has a model CartPole-v1.zip (runs CartPole-v1_1, "
+        "CartPole-v1_2: failed or unfinished?); --load-best plays the best model of a run that evaluated during "
+        f"training; or train one with `python -m sb3_ppg.train --env CartPole-v1 -f {tmp_path}`"
+    ]
+
+
+def test_enjoy_errors_are_one_line(tmp_path: Path, make_model):
+    # No run at all
+    with pytest.raises(SystemExit) as error:
+        enjoy.main(enjoy_argv(tmp_path))
+    assert error.value.code == (
+        f"error: no run of ppg on CartPole-v1 in {tmp_path / 'ppg'}{os.sep} (no CartPole-v1_<id> folder): train one with "
+        f"`python -m sb3_ppg.train --env CartPole-v1 -f {tmp_path}`, or give the log folder it was trained into with -f"
+    )
+    # The zoo's own errors (here --exp-id of a run that does not exist): one line, or the traceback with --traceback
+    make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip",)})
+    with pytest.raises(SystemExit) as error:
+        enjoy.main(enjoy_argv(tmp_path, "--exp-id", "5"))
+    assert error.value.code == (
+        f"error: AssertionError: The {tmp_path / 'ppg' / 'CartPole-v1_5'} folder was not found (--traceback shows where)"
+    )
+    with pytest.raises(AssertionError, match="CartPole-v1_5 folder was not found"):
+        enjoy.main(enjoy_argv(tmp_path, "--exp-id", "5", "--traceback"))

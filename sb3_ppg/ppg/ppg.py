@@ -440,7 +440,73 @@ class PPG(OnPolicyAlgorithm):
                 self, self._optimizers(), aux_rollouts, total_timesteps, reset_num_timesteps, callback
             )
             self._data_parallel_stats = data_parallel.prepare_learn(self, self._optimizers(), fingerprint)
-        return super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+        start_timesteps = 0 if reset_num_timesteps else self.num_timesteps
+        total_timesteps, callback = super()._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self.aux_buffer is not None and distributed.get_rank() == 0:
+            if reset_num_timesteps:
+                self._log_aux_buffer_size()
+            self._warn_if_no_aux_phase(total_timesteps - start_timesteps, total_timesteps)
+        return total_timesteps, callback
+
+    def _next_aux_phase_step(self) -> int:
+        """The step at which the next auxiliary phase runs: once the auxiliary buffer is full (in ``train()``)."""
+        assert self.aux_buffer is not None
+        n_rollouts = max(1, self.n_policy_iters - self.aux_buffer.n_iterations)
+        return self.num_timesteps + n_rollouts * self.n_steps * self.n_envs * distributed.get_world_size()
+
+    def _log_aux_buffer_size(self) -> None:
+        """State the auxiliary buffer's size and when its next phase runs in the log (printed with ``verbose >= 1``)."""
+        assert self.aux_buffer is not None
+        n_buffer_steps = self.n_policy_iters * self.n_envs * self.n_steps
+        observations = self.aux_buffer.observations
+        nbytes = self.aux_buffer.nbytes
+        size = f"{nbytes / 1e6:,.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:,.1f} kB"
+        obs_arrays = observations.values() if isinstance(observations, dict) else [observations]
+        obs_nbytes = sum(array.nbytes for array in obs_arrays)
+        self.logger.info(
+            f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {self.n_policy_iters} * {self.n_envs} * {self.n_steps} "
+            f"steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of observations), {size}, "
+            "taken as rollouts arrive; next auxiliary phase at step "
+            f"{self._next_aux_phase_step():,}."
+        )
+
+    def _warn_if_no_aux_phase(self, given_timesteps: int, total_timesteps: int) -> None:
+        """
+        Warn when ``learn()`` ends before the run's first auxiliary phase: it then trains as PPO (the paper's N_pi 32
+        rollouts of 256 steps take 8,192 steps per env before the first phase). Rollouts already in the auxiliary
+        buffer (a resumed run) count; no warning once an auxiliary phase has run.
+
+        :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
+        :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start (it stops at the first
+            rollout boundary at or beyond it)
+        """
+        assert self.aux_buffer is not None
+        aux_step = self._next_aux_phase_step()
+        steps_per_rollout = self.n_steps * self.n_envs * distributed.get_world_size()
+        # SB3 collects whole rollouts while num_timesteps < total_timesteps
+        n_rollouts = max(0, -(-(total_timesteps - self.num_timesteps) // steps_per_rollout))
+        stop_step = self.num_timesteps + n_rollouts * steps_per_rollout
+        if self._n_aux_phases > 0 or n_rollouts == 0 or stop_step >= aux_step:
+            return
+        rollout = f"{self.n_steps} steps x {self.n_envs} envs"
+        if distributed.get_world_size() > 1:
+            rollout += f" x {distributed.get_world_size()} ranks"
+        stored = self.aux_buffer.n_iterations
+        if stored > 0:
+            held = f"; the auxiliary buffer holds {stored} of them"
+            fix = ""
+        else:
+            held = ""
+            fix = f"Lower n_policy_iters (to at most {n_rollouts} for this budget) or n_steps, or "
+        warnings.warn(
+            f"learn(total_timesteps={given_timesteps:,}) stops at step {stop_step:,}, before PPG's first auxiliary "
+            f"phase at step {aux_step:,} (after n_policy_iters={self.n_policy_iters} rollouts of {rollout}{held}): "
+            "this learn() trains as plain PPO. "
+            f"{fix}{'r' if fix else 'R'}aise total_timesteps to at least {aux_step - total_timesteps + given_timesteps:,}.",
+            stacklevel=5,
+        )
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         """SB3's; in data-parallel training with the callbacks that count every rank's steps."""
