@@ -34,6 +34,7 @@ from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
     Minibatch,
+    TensorObs,
     check_aux_buffer_memory,
     env_minibatches,
     split_minibatch,
@@ -361,7 +362,8 @@ class PPG(OnPolicyAlgorithm):
         if self.n_aux_epochs > 0:
             args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
             spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-            check_aux_buffer_memory(AuxiliaryBuffer.estimate_nbytes(**args, **spaces), **args)
+            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+            check_aux_buffer_memory(nbytes, **args)
 
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
@@ -370,8 +372,21 @@ class PPG(OnPolicyAlgorithm):
         if self.n_aux_epochs == 0:
             return None
         return AuxiliaryBuffer(
-            self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space, device=self.device
+            self.n_policy_iters,
+            self.n_steps,
+            self.n_envs,
+            self.observation_space,
+            self.action_space,
+            device=self.device,
+            **self._aux_buffer_kwargs(),
         )
+
+    def _aux_buffer_kwargs(self) -> dict[str, Any]:
+        """
+        The auxiliary buffer's arguments beyond its layout and spaces (a subclass's hook: ``MaskablePPG`` stores the
+        action masks and its distributions' parameters); PPG's are the buffer's defaults.
+        """
+        return {}
 
     def _make_optimizer(self) -> th.optim.Optimizer:
         """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
@@ -476,13 +491,24 @@ class PPG(OnPolicyAlgorithm):
             boundary_callback.on_rollout_boundary()
         self._at_rollout_boundary = False  # until train() has consumed this rollout
         if not distributed.is_active():
-            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
         complete, self._data_parallel_stats = data_parallel.collect_rollouts(
             self,
-            partial(super().collect_rollouts, env, callback, rollout_buffer, n_rollout_steps),
+            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
             self._data_parallel_stats,
         )
         return complete
+
+    def _collect_rollout(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        Collect one rollout into ``rollout_buffer``: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG``
+        collects the action masks with it).
+
+        :return: whether the rollout is complete (False when a callback stopped training)
+        """
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     # ------------------------------------------------------------------------------------------------------------
     # Training: one iteration of Algorithm 1 per rollout
@@ -605,9 +631,20 @@ class PPG(OnPolicyAlgorithm):
         assert self.aux_buffer is not None
         with th.inference_mode():
             for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
-                parts = split_observations(observations, self._micro_batch_size)
-                params = [get_distribution_params(self.policy.get_distribution(part)) for part in parts]
-                self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
+                self.aux_buffer.store_old_distribution_params(rows, self._old_distribution_params(rows, observations))
+
+    def _old_distribution_params(self, rows: slice, observations: TensorObs) -> th.Tensor:
+        """
+        The current policy's distribution parameters on some rows of the auxiliary buffer, in parts of at most
+        ``micro_batch_size`` states (a subclass's hook: ``MaskablePPG`` applies the stored action masks).
+
+        :param rows: the buffer rows, as ``iter_rollout_chunks`` yields them
+        :param observations: their observations, flattened to (n_rows * n_steps, ...)
+        :return: tensor of shape (n_rows * n_steps, n_distribution_params)
+        """
+        parts = split_observations(observations, self._micro_batch_size)
+        params = [get_distribution_params(self.policy.get_distribution(part)) for part in parts]
+        return params[0] if len(params) == 1 else th.cat(params)
 
     def _train_aux_phase(self) -> None:
         """
