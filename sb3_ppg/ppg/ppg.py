@@ -16,6 +16,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
@@ -34,7 +35,6 @@ from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
     Minibatch,
-    TensorObs,
     check_aux_buffer_memory,
     env_minibatches,
     split_minibatch,
@@ -43,7 +43,7 @@ from sb3_ppg.common.buffers import (
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import checkpoint
 from sb3_ppg.common.distributed import RunningStats
-from sb3_ppg.common.distributions import get_distribution_params
+from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     HyperparameterError,
@@ -631,20 +631,19 @@ class PPG(OnPolicyAlgorithm):
         assert self.aux_buffer is not None
         with th.inference_mode():
             for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
-                self.aux_buffer.store_old_distribution_params(rows, self._old_distribution_params(rows, observations))
+                parts = split_observations(observations, self._micro_batch_size)
+                params = [self._distribution_params(self.policy.get_distribution(part)) for part in parts]
+                self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
 
-    def _old_distribution_params(self, rows: slice, observations: TensorObs) -> th.Tensor:
+    def _distribution_params(self, distribution: Distribution) -> th.Tensor:
         """
-        The current policy's distribution parameters on some rows of the auxiliary buffer, in parts of at most
-        ``micro_batch_size`` states (a subclass's hook: ``MaskablePPG`` applies the stored action masks).
+        pi_old's parameters as the auxiliary buffer stores them (a subclass's hook: ``MaskablePPG`` stores its
+        maskable distributions' logits).
 
-        :param rows: the buffer rows, as ``iter_rollout_chunks`` yields them
-        :param observations: their observations, flattened to (n_rows * n_steps, ...)
-        :return: tensor of shape (n_rows * n_steps, n_distribution_params)
+        :param distribution: the policy's distribution on some states
+        :return: tensor of shape (batch, n_distribution_params)
         """
-        parts = split_observations(observations, self._micro_batch_size)
-        params = [get_distribution_params(self.policy.get_distribution(part)) for part in parts]
-        return params[0] if len(params) == 1 else th.cat(params)
+        return get_distribution_params(distribution)
 
     def _train_aux_phase(self) -> None:
         """
@@ -688,6 +687,13 @@ class PPG(OnPolicyAlgorithm):
             return rollout_data.actions.long().flatten()
         return rollout_data.actions
 
+    def _evaluate_actions(self, rollout_data: RolloutBufferSamples) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """
+        The policy's values, log-probabilities of the minibatch's actions and entropies, one forward pass (a
+        subclass's hook: ``MaskablePPG`` applies the minibatch's action masks).
+        """
+        return self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+
     def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
         """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
         if self.normalize_advantage != "minibatch":
@@ -698,7 +704,7 @@ class PPG(OnPolicyAlgorithm):
         self, rollout_data: RolloutBufferSamples, clip_range: float | None, clip_range_vf: float | None
     ) -> tuple[th.Tensor, Diagnostics]:
         """The policy phase's joint loss (E_V = E_pi): policy loss + ``vf_coef`` * value loss, one forward pass."""
-        values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+        values, log_prob, entropy = self._evaluate_actions(rollout_data)
         policy_loss, diagnostics = losses.policy_loss(
             rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
         )
@@ -709,7 +715,7 @@ class PPG(OnPolicyAlgorithm):
 
     def _policy_loss(self, rollout_data: RolloutBufferSamples, clip_range: float | None) -> tuple[th.Tensor, Diagnostics]:
         """The policy loss of a policy epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.policy_loss`)."""
-        _, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+        _, log_prob, entropy = self._evaluate_actions(rollout_data)
         return losses.policy_loss(
             rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
         )
@@ -725,9 +731,19 @@ class PPG(OnPolicyAlgorithm):
     def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
         """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
-        return losses.aux_loss(
-            distribution, batch.old_distribution_params, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef
-        )
+        kl = self._behaviour_cloning_kl(batch, distribution)
+        return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
+
+    def _behaviour_cloning_kl(self, batch: AuxiliaryBufferSamples, distribution: Distribution) -> th.Tensor:
+        """
+        ``KL(pi_old || pi)`` of each state of an auxiliary minibatch (a subclass's hook: ``MaskablePPG`` computes it
+        over the valid actions only).
+
+        :param batch: the minibatch (pi_old's stored parameters)
+        :param distribution: pi on its states
+        :return: tensor of shape (batch,)
+        """
+        return kl_divergence_from_params(batch.old_distribution_params, distribution)
 
     # ------------------------------------------------------------------------------------------------------------
     # One optimizer step: backward (in micro-batches), finite checks, gradient averaging and clipping
