@@ -349,3 +349,44 @@ def test_checkpoint_resume_bit_identical(tmp_path):
     expected, actual = model.policy.state_dict(), resumed.policy.state_dict()
     for name in expected:
         assert th.equal(expected[name], actual[name]), name
+
+
+def test_command_line_trains_maskable_ppg(tmp_path):
+    """
+    python -m sb3_ppg.train --algo maskable_ppg with the packaged maskable_ppg.yml on a registered invalid-action env:
+    a MaskablePPG run whose evaluations use the masks (only the right action valid: a masked evaluation scores 100,
+    an unmasked one about 100 / 70), resumable from its checkpoints.
+    """
+    from sb3_ppg.cli import train, zoo
+
+    zoo.register_zoo()
+    env_id = "sb3_ppg/InvalidActionEnvDiscrete-v0"
+    only_right_action = ["n_invalid_actions:69"]
+    common = [
+        "--algo",
+        "maskable_ppg",
+        "--env",
+        env_id,
+        "-f",
+        str(tmp_path),
+        "--seed",
+        "0",
+        "--device",
+        "cpu",
+        "--verbose",
+        "0",
+    ]
+    options = ["--eval-freq", "256", "--eval-episodes", "2", "--save-freq", "256", "-params", "n_steps:64"]
+    kwargs = ["--env-kwargs", *only_right_action, "--eval-env-kwargs", *only_right_action]
+    train.main([*common, "-n", "512", *options, "n_policy_iters:2", *kwargs])
+    run_folder = tmp_path / "maskable_ppg" / "sb3_ppg-InvalidActionEnvDiscrete-v0_1"
+    model = MaskablePPG.load(run_folder / "sb3_ppg-InvalidActionEnvDiscrete-v0.zip", device="cpu")
+    assert model.num_timesteps == 512 and model._n_aux_phases == 4
+    assert model.n_steps == 64 and model.gamma == 0.4  # -params over the packaged file
+    with np.load(run_folder / "evaluations.npz") as evaluations:
+        assert list(evaluations["timesteps"]) == [256, 512]
+        assert (evaluations["results"] == 100).all()
+    # --resume continues the run from its newest checkpoint with MaskablePPG.load_checkpoint
+    train.main([*common, "-n", "768", *options, "n_policy_iters:2", *kwargs, "--resume"])
+    resumed = MaskablePPG.load(run_folder / "sb3_ppg-InvalidActionEnvDiscrete-v0.zip", device="cpu")
+    assert resumed.num_timesteps == 768
