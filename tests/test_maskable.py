@@ -390,3 +390,27 @@ def test_command_line_trains_maskable_ppg(tmp_path):
     train.main([*common, "-n", "768", *options, "n_policy_iters:2", *kwargs, "--resume"])
     resumed = MaskablePPG.load(run_folder / "sb3_ppg-InvalidActionEnvDiscrete-v0.zip", device="cpu")
     assert resumed.num_timesteps == 768
+
+
+def test_policy_phase_log_probs_and_entropy_are_the_masked_ones():
+    """The policy phase evaluates the rollout's actions under the masked distribution: its log-probabilities are the
+    ones computed when acting (before any update), its entropies those of the softmax over the valid actions."""
+    env = InvalidActionEnvDiscrete(dim=10, n_invalid_actions=6)
+    model = small_maskable(env)
+    _, callback = model._setup_learn(16)
+    assert model.collect_rollouts(model.env, callback, model.rollout_buffer, 16)
+    batch = next(model.rollout_buffer.get(None))
+    assert (batch.action_masks.sum(dim=1) == 4).all()
+    with th.no_grad():
+        _, log_prob, entropy = model._evaluate_actions(batch)
+        logits = model.policy.get_distribution(batch.observations).distribution.logits.double()
+    assert th.allclose(log_prob, batch.old_log_prob, atol=1e-6)
+    valid = batch.action_masks.bool()
+    masked_log_p = th.log_softmax(logits.masked_fill(~valid, -th.inf), dim=1)
+    expected_entropy = -(masked_log_p.exp() * th.where(valid, masked_log_p, 0.0)).sum(dim=1)
+    assert th.allclose(entropy.double(), expected_entropy, atol=1e-5)
+    expected_log_prob = masked_log_p.gather(1, batch.actions.long()).flatten()
+    assert th.allclose(log_prob.double(), expected_log_prob, atol=1e-5)
+    # Unmasked, the 10 actions would give other values: the masks are what these are computed with
+    unmasked_log_p = th.log_softmax(logits, dim=1).gather(1, batch.actions.long()).flatten()
+    assert (unmasked_log_p - expected_log_prob).abs().min() > 1e-3
