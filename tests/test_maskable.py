@@ -414,3 +414,23 @@ def test_policy_phase_log_probs_and_entropy_are_the_masked_ones():
     # Unmasked, the 10 actions would give other values: the masks are what these are computed with
     unmasked_log_p = th.log_softmax(logits, dim=1).gather(1, batch.actions.long()).flatten()
     assert (unmasked_log_p - expected_log_prob).abs().min() > 1e-3
+
+
+def test_same_updates_as_ppg_with_whole_env_minibatches():
+    """policy_minibatches="envs" (the paper's whole env rollouts) takes the masks along: the same updates as PPG."""
+
+    def make_env():
+        return make_vec_env(lambda: InvalidActionEnvDiscrete(dim=6), n_envs=2, seed=0)
+
+    settings = dict(SMALL, batch_size=16, policy_minibatches="envs", policy_kwargs=dict(net_arch=[16]), seed=0)
+    ppg = PPG("MlpPolicy", make_env(), **settings).learn(128)
+    maskable = MaskablePPG("MlpPolicy", make_env(), **settings).learn(128)
+    assert maskable._n_aux_phases == ppg._n_aux_phases == 2
+    expected, actual = ppg.policy.state_dict(), maskable.policy.state_dict()
+    for name in expected:
+        assert th.equal(expected[name], actual[name]), name
+    # With invalid actions, the whole-env minibatches carry each state's masks
+    env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=6, n_invalid_actions=3), n_envs=2)
+    model = small_maskable(env, policy_minibatches="envs").learn(64)
+    batch = next(model._rollout_minibatches())
+    assert batch.action_masks.shape == (16, 6) and (batch.action_masks.sum(dim=1) == 3).all()
