@@ -24,6 +24,8 @@ setup(
     },
     install_requires=[
         "stable-baselines3>=2.7.1,<3.0",
+        # MaskablePPG (sb3_ppg.ppg_mask): sb3-contrib's maskable distributions, buffers and tools
+        "sb3-contrib>=2.7.1,<3.0",
         "torch>=2.3",
         "gymnasium>=0.29.1,<1.5",
         # The Procgen games: OpenAI's procgen (Python 3.10) and its mirror (3.11, 3.12) are built against numpy 1.x and

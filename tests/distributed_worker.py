@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import torch as th
 from double_precision import run_in_float64  # tests/ is on sys.path: this script's folder, or added by the test
+from sb3_contrib.common.wrappers import ActionMasker
 from small_model import small_ppg
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppg import PPG, PPGCheckpointCallback
+from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
 from sb3_ppg.common import distributed
 from sb3_ppg.common.checkpoints.checkpoint import write_checkpoint
 
@@ -53,6 +54,8 @@ EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
         learning_rate=0.2,
         policy_kwargs=dict(net_arch=[16], optimizer_class=th.optim.SGD),
     ),
+    # MaskablePPG: the synthetic rollouts come with masks (SyntheticRollout), the aux phase's KL is the masked one
+    "maskable": dict(n_epochs=2, n_aux_epochs=2, aux_batch_rollouts=2, policy_kwargs=dict(net_arch=[16])),
 }
 
 
@@ -90,9 +93,18 @@ class SyntheticRollout(BaseCallback):
         buffer.actions[:] = actions
         buffer.rewards[:] = rewards
         buffer.episode_starts[:] = starts
+        masks = {}
+        if isinstance(self.model, MaskablePPG):
+            # A third of the states allow only the action taken (drawn from a generator of their own: PPG's rollouts
+            # stay those of earlier versions)
+            mask_rng = np.random.default_rng(200 + self.iteration)
+            only_taken = (mask_rng.random((N_STEPS, GLOBAL_ENVS)) < 1 / 3)[:, envs]
+            taken = np.eye(2, dtype=np.float32)[actions[..., 0].astype(int)]
+            buffer.action_masks[:] = np.where(only_taken[..., None], taken, 1.0)
+            masks = dict(action_masks=th.as_tensor(buffer.action_masks.reshape(-1, 2)))
         with th.no_grad():
             values, log_prob, _ = self.model.policy.evaluate_actions(
-                th.as_tensor(observations.reshape(-1, 4)), th.as_tensor(actions.reshape(-1)).long()
+                th.as_tensor(observations.reshape(-1, 4)), th.as_tensor(actions.reshape(-1)).long(), **masks
             )
         buffer.values[:] = values.reshape(N_STEPS, n_envs).numpy()
         buffer.log_probs[:] = log_prob.reshape(N_STEPS, n_envs).numpy()
@@ -100,6 +112,11 @@ class SyntheticRollout(BaseCallback):
         ones = rng.permutation(np.repeat(np.array([1.0, -1.0], dtype=np.float32), N_STEPS * GLOBAL_ENVS // 2 - 1))
         advantages = np.concatenate([np.array([7.0, -7.0], dtype=np.float32), ones]).reshape(GLOBAL_ENVS, N_STEPS).T
         buffer.advantages[:] = advantages[:, envs]
+
+
+def allow_all(env: Any) -> np.ndarray:
+    """Action masks that allow both CartPole actions."""
+    return np.ones(2, dtype=bool)
 
 
 def parameters(model: PPG) -> dict[str, th.Tensor]:
@@ -112,7 +129,14 @@ def equality(config_name: str) -> dict[str, Any]:
     n_envs = distributed.local_n_envs(GLOBAL_ENVS)
     config["batch_size"] = N_STEPS * n_envs
     config["aux_batch_rollouts"] *= n_envs
-    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), seed=0, **config)
+    if config_name == "maskable":
+        # The env's masks allow both actions: SyntheticRollout replaces them
+        env = make_vec_env(
+            "CartPole-v1", n_envs=n_envs, seed=0, wrapper_class=ActionMasker, wrapper_kwargs=dict(action_mask_fn=allow_all)
+        )
+        model: PPG = MaskablePPG("MlpPolicy", env, seed=0, **config)
+    else:
+        model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=n_envs, seed=0), seed=0, **config)
     # In float64: the ranks' gradients are summed in another order than the single process's
     run_in_float64(model)
     initial = parameters(model)

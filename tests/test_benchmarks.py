@@ -137,3 +137,16 @@ def test_memory_runs(tmp_path, capsys):
     assert json.loads((tmp_path / "m.json").read_text())["peak_mib"] == result["peak_mib"]
     output = capsys.readouterr().out
     assert "Auxiliary buffer:" in output and 'precision {"policy": "bf16", "aux": "bf16"}' in output
+
+
+def test_maskable_runs_and_reports():
+    """benchmarks/maskable.py: one tiny run per algorithm kind, evaluated within the budget, and the report's table."""
+    maskable = load_script("maskable")
+    env_name = "Discrete(70), 55 invalid"
+    results = [maskable.run(env_name, algorithm, 0, 512, 256, 1) for algorithm in ("MaskablePPG", "PPG, no masks")]
+    for result in results:
+        assert result["timesteps"] == [256, 512] and len(result["returns"]) == 2
+    assert results[0]["invalid_action_rate"] == 0 and results[1]["invalid_action_rate"] > 0.5
+    report = maskable.report(results, "python benchmarks/maskable.py")
+    assert "| algorithm | 256 steps | 512 steps | time (s) | invalid actions |" in report
+    assert "| MaskablePPG | " in report and "| 0.0% |" in report

@@ -1,5 +1,6 @@
 """
-The package's layers and the rule between them: ``cli -> ppg (the algorithm) -> common`` and ``cli -> procgen -> common``,
+The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) -> ppg (the algorithm) -> common`` and
+``cli -> procgen -> common``,
 no import cycle. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
 (relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
 that breaks it, so that it is shown to fail.
@@ -16,14 +17,15 @@ ROOT = pathlib.Path(__file__).parent.parent / "sb3_ppg"
 
 #: The layer each top-level part of the package belongs to; any other module (the package's ``__init__``, the entry
 #: points ``train`` / ``enjoy`` / ``plot`` and the re-export modules kept for old model zips) is the facade
-LAYERS = {"cli": "cli", "ppg": "algorithm", "procgen": "procgen", "common": "common"}
+LAYERS = {"cli": "cli", "ppg_mask": "maskable", "ppg": "algorithm", "procgen": "procgen", "common": "common"}
 #: What each layer may import: downwards only. The facade may import anything, and nothing may import it.
 ALLOWED = {
     "common": {"common"},
     "procgen": {"procgen", "common"},
     "algorithm": {"algorithm", "common"},
-    "cli": {"cli", "algorithm", "procgen", "common"},
-    "facade": {"facade", "cli", "algorithm", "procgen", "common"},
+    "maskable": {"maskable", "algorithm", "common"},
+    "cli": {"cli", "maskable", "algorithm", "procgen", "common"},
+    "facade": {"facade", "cli", "maskable", "algorithm", "procgen", "common"},
 }
 
 
@@ -170,7 +172,22 @@ def test_the_graph_sees_every_layer(graph):
     assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.train"]  # from sb3_ppg.ppg import PPG: the package
     assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
     assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
-    assert {layer_of(module) for module in graph} == {"facade", "cli", "algorithm", "procgen", "common"}
+    assert "sb3_ppg.ppg.ppg" in graph["sb3_ppg.ppg_mask.ppg_mask"]
+    assert {layer_of(module) for module in graph} == {"facade", "cli", "maskable", "algorithm", "procgen", "common"}
+
+
+def test_only_the_maskable_layer_imports_sb3_contrib():
+    """sb3-contrib is a dependency of MaskablePPG only (sb3_ppg.ppg_mask): no other module imports it."""
+    importers = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module is not None:
+                names = [node.module]
+            if any(name == "sb3_contrib" or name.startswith("sb3_contrib.") for name in names):
+                importers.append(path.relative_to(ROOT).as_posix())
+    assert importers, "the parser finds no import of sb3_contrib at all"
+    assert sorted({path for path in importers if not path.startswith("ppg_mask/")}) == []
 
 
 # ----------------------------------------------------------------------------------------------------------------------

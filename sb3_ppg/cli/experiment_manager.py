@@ -45,6 +45,7 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback, ProgressBarCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
+from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.run_folders import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_FOLDER,
@@ -63,7 +64,7 @@ from sb3_ppg.common.checkpoints.manifest import MANIFEST, CheckpointDamagedError
 from sb3_ppg.common.checkpoints.run_state import read_monitor_log_sizes
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
-from sb3_ppg.ppg import PPG
+from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
 
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
 EVALUATION_TIMEOUT = datetime.timedelta(days=1)
@@ -362,7 +363,7 @@ class PPGExperimentManager(ExperimentManager):
         self.resume_checkpoint: pathlib.Path | None = None
         self.resumed_run: ResumedRun | None = None
         # Data-parallel PPG (torchrun): the ranks share rank 0's run folder
-        self.data_parallel = distributed.is_active() and self.algo == "ppg"
+        self.data_parallel = distributed.is_active() and self.algo in PPG_ALGORITHMS
         self.rank = distributed.get_rank() if self.data_parallel else 0
         self.world_size = distributed.get_world_size() if self.data_parallel else 1
         if self.data_parallel:
@@ -392,7 +393,7 @@ class PPGExperimentManager(ExperimentManager):
 
     def _find_resume_point(self, resume: str) -> tuple[pathlib.Path | None, pathlib.Path | None]:
         """The run folder to continue (None: a new run) and its newest complete checkpoint (None: none yet)."""
-        if self.algo != "ppg":
+        if self.algo not in PPG_ALGORITHMS:
             raise ValueError(f"--resume continues PPG runs (PPGCheckpointCallback checkpoints), not --algo {self.algo}.")
         if self.continue_training:
             raise ValueError("--resume and -i/--trained-agent both say where to start from: pass only one.")
@@ -634,8 +635,10 @@ class PPGExperimentManager(ExperimentManager):
             self.eval_freq = 0
             self.show_progress = False
         super().create_callbacks()
-        if self.algo != "ppg":
+        if self.algo not in PPG_ALGORITHMS:
             return
+        # MaskablePPG is evaluated with the eval env's action masks
+        eval_callback_class = MaskablePPGEvalCallback if self.algo == "maskable_ppg" else PPGEvalCallback
         # Calls to env.step() per frequency: the env steps of all ranks, as the zoo counts them in one process
         steps_per_call = self.n_envs * self.world_size
         eval_calls = max(eval_freq // steps_per_call, 1)
@@ -654,7 +657,7 @@ class PPGExperimentManager(ExperimentManager):
                     on_new_best = AtomicSaveVecNormalizeCallback(
                         on_new_best.save_freq, on_new_best.save_path, on_new_best.name_prefix, on_new_best.verbose
                     )
-                self.callbacks[index] = PPGEvalCallback(
+                self.callbacks[index] = eval_callback_class(
                     callback.eval_env,
                     callback_on_new_best=on_new_best,
                     callback_after_eval=callback.callback,
@@ -681,7 +684,7 @@ class PPGExperimentManager(ExperimentManager):
         """
         if self.resume_checkpoint is None:
             return super()._load_pretrained_agent(hyperparams, env)
-        return PPG.load_checkpoint(
+        return PPG_ALGORITHMS[self.algo].load_checkpoint(
             self.resume_checkpoint, env=env, device=self.device, tensorboard_log=self.tensorboard_log, verbose=self.verbose
         )
 

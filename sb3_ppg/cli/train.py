@@ -32,6 +32,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
+from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.run_folders import RESUME_LATEST
 from sb3_ppg.cli.zoo import run_zoo
 from sb3_ppg.common import distributed
@@ -183,6 +184,11 @@ def build_zoo_argv(argv: list[str]) -> list[str]:
         raise ValueError("--preset and -conf both choose the hyperparameter file: pass only one")
     if known.conf_file is None and algo == "ppg":
         zoo_argv += ["-conf", hyperparams_file(known.preset or "paper")]
+    if algo == "maskable_ppg":
+        if known.preset is not None:
+            raise ValueError("--preset chooses PPG's Procgen settings (--algo ppg): leave it out with --algo maskable_ppg")
+        if known.conf_file is None:
+            zoo_argv += ["-conf", str(HYPERPARAMS_DIR / "maskable_ppg.yml")]
     return zoo_argv
 
 
@@ -564,7 +570,8 @@ def main(argv: list[str] | None = None) -> None:
         manager_kwargs["global_n_envs"] = True
     try:
         # Under torchrun, the ranks join now: they share rank 0's run folder, and only rank 0 prints
-        started = known.algo in (None, "ppg") and distributed.init_if_launched("gloo" if known.device == "cpu" else None)
+        backend = "gloo" if known.device == "cpu" else None
+        started = known.algo in (None, *PPG_ALGORITHMS) and distributed.init_if_launched(backend)
         with (
             open(os.devnull, "w") as devnull,
             contextlib.redirect_stdout(devnull if started and distributed.get_rank() > 0 else sys.stdout),

@@ -5,9 +5,12 @@ in the zoo before handing over to the zoo's own ``train()`` / ``enjoy()`` (:func
 The zoo has no plugin mechanism, but its registries are plain dictionaries and class attributes, shared by all its
 modules. :func:`register_zoo` fills them (:func:`run_zoo` for its run only, putting back what they held after it):
 
-- ``rl_zoo3.utils.ALGOS["ppg"] = PPG`` (``--algo ppg``);
-- ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER["ppg"]`` / ``HYPERPARAMS_CONVERTER["ppg"]`` (``-optimize``, ``--trial-id``);
-- the gymnasium ids ``procgen/<game>-v0`` and ``sb3_ppg/DictCartPole-v1`` (a Dict-observation CartPole);
+- ``rl_zoo3.utils.ALGOS["ppg"] = PPG`` (``--algo ppg``) and ``ALGOS["maskable_ppg"] = MaskablePPG`` (``--algo
+  maskable_ppg``);
+- ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER["ppg"]`` / ``HYPERPARAMS_CONVERTER["ppg"]`` (``-optimize``, ``--trial-id``),
+  the same for ``"maskable_ppg"``;
+- the gymnasium ids ``procgen/<game>-v0``, ``sb3_ppg/DictCartPole-v1`` (a Dict-observation CartPole) and
+  ``sb3_ppg/InvalidActionEnv{Discrete,MultiDiscrete,MultiBinary}-v0`` (sb3-contrib's invalid-action envs);
 - ``ExperimentManager.default_vec_env_cls``: a :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`, which turns the
   zoo's list of single Procgen envs into one native :class:`~sb3_ppg.procgen.ProcgenVecEnv` and leaves every other
   env to the usual ``DummyVecEnv`` / ``SubprocVecEnv``;
@@ -30,9 +33,10 @@ from typing import TYPE_CHECKING, Any
 from stable_baselines3.common.vec_env import VecEnv
 from torch import nn
 
+from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.envs import register_dict_cartpole
-from sb3_ppg.ppg import PPG
+from sb3_ppg.ppg_mask.envs import register_invalid_action_envs
 from sb3_ppg.procgen import register_procgen_envs
 
 if TYPE_CHECKING:
@@ -171,9 +175,10 @@ def sample_ppg_params(trial: "optuna.Trial", n_actions: int, n_envs: int, additi
 
 
 def register_envs() -> None:
-    """Register the Procgen ids (``procgen/<game>-v0``) and ``sb3_ppg/DictCartPole-v1`` (once)."""
+    """Register the Procgen ids (``procgen/<game>-v0``), ``sb3_ppg/DictCartPole-v1`` and the invalid-action envs (once)."""
     register_procgen_envs()
     register_dict_cartpole()
+    register_invalid_action_envs()
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -196,10 +201,11 @@ def register_zoo(fallback_vec_env_cls: type[VecEnv] | None = None) -> None:
     from rl_zoo3.utils import ALGOS
 
     register_envs()
-    ALGOS["ppg"] = PPG
-    hyperparams_opt.HYPERPARAMS_SAMPLER["ppg"] = sample_ppg_params
-    if hasattr(hyperparams_opt, "HYPERPARAMS_CONVERTER"):
-        hyperparams_opt.HYPERPARAMS_CONVERTER["ppg"] = convert_ppg_params
+    for name, algorithm in PPG_ALGORITHMS.items():
+        ALGOS[name] = algorithm
+        hyperparams_opt.HYPERPARAMS_SAMPLER[name] = sample_ppg_params
+        if hasattr(hyperparams_opt, "HYPERPARAMS_CONVERTER"):
+            hyperparams_opt.HYPERPARAMS_CONVERTER[name] = convert_ppg_params
     # A callable instance (not a function), so no staticmethod is needed on the class attribute
     ExperimentManager.default_vec_env_cls = ProcgenVecEnvFactory(fallback_vec_env_cls)  # type: ignore[assignment]
     rl_zoo3.train.ExperimentManager = make_experiment_manager  # type: ignore[assignment, misc]
@@ -222,7 +228,7 @@ def zoo_registered(**manager_kwargs: Any) -> Iterator[None]:
     from rl_zoo3.utils import ALGOS
 
     registries = [ALGOS, hyperparams_opt.HYPERPARAMS_SAMPLER, getattr(hyperparams_opt, "HYPERPARAMS_CONVERTER", {})]
-    saved_entries = [registry.get("ppg") for registry in registries]
+    saved_entries = [{name: registry.get(name) for name in PPG_ALGORITHMS} for registry in registries]
     saved_vec_env_cls, saved_manager = ExperimentManager.default_vec_env_cls, rl_zoo3.train.ExperimentManager
     try:
         register_zoo()
@@ -230,11 +236,12 @@ def zoo_registered(**manager_kwargs: Any) -> Iterator[None]:
             rl_zoo3.train.ExperimentManager = functools.partial(make_experiment_manager, **manager_kwargs)  # type: ignore[assignment, misc]
         yield
     finally:
-        for registry, entry in zip(registries, saved_entries, strict=True):
-            if entry is None:
-                registry.pop("ppg", None)
-            else:
-                registry["ppg"] = entry
+        for registry, entries in zip(registries, saved_entries, strict=True):
+            for name, entry in entries.items():
+                if entry is None:
+                    registry.pop(name, None)
+                else:
+                    registry[name] = entry
         ExperimentManager.default_vec_env_cls = saved_vec_env_cls
         rl_zoo3.train.ExperimentManager = saved_manager  # type: ignore[misc]
 

@@ -19,6 +19,8 @@ from sb3_ppg.common.distributions import distribution_param_dim
 from sb3_ppg.common.precision import memory_info
 
 AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
+#: The versions of the auxiliary buffer's files: 1 without action masks, 2 with them (MaskablePPG's)
+AUX_BUFFER_VERSIONS = (1, 2)
 
 ObsArray = np.ndarray | dict[str, np.ndarray]
 TensorObs = th.Tensor | dict[str, th.Tensor]
@@ -32,20 +34,25 @@ class AuxiliaryBufferSamples(NamedTuple):
     :param returns: value targets (the GAE returns computed when the rollout was collected), shape (n * n_steps,)
     :param old_distribution_params: old-policy distribution parameters, shape (n * n_steps, n_params)
     :param rollout_indices: the buffer rows the rollouts came from, shape (n,)
+    :param action_masks: the valid actions of each state, booleans of shape (n * n_steps, mask_dims), for a buffer
+        that stores action masks (``MaskablePPG``'s); ``None`` otherwise
     """
 
     observations: TensorObs
     returns: th.Tensor
     old_distribution_params: th.Tensor
     rollout_indices: np.ndarray
+    action_masks: th.Tensor | None = None
 
 
 # A minibatch of either phase: SB3's rollout samples or the auxiliary buffer's
 Minibatch = TypeVar("Minibatch", RolloutBufferSamples, DictRolloutBufferSamples, AuxiliaryBufferSamples)
 
 
-def _slice_batch(values: TensorObs, index: slice) -> TensorObs:
-    """A slice (a view) of per-sample data: a tensor, or a dict of tensors (Dict observations)."""
+def _slice_batch(values: TensorObs | None, index: slice) -> TensorObs | None:
+    """A slice (a view) of per-sample data: a tensor, or a dict of tensors (Dict observations); None stays None."""
+    if values is None:
+        return None
     if isinstance(values, dict):
         return {key: tensor[index] for key, tensor in values.items()}
     return values[index]
@@ -189,6 +196,10 @@ class AuxiliaryBuffer:
     :param observation_space: observation space
     :param action_space: action space (sets the number of distribution parameters per step)
     :param device: where minibatches are sent
+    :param n_distribution_params: floats per step of the old policy's distribution; ``None`` (default): PPG's for
+        ``action_space`` (``distribution_param_dim``)
+    :param mask_dims: booleans per step of the action masks to store with each sample (``MaskablePPG``: one per
+        action, ``sum(nvec)`` for MultiDiscrete, 2 per binary action for MultiBinary); 0 (default): no masks
     """
 
     observations: ObsArray
@@ -201,6 +212,8 @@ class AuxiliaryBuffer:
         observation_space: spaces.Space,
         action_space: spaces.Space,
         device: th.device | str = "auto",
+        n_distribution_params: int | None = None,
+        mask_dims: int = 0,
     ) -> None:
         self.n_policy_iters = n_policy_iters
         self.n_steps = n_steps
@@ -209,7 +222,10 @@ class AuxiliaryBuffer:
         self.action_space = action_space
         self.device = get_device(device)
         self.buffer_size = n_policy_iters * n_envs  # number of rollouts (rows)
-        self.n_distribution_params = distribution_param_dim(action_space)
+        if n_distribution_params is None:
+            n_distribution_params = distribution_param_dim(action_space)
+        self.n_distribution_params = n_distribution_params
+        self.mask_dims = mask_dims
         # Same per-step shapes as SB3's rollout buffer (a Discrete observation is stored with shape (1,))
         obs_shape = get_obs_shape(observation_space)
         if isinstance(observation_space, spaces.Dict):
@@ -223,13 +239,21 @@ class AuxiliaryBuffer:
             self.observations = np.zeros((self.buffer_size, n_steps, *obs_shape), dtype=observation_space.dtype)
         self.returns = np.zeros((self.buffer_size, n_steps), dtype=np.float32)
         self.old_distribution_params = np.zeros((self.buffer_size, n_steps, self.n_distribution_params), dtype=np.float32)
+        # One boolean per action and step (a byte each: masks are small next to the observations)
+        self.action_masks = np.ones((self.buffer_size, n_steps, mask_dims), dtype=bool) if mask_dims > 0 else None
         self.pos = 0
         # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
         self.saved_rollout_files: dict[int, str] = {}
 
     @staticmethod
     def estimate_nbytes(
-        n_policy_iters: int, n_steps: int, n_envs: int, observation_space: spaces.Space, action_space: spaces.Space
+        n_policy_iters: int,
+        n_steps: int,
+        n_envs: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        n_distribution_params: int | None = None,
+        mask_dims: int = 0,
     ) -> int:
         """The memory the arrays of a buffer with these arguments take (its ``nbytes``), computed without allocating."""
         obs_shape = get_obs_shape(observation_space)
@@ -241,8 +265,11 @@ class AuxiliaryBuffer:
             )
         else:
             obs_bytes = int(np.prod(obs_shape)) * np.dtype(observation_space.dtype).itemsize
-        float_bytes = np.dtype(np.float32).itemsize * (1 + distribution_param_dim(action_space))
-        return n_policy_iters * n_envs * n_steps * (obs_bytes + float_bytes)
+        if n_distribution_params is None:
+            n_distribution_params = distribution_param_dim(action_space)
+        float_bytes = np.dtype(np.float32).itemsize * (1 + n_distribution_params)
+        mask_bytes = np.dtype(bool).itemsize * mask_dims
+        return n_policy_iters * n_envs * n_steps * (obs_bytes + float_bytes + mask_bytes)
 
     @property
     def n_rollouts(self) -> int:
@@ -265,9 +292,10 @@ class AuxiliaryBuffer:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the buffer's arrays, in bytes."""
+        """Memory held by the buffer's arrays (action masks included), in bytes."""
         obs_arrays = self.observations.values() if isinstance(self.observations, dict) else [self.observations]
-        return sum(array.nbytes for array in obs_arrays) + self.returns.nbytes + self.old_distribution_params.nbytes
+        masks = [self.action_masks] if self.action_masks is not None else []
+        return sum(array.nbytes for array in [*obs_arrays, self.returns, self.old_distribution_params, *masks])
 
     def _env_major(self, array: np.ndarray, flattened: bool, step_shape: tuple[int, ...]) -> np.ndarray:
         """
@@ -284,9 +312,11 @@ class AuxiliaryBuffer:
 
     def add(self, rollout_buffer: RolloutBuffer) -> None:
         """
-        Copy the observations and value targets of a full rollout buffer into the next ``n_envs`` rows.
+        Copy the observations and value targets of a full rollout buffer into the next ``n_envs`` rows, and its
+        action masks when this buffer stores masks.
 
-        :param rollout_buffer: SB3's rollout buffer after ``compute_returns_and_advantage``
+        :param rollout_buffer: SB3's rollout buffer after ``compute_returns_and_advantage`` (with an
+            ``action_masks`` array, as sb3-contrib's maskable rollout buffers, when this buffer stores masks)
         """
         if self.full():
             raise RuntimeError("The auxiliary buffer is full: run the auxiliary phase and reset() it before adding more.")
@@ -306,6 +336,9 @@ class AuxiliaryBuffer:
             observations = rollout_buffer.observations
             self.observations[rows] = self._env_major(observations, flattened, self.observations.shape[2:])  # type: ignore[arg-type]
         self.returns[rows] = self._env_major(rollout_buffer.returns, flattened, ())
+        if self.action_masks is not None:
+            masks = self._env_major(rollout_buffer.action_masks, flattened, (self.mask_dims,))  # type: ignore[attr-defined]
+            self.action_masks[rows] = masks.astype(bool)
         self.pos += self.n_envs
 
     def _observations_to_tensor(self, rows: np.ndarray | slice) -> TensorObs:
@@ -315,6 +348,17 @@ class AuxiliaryBuffer:
         else:
             obs = self.observations[rows].reshape(-1, *self.observations.shape[2:])
         return obs_as_tensor(obs, self.device)
+
+    def action_masks_to_tensor(self, rows: np.ndarray | slice) -> th.Tensor | None:
+        """
+        The action masks of some rows, flattened to (n_rows * n_steps, mask_dims), as a boolean tensor on
+        ``self.device``; None when the buffer stores no masks.
+
+        :param rows: the rows (e.g. as yielded by ``iter_rollout_chunks``)
+        """
+        if self.action_masks is None:
+            return None
+        return th.as_tensor(self.action_masks[rows].reshape(-1, self.mask_dims), device=self.device)
 
     def iter_rollout_chunks(self, batch_rollouts: int) -> Generator[tuple[slice, TensorObs], None, None]:
         """
@@ -361,11 +405,15 @@ class AuxiliaryBuffer:
                     self.old_distribution_params[rows].reshape(-1, self.n_distribution_params), device=self.device
                 ),
                 rollout_indices=rows,
+                action_masks=self.action_masks_to_tensor(rows),
             )
 
     def layout_metadata(self) -> dict[str, Any]:
-        """The buffer's layout and spaces, in JSON: what a saved buffer must match to be loaded."""
-        return {
+        """
+        The buffer's layout and spaces, in JSON: what a saved buffer must match to be loaded (``mask_dims`` only for a
+        buffer that stores action masks, so that the files of PPG's buffers are those of earlier versions).
+        """
+        layout = {
             "n_policy_iters": self.n_policy_iters,
             "n_steps": self.n_steps,
             "n_envs": self.n_envs,
@@ -373,6 +421,14 @@ class AuxiliaryBuffer:
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
         }
+        if self.mask_dims > 0:
+            layout["mask_dims"] = self.mask_dims
+        return layout
+
+    @property
+    def file_version(self) -> int:
+        """The version of this buffer's files (its own and the checkpoints' rollouts): 2 with action masks, else 1."""
+        return 2 if self.action_masks is not None else 1
 
     def iteration_arrays(self, iteration: int, with_old_distributions: bool = False) -> dict[str, np.ndarray]:
         """
@@ -390,6 +446,8 @@ class AuxiliaryBuffer:
         else:
             arrays = {"observations": self.observations[rows]}
         arrays["returns"] = self.returns[rows]
+        if self.action_masks is not None:
+            arrays["action_masks"] = self.action_masks[rows]
         if with_old_distributions:
             arrays["old_distribution_params"] = self.old_distribution_params[rows]
         return arrays
@@ -416,6 +474,8 @@ class AuxiliaryBuffer:
         else:
             self.observations[rows] = arrays["observations"]
         self.returns[rows] = arrays["returns"]
+        if self.action_masks is not None:
+            self.action_masks[rows] = arrays["action_masks"]
         if "old_distribution_params" in arrays:
             self.old_distribution_params[rows] = arrays["old_distribution_params"]
         return n_rows
@@ -443,7 +503,7 @@ class AuxiliaryBuffer:
         """
         if isinstance(path, str) and not pathlib.Path(path).suffix:
             path = path + ".npz"
-        metadata = {"format": AUX_BUFFER_FORMAT, "version": 1, **self.layout_metadata(), "pos": self.pos}
+        metadata = {"format": AUX_BUFFER_FORMAT, "version": self.file_version, **self.layout_metadata(), "pos": self.pos}
         write_array_file(path, self._rows_arrays(slice(0, self.pos), with_old_distributions=True), metadata)  # type: ignore[arg-type]
         if verbose >= 2:
             print(f"Saved the auxiliary buffer ({self.n_iterations} policy iterations) to {path}")
@@ -455,7 +515,7 @@ class AuxiliaryBuffer:
         :param other: the buffer that is expected to fit (e.g. the model's own)
         :param source: where this buffer came from, for the message
         """
-        names = ("n_policy_iters", "n_steps", "n_envs", "observation_space", "action_space")
+        names = ("n_policy_iters", "n_steps", "n_envs", "observation_space", "action_space", "mask_dims")
         mismatches = [
             f"{name}: buffer {getattr(self, name)} != model {getattr(other, name)}"
             for name in names
@@ -476,8 +536,9 @@ class AuxiliaryBuffer:
         """
         metadata, arrays = read_array_file(path, AUX_BUFFER_FORMAT)  # type: ignore[arg-type]
         try:
-            if metadata.get("version") != 1:
+            if metadata.get("version") not in AUX_BUFFER_VERSIONS:
                 raise ValueError(f"unsupported version {metadata.get('version')!r}")
+            # Version 1 files (no action masks) have no mask_dims; their n_distribution_params is PPG's
             buffer = cls(
                 int(metadata["n_policy_iters"]),
                 int(metadata["n_steps"]),
@@ -485,7 +546,11 @@ class AuxiliaryBuffer:
                 space_from_json(metadata["observation_space"]),
                 space_from_json(metadata["action_space"]),
                 device="cpu",
+                n_distribution_params=int(metadata["n_distribution_params"]),
+                mask_dims=int(metadata.get("mask_dims", 0)),
             )
+            if metadata["version"] != buffer.file_version:
+                raise ValueError(f"version {metadata['version']} does not match its mask_dims {buffer.mask_dims}")
             pos = metadata["pos"]
             if not isinstance(pos, int) or not 0 <= pos <= buffer.buffer_size or pos % buffer.n_envs != 0:
                 raise ValueError(f"position {pos!r} is not a multiple of n_envs in [0, {buffer.buffer_size}]")

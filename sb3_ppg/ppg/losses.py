@@ -153,7 +153,31 @@ def aux_loss(
     :param vf_true_coef: weight of the true value function's loss
     :return: the loss and its diagnostics (kl_loss, aux_value_loss, real_value_loss)
     """
-    kl_loss = kl_divergence_from_params(old_distribution_params, distribution).mean()
+    kl = kl_divergence_from_params(old_distribution_params, distribution)
+    return aux_loss_from_kl(kl, values, aux_values, returns, beta_clone, vf_true_coef)
+
+
+def aux_loss_from_kl(
+    kl: th.Tensor,
+    values: th.Tensor,
+    aux_values: th.Tensor,
+    returns: th.Tensor,
+    beta_clone: float,
+    vf_true_coef: float,
+) -> tuple[th.Tensor, Diagnostics]:
+    """
+    The auxiliary phase's joint loss (see :func:`aux_loss`) from the behaviour-cloning KL of each state, however it
+    was computed (``MaskablePPG`` computes it over the valid actions only).
+
+    :param kl: ``KL(pi_old || pi)`` of each state, shape (batch,)
+    :param values: the true value function's predictions, shape (batch, 1)
+    :param aux_values: the auxiliary value head's predictions, shape (batch, 1)
+    :param returns: the value targets, shape (batch,)
+    :param beta_clone: weight of the behaviour-cloning KL term
+    :param vf_true_coef: weight of the true value function's loss
+    :return: the loss and its diagnostics (kl_loss, aux_value_loss, real_value_loss)
+    """
+    kl_loss = kl.mean()
     aux_value_loss = 0.5 * F.mse_loss(aux_values.flatten(), returns)
     real_value_loss = 0.5 * F.mse_loss(values.flatten(), returns)
     loss = beta_clone * kl_loss + aux_value_loss + vf_true_coef * real_value_loss

@@ -16,6 +16,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
@@ -42,7 +43,7 @@ from sb3_ppg.common.buffers import (
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import checkpoint
 from sb3_ppg.common.distributed import RunningStats
-from sb3_ppg.common.distributions import get_distribution_params
+from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     HyperparameterError,
@@ -361,7 +362,8 @@ class PPG(OnPolicyAlgorithm):
         if self.n_aux_epochs > 0:
             args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
             spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-            check_aux_buffer_memory(AuxiliaryBuffer.estimate_nbytes(**args, **spaces), **args)
+            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+            check_aux_buffer_memory(nbytes, **args)
 
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
@@ -370,8 +372,21 @@ class PPG(OnPolicyAlgorithm):
         if self.n_aux_epochs == 0:
             return None
         return AuxiliaryBuffer(
-            self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space, device=self.device
+            self.n_policy_iters,
+            self.n_steps,
+            self.n_envs,
+            self.observation_space,
+            self.action_space,
+            device=self.device,
+            **self._aux_buffer_kwargs(),
         )
+
+    def _aux_buffer_kwargs(self) -> dict[str, Any]:
+        """
+        The auxiliary buffer's arguments beyond its layout and spaces (a subclass's hook: ``MaskablePPG`` stores the
+        action masks and its distributions' parameters); PPG's are the buffer's defaults.
+        """
+        return {}
 
     def _make_optimizer(self) -> th.optim.Optimizer:
         """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
@@ -542,13 +557,24 @@ class PPG(OnPolicyAlgorithm):
             boundary_callback.on_rollout_boundary()
         self._at_rollout_boundary = False  # until train() has consumed this rollout
         if not distributed.is_active():
-            return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
         complete, self._data_parallel_stats = data_parallel.collect_rollouts(
             self,
-            partial(super().collect_rollouts, env, callback, rollout_buffer, n_rollout_steps),
+            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
             self._data_parallel_stats,
         )
         return complete
+
+    def _collect_rollout(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        Collect one rollout into ``rollout_buffer``: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG``
+        collects the action masks with it).
+
+        :return: whether the rollout is complete (False when a callback stopped training)
+        """
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     # ------------------------------------------------------------------------------------------------------------
     # Training: one iteration of Algorithm 1 per rollout
@@ -672,8 +698,18 @@ class PPG(OnPolicyAlgorithm):
         with th.inference_mode():
             for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
                 parts = split_observations(observations, self._micro_batch_size)
-                params = [get_distribution_params(self.policy.get_distribution(part)) for part in parts]
+                params = [self._distribution_params(self.policy.get_distribution(part)) for part in parts]
                 self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
+
+    def _distribution_params(self, distribution: Distribution) -> th.Tensor:
+        """
+        pi_old's parameters as the auxiliary buffer stores them (a subclass's hook: ``MaskablePPG`` stores its
+        maskable distributions' logits).
+
+        :param distribution: the policy's distribution on some states
+        :return: tensor of shape (batch, n_distribution_params)
+        """
+        return get_distribution_params(distribution)
 
     def _train_aux_phase(self) -> None:
         """
@@ -717,6 +753,13 @@ class PPG(OnPolicyAlgorithm):
             return rollout_data.actions.long().flatten()
         return rollout_data.actions
 
+    def _evaluate_actions(self, rollout_data: RolloutBufferSamples) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """
+        The policy's values, log-probabilities of the minibatch's actions and entropies, one forward pass (a
+        subclass's hook: ``MaskablePPG`` applies the minibatch's action masks).
+        """
+        return self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+
     def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
         """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
         if self.normalize_advantage != "minibatch":
@@ -727,7 +770,7 @@ class PPG(OnPolicyAlgorithm):
         self, rollout_data: RolloutBufferSamples, clip_range: float | None, clip_range_vf: float | None
     ) -> tuple[th.Tensor, Diagnostics]:
         """The policy phase's joint loss (E_V = E_pi): policy loss + ``vf_coef`` * value loss, one forward pass."""
-        values, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+        values, log_prob, entropy = self._evaluate_actions(rollout_data)
         policy_loss, diagnostics = losses.policy_loss(
             rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
         )
@@ -738,7 +781,7 @@ class PPG(OnPolicyAlgorithm):
 
     def _policy_loss(self, rollout_data: RolloutBufferSamples, clip_range: float | None) -> tuple[th.Tensor, Diagnostics]:
         """The policy loss of a policy epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.policy_loss`)."""
-        _, log_prob, entropy = self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+        _, log_prob, entropy = self._evaluate_actions(rollout_data)
         return losses.policy_loss(
             rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
         )
@@ -754,9 +797,19 @@ class PPG(OnPolicyAlgorithm):
     def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
         """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
-        return losses.aux_loss(
-            distribution, batch.old_distribution_params, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef
-        )
+        kl = self._behaviour_cloning_kl(batch, distribution)
+        return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
+
+    def _behaviour_cloning_kl(self, batch: AuxiliaryBufferSamples, distribution: Distribution) -> th.Tensor:
+        """
+        ``KL(pi_old || pi)`` of each state of an auxiliary minibatch (a subclass's hook: ``MaskablePPG`` computes it
+        over the valid actions only).
+
+        :param batch: the minibatch (pi_old's stored parameters)
+        :param distribution: pi on its states
+        :return: tensor of shape (batch,)
+        """
+        return kl_divergence_from_params(batch.old_distribution_params, distribution)
 
     # ------------------------------------------------------------------------------------------------------------
     # One optimizer step: backward (in micro-batches), finite checks, gradient averaging and clipping

@@ -25,8 +25,12 @@ ROLLOUT_NAME = re.compile(r"rollout_[0-9a-f]{32}\.npz")
 
 
 def rollout_layout(buffer: AuxiliaryBuffer) -> dict[str, Any]:
-    """The metadata of a stored rollout of ``buffer``: its format, and the buffer's layout it must fit."""
-    return {"format": ROLLOUT_FORMAT, "version": 1, **buffer.layout_metadata()}
+    """
+    The metadata of a stored rollout of ``buffer``: its format, and the buffer's layout it must fit. Version 2 files
+    hold the action masks of a ``MaskablePPG`` buffer (an ``action_masks`` array, ``mask_dims`` in the layout);
+    the files of a buffer without masks stay version 1, so those written by earlier versions are read as they were.
+    """
+    return {"format": ROLLOUT_FORMAT, "version": buffer.file_version, **buffer.layout_metadata()}
 
 
 def stored_checksum(path: pathlib.Path) -> str | None:
