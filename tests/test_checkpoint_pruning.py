@@ -235,3 +235,30 @@ def test_another_process_writing_here(tmp_path, make_model):
     model.learn(2 * ITERATION, callback=callback(tmp_path))
     assert checkpoint_names(tmp_path) == [f"ppg_{ITERATION}_steps", f"ppg_{2 * ITERATION}_steps"]
     assert f"pid {os.getpid()} on" in (tmp_path / ".sb3_ppg.lock").read_text()
+
+
+def test_a_kill_while_model_zip_is_written_leaves_nothing_pruning_keeps(run, monkeypatch):
+    """A checkpoint's model.zip is written through one temporary file, which pruning deletes after a kill; it used
+    to be written through two (``..model.zip.tmp-<pid>.tmp-<pid>``), which pruning never deleted, so the
+    incomplete checkpoint's folder stayed for good (tests/test_checkpoints.py::test_sigkill_anywhere_then_resume
+    found 4 and 5 checkpoints where keep_last is 3)."""
+    written_to = []
+    original = PPG._write_zip
+
+    def recording_write_zip(self, file, *args, **kwargs):
+        written_to.append(pathlib.Path(file.name).name)
+        return original(self, file, *args, **kwargs)
+
+    monkeypatch.setattr(PPG, "_write_zip", recording_write_zip)
+    model = PPG.load_checkpoint(run / f"ppg_{TOTAL}_steps", env=make_env())
+    model.learn(ITERATION, reset_num_timesteps=False, callback=callback(run))
+    assert written_to == [f".model.zip.tmp-{os.getpid()}"]
+    # What a kill left with the two temporary names, in an incomplete checkpoint: pruning removes it
+    killed = run / f"ppg_{TOTAL - ITERATION}_steps"
+    (killed / "manifest.json").unlink()
+    (killed / "model.zip").unlink()
+    (killed / "..model.zip.tmp-1.tmp-1").write_bytes(b"half a zip")
+    model = PPG.load_checkpoint(run, env=make_env())
+    model.learn(0, reset_num_timesteps=False, callback=callback(run, keep_last=3))
+    assert not killed.exists()
+    assert checkpoint_names(run) == [f"ppg_{steps}_steps" for steps in (TOTAL - 2 * ITERATION, TOTAL, TOTAL + ITERATION)]

@@ -310,7 +310,12 @@ class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
                 continue
             temporary = TEMPORARY_NAME.fullmatch(path.name)
             if temporary is not None:
-                if temporary["name"] in CHECKPOINT_FILES and int(temporary["pid"]) != os.getpid():
+                # The file it was to become; a temporary of a temporary (..model.zip.tmp-<pid>.tmp-<pid>, which a kill
+                # while a checkpoint's model.zip was written could leave with earlier versions) also counts
+                name = temporary["name"]
+                while (inner := TEMPORARY_NAME.fullmatch(name)) is not None:
+                    name = inner["name"]
+                if name in CHECKPOINT_FILES and int(temporary["pid"]) != os.getpid():
                     path.unlink(missing_ok=True)
             elif path.name in CHECKPOINT_FILES and path.name not in keep:
                 path.unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import torch as th
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.array_files import file_digest, fsync_directory, temporary_path
+from sb3_ppg.common.array_files import atomic_write, file_digest, fsync_directory
 from sb3_ppg.common.checkpoints.env_state import EnvMismatchError
 from sb3_ppg.common.checkpoints.lock import lock_holder
 from sb3_ppg.common.checkpoints.manifest import (
@@ -92,13 +92,10 @@ def _start_checkpoint(directory: pathlib.Path, rollouts: pathlib.Path, part: str
 
 
 def _write_model(model: ResumableModel, directory: pathlib.Path) -> str:
-    """Write ``model.zip`` (all optimizers) and return its checksum."""
-    # SB3's save() closes the file it writes, so write a temporary path and rename
-    temporary = temporary_path(directory / "model.zip")
-    model.save(temporary)
-    with open(temporary, "rb+") as file:
-        os.fsync(file.fileno())
-    os.replace(temporary, directory / "model.zip")
+    """Write ``model.zip`` (all optimizers) atomically and return its checksum."""
+    # One temporary file (.model.zip.tmp-<pid>), which pruning recognizes; the model writes into the file object
+    # (saving to a temporary path would add a second temporary name that a kill could leave behind)
+    atomic_write(directory / "model.zip", model.save)
     return file_digest(directory / "model.zip")
 
 
