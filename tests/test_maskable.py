@@ -272,6 +272,25 @@ def test_save_load_and_aux_buffer_file(tmp_path):
         ppg.load_aux_buffer(tmp_path / "buffer.npz")
 
 
+def test_each_algorithm_refuses_the_others_zip(tmp_path):
+    """PPG.load of a MaskablePPG zip used to load it as a PPG, which then trained and predicted without masks; SB3's
+    PPO.load named PPG for it. Both now name MaskablePPG; MaskablePPG.load refuses a PPG zip."""
+    from stable_baselines3 import PPO
+
+    env = InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10)
+    small_maskable(env).save(tmp_path / "maskable")
+    with pytest.raises(ValueError, match=r"holds a MaskablePPG model .*load it with sb3_ppg\.MaskablePPG\.load"):
+        PPG.load(tmp_path / "maskable.zip")
+    with pytest.raises(ValueError, match=r"holds a MaskablePPG model \(sb3_ppg\.MaskablePPG.*sb3_ppg\.MaskablePPG\.load"):
+        PPO.load(tmp_path / "maskable.zip")
+    assert isinstance(MaskablePPG.load(tmp_path / "maskable.zip"), MaskablePPG)
+    PPG("MlpPolicy", env, **SMALL).save(tmp_path / "ppg")
+    with pytest.raises(ValueError, match=r"holds a PPG model .*not a MaskablePPG one: load it with sb3_ppg\.PPG\.load"):
+        MaskablePPG.load(tmp_path / "ppg.zip")
+    with pytest.raises(ValueError, match=r"holds a PPG model \(sb3_ppg\.PPG,"):
+        PPO.load(tmp_path / "ppg.zip")
+
+
 class ToDictWrapper(gym.Wrapper):
     """sb3-contrib's wrapper that puts the observation in a Dict (its test_dict_obs)."""
 

@@ -34,10 +34,11 @@ class SavedPolicyClass:
         self.policy_class = policy_class
 
     def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        algorithm = getattr(self.policy_class, "algorithm_name", "PPG")
         raise ValueError(
-            f"This model zip holds a PPG model (sb3_ppg.PPG, policy {class_name(self.policy_class)}), not a model of "
-            "the algorithm loading it: load it with sb3_ppg.PPG.load(path) (or PPG.load_checkpoint(folder) for a "
-            "checkpoint)."
+            f"This model zip holds a {algorithm} model (sb3_ppg.{algorithm}, policy {class_name(self.policy_class)}), "
+            f"not a model of the algorithm loading it: load it with sb3_ppg.{algorithm}.load(path) (or "
+            f"{algorithm}.load_checkpoint(folder) for a checkpoint)."
         )
 
     def __repr__(self) -> str:

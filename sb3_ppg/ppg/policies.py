@@ -132,6 +132,9 @@ class PPGPolicy(ActorCriticPolicy):
     """
 
     default_features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor
+    #: The algorithm whose models hold this policy (``sb3_ppg.<name>``): named by the errors of loading a model zip
+    #: with another algorithm, and checked by ``PPG.load``
+    algorithm_name: str = "PPG"
 
     def __init__(
         self,

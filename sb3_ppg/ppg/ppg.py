@@ -59,7 +59,14 @@ from sb3_ppg.common.hyperparameters import (
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
 from sb3_ppg.common.run_state import RunState
-from sb3_ppg.common.save_util import SavedPolicyClass, check_policy_class, read_model_zip, saved_policy_class, zip_destination
+from sb3_ppg.common.save_util import (
+    SavedPolicyClass,
+    check_policy_class,
+    class_name,
+    read_model_zip,
+    saved_policy_class,
+    zip_destination,
+)
 from sb3_ppg.common.utils import check_finite_loss, clip_gradients
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
@@ -1053,7 +1060,18 @@ class PPG(OnPolicyAlgorithm):
         saved = read_model_zip(path)
         if saved is not None:
             data, members = saved
-            check_policy_class(where, data, saved_policy_class(data, custom_objects), PPGPolicy)
+            policy_class = saved_policy_class(data, custom_objects)
+            check_policy_class(where, data, policy_class, PPGPolicy)
+            # The algorithm of the zip's policy and of this class's policies (MlpPolicy: "PPG" for PPG and its
+            # subclasses, "MaskablePPG" for MaskablePPG): a MaskablePPG zip given to PPG.load would load, then train and
+            # predict without the masks
+            algorithm = getattr(policy_class, "algorithm_name", None)
+            expected = getattr(cls.policy_aliases.get("MlpPolicy"), "algorithm_name", None)
+            if algorithm is not None and expected is not None and algorithm != expected:
+                raise ValueError(
+                    f"{where} holds a {algorithm} model (policy {class_name(policy_class)}), not a {expected} one: "
+                    f"load it with sb3_ppg.{algorithm}.load(path)."
+                )
             check_load_arguments(given, data, inspect.signature(cls.__init__).parameters, where)
             replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
             kwargs = load_arguments(given, {**data, **replaced})

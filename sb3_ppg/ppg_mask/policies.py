@@ -24,6 +24,7 @@ class MaskablePPGPolicy(PPGPolicy):
     """
 
     action_dist: MaskableDistribution  # type: ignore[assignment]
+    algorithm_name = "MaskablePPG"
 
     def _build(self, lr_schedule: Schedule) -> None:
         """
