@@ -6,9 +6,9 @@ One invocation of the script trains the runs in turn, each for at most ``--chunk
 rollout boundary that would overrun), and the whole invocation for at most ``--max-minutes``; the next invocation
 resumes every unfinished run from its newest checkpoint (``PPG.load_checkpoint``). Run it again until it prints
 that every run is complete. Each run appends its learning curve (mean return of the last 100 training episodes,
-raw rewards, after each rollout) to ``curve.csv``; when all runs are complete the script writes a plot of the mean
-over seeds, next to the paper's published curves (hard mode, 100M steps: different settings, shown for scale only),
-and a Markdown report.
+raw rewards, after each rollout) to ``curve.csv`` and every finished episode to ``episodes.csv``; when all runs are
+complete the script writes a plot of the mean over seeds, next to the paper's published curves (hard mode, 100M steps:
+different settings, shown for scale only), and a Markdown report.
 
 - PPG: ``arch="detach"`` (the paper's single-network PPG, as CleanRL), E_pi 1, N_pi 32, E_aux 6.
 - PPO baseline: the same class with ``arch="shared"``, ``n_aux_epochs=0`` and E_pi 3 (the paper's PPO).
@@ -96,16 +96,20 @@ def hyperparameters(args: argparse.Namespace, algo: str) -> dict[str, Any]:
 class CurveCallback(BaseCallback):
     """
     Append ``num_timesteps``, the mean return of the last 100 episodes and the episode count to a CSV file after
-    every rollout; stop training at the first rollout start past the time limit.
+    every rollout; stop training at the first rollout start past the time limit. Optionally also log every finished
+    episode: ``num_timesteps`` when it ended, its raw return and length (written at the end of each rollout).
 
     :param path: The CSV file
     :param deadline: ``time.monotonic()`` value after which no new rollout starts
+    :param episodes_path: The CSV file of the episodes (``None``: no episode log)
     """
 
-    def __init__(self, path: str, deadline: float) -> None:
+    def __init__(self, path: str, deadline: float, episodes_path: str | None = None) -> None:
         super().__init__()
         self.path = path
         self.deadline = deadline
+        self.episodes_path = episodes_path
+        self.episodes: list[tuple[int, float, int]] = []
         self.rollout_start = time.monotonic()
         self.last_rollout_s = 0.0
         self.step_in_rollout = 0
@@ -115,6 +119,12 @@ class CurveCallback(BaseCallback):
         self.step_in_rollout = 0
 
     def _on_step(self) -> bool:
+        # VecMonitor's "episode" infos, in env order: the order SB3 adds them to ep_info_buffer
+        self.episodes += [
+            (self.model.num_timesteps, float(info["episode"]["r"]), int(info["episode"]["l"]))
+            for info in self.locals["infos"]
+            if "episode" in info
+        ]
         self.step_in_rollout += 1
         if self.step_in_rollout == 1:
             now = time.monotonic()
@@ -133,20 +143,42 @@ class CurveCallback(BaseCallback):
         with open(self.path, "a", newline="") as file:
             mean = float(np.mean(returns)) if returns else float("nan")
             csv.writer(file).writerow([self.model.num_timesteps, mean, len(returns)])
+        if self.episodes_path is not None:
+            with open(self.episodes_path, "a", newline="") as file:
+                csv.writer(file).writerows((steps, f"{ret:.6g}", length) for steps, ret, length in self.episodes)
+        self.episodes = []
 
 
 def read_curve(path: str, max_steps: int | None = None) -> np.ndarray:
-    """Rows (steps, mean return, episodes) of a curve file, optionally only those up to ``max_steps``."""
-    if not os.path.exists(path):
+    """
+    Rows (steps, mean return, episodes) of a curve file, or (steps, return, length) of an episode file, optionally
+    only those up to ``max_steps``.
+    """
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
         return np.zeros((0, 3))
     rows = np.loadtxt(path, delimiter=",", ndmin=2)
     return rows if max_steps is None else rows[rows[:, 0] <= max_steps]
 
 
-def train_chunk(args: argparse.Namespace, algo: str, seed: int, deadline: float) -> int:
+def train_chunk(
+    args: argparse.Namespace,
+    algo: str,
+    seed: int,
+    deadline: float,
+    env_kwargs: dict[str, Any] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+) -> int:
     """
     Train one run until its budget, the chunk's deadline or the invocation's, from its newest checkpoint if any.
+    Besides ``curve.csv``, the run logs every finished episode to ``episodes.csv`` (see ``CurveCallback``).
 
+    :param args: The benchmark's arguments (``folder``, ``game``, ``n_envs``, ``n_steps``, ``total_timesteps``, ...)
+    :param algo: The algorithm's name (the run's folder and checkpoint prefix)
+    :param seed: The run's seed
+    :param deadline: ``time.monotonic()`` value after which no new rollout starts
+    :param env_kwargs: Arguments of ``make_procgen_env`` besides the game, ``n_envs`` and ``seed`` (``None``: this
+        script's, ``distribution_mode=args.distribution_mode``)
+    :param model_kwargs: Arguments of ``PPG`` for a new run (``None``: this script's ``hyperparameters(args, algo)``)
     :return: The run's ``num_timesteps`` at the end of the chunk
     """
     from sb3_ppg import PPG, PPGCheckpointCallback, make_procgen_env
@@ -156,20 +188,25 @@ def train_chunk(args: argparse.Namespace, algo: str, seed: int, deadline: float)
     checkpoints = os.path.join(folder, "checkpoints")
     curve_path = os.path.join(folder, "curve.csv")
     os.makedirs(folder, exist_ok=True)
-    env = make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode=args.distribution_mode, seed=seed)
+    episodes_path = os.path.join(folder, "episodes.csv")
+    env_kwargs = dict(distribution_mode=args.distribution_mode) if env_kwargs is None else env_kwargs
+    env = make_procgen_env(args.game, n_envs=args.n_envs, seed=seed, **env_kwargs)
     if os.path.isdir(checkpoints) and complete_checkpoints(pathlib.Path(checkpoints)):
         model = PPG.load_checkpoint(checkpoints, env=env, device=args.device)
     else:
-        model = PPG("ProcgenCnn", env, seed=seed, device=args.device, **hyperparameters(args, algo))
-    # Drop curve rows written after the checkpoint (a chunk killed between a checkpoint and its end)
+        model_kwargs = hyperparameters(args, algo) if model_kwargs is None else model_kwargs
+        model = PPG("ProcgenCnn", env, seed=seed, device=args.device, **model_kwargs)
+    # Drop curve and episode rows written after the checkpoint (a chunk killed between a checkpoint and its end)
     rows = read_curve(curve_path, model.num_timesteps)
     np.savetxt(curve_path, rows, delimiter=",", fmt=["%d", "%.6g", "%d"])
+    episodes = read_curve(episodes_path, model.num_timesteps)
+    np.savetxt(episodes_path, episodes, delimiter=",", fmt=["%d", "%.6g", "%d"])
     remaining = args.total_timesteps - model.num_timesteps
     if remaining > 0:
         rollout_size = args.n_envs * args.n_steps
         callbacks = CallbackList(
             [
-                CurveCallback(curve_path, deadline),
+                CurveCallback(curve_path, deadline, episodes_path),
                 PPGCheckpointCallback(max(rollout_size // args.n_envs, 1), checkpoints, name_prefix=algo, keep_last=2),
             ]
         )

@@ -1,0 +1,181 @@
+"""benchmarks/procgen_paper.py: the paper's table in one command, end to end at a tiny budget, and its constants."""
+
+import importlib.util
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from sb3_ppg import PROCGEN_GAMES
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return load_script("procgen_paper")
+
+
+def read_rows(path) -> np.ndarray:
+    """The rows of a run's CSV log, read here without the scripts' helpers."""
+    text = path.read_text().strip()
+    return np.array([[float(value) for value in line.split(",")] for line in text.splitlines()]).reshape(-1, 3)
+
+
+def table_row(report: str, first_cells: str, n_cells: int) -> list[str]:
+    """The cells of the report's table row of ``n_cells`` cells that starts with ``first_cells``."""
+    rows = [line.strip("|").split("|") for line in report.splitlines() if line.startswith(f"| {first_cells} |")]
+    rows = [[cell.strip() for cell in row] for row in rows if len(row) == n_cells]
+    assert len(rows) == 1, (first_cells, rows)
+    return rows[0]
+
+
+def test_paper_constants(paper):
+    """The copied per-game numbers give the paper's published means, and the shipped mean curves agree with them."""
+    for mode in ("easy", "hard"):
+        assert sorted(paper.NORMALIZATION[mode]) == sorted(PROCGEN_GAMES)
+        assert all(low < high for low, high in paper.NORMALIZATION[mode].values())
+    assert sorted(paper.PAPER_RESULTS) == sorted(PROCGEN_GAMES)
+    for (algo, steps), published in paper.PAPER_MEAN_NORMALIZED.items():
+        assert round(paper.paper_mean_normalized(list(PROCGEN_GAMES), algo, steps), 3) == published
+    steps, curves = paper.read_mean_paper_curves()
+    for point, row_steps in paper.PAPER_STEPS.items():
+        (row,) = np.flatnonzero(steps == row_steps)
+        for game in PROCGEN_GAMES:
+            for algo in ("ppg", "ppo"):
+                mean, low, high = paper.PAPER_RESULTS[game][algo][point]
+                assert low <= mean <= high
+                assert curves[f"{game}_{algo}"][row] == pytest.approx(mean, abs=1e-4)
+    # At the paper preset's 256 envs x 256 steps a 25M budget ends on the paper's 25M row
+    args = paper.parse_args(["--total-timesteps", "25M"])
+    assert (args.n_envs, args.n_steps, args.distribution_mode) == (256, 256, "hard")
+    assert paper.rollout_boundary(args, args.total_timesteps) == paper.PAPER_STEPS[25_000_000]
+    assert paper.score_points(paper.parse_args(["--total-timesteps", "100M"])) == [25_000_000, 100_000_000]
+    assert [paper.parse_steps(text) for text in ("25M", "500k", "1e6", "4096")] == [25_000_000, 500_000, 10**6, 4096]
+    with pytest.raises(SystemExit):
+        paper.parse_args(["--total-timesteps", "many"])
+    with pytest.raises(SystemExit):
+        paper.parse_args(["--games", "starpilot,pong"])
+
+
+def test_read_curve_of_an_empty_log(tmp_path):
+    """A run killed before its first rollout ended leaves empty logs: the next chunk reads and rewrites them."""
+    learning = load_script("procgen_learning")
+    path = tmp_path / "curve.csv"
+    path.write_text("")
+    rows = learning.read_curve(str(path), 128)
+    assert rows.shape == (0, 3)
+    np.savetxt(path, rows, delimiter=",", fmt=["%d", "%.6g", "%d"])  # what train_chunk does with it
+    assert path.read_text() == ""
+
+
+def test_run_score(paper):
+    """A run's score: the last N episodes that ended at or before the rollout boundary."""
+    episodes = np.array([[100, 1.0, 10], [200, 2.0, 10], [200, 4.0, 10], [300, 8.0, 10]])
+    assert paper.run_score(episodes, 200, 2) == (3.0, 2)
+    assert paper.run_score(episodes, 300, 10) == (3.75, 4)
+    assert paper.run_score(episodes, 199, 5) == (1.0, 1)
+    score, count = paper.run_score(episodes, 99, 5)
+    assert np.isnan(score) and count == 0
+    assert paper.normalized(35.0, "starpilot", "hard") == 1.0 and paper.normalized(2.5, "starpilot", "easy") == 0.0
+
+
+@pytest.mark.parametrize("preset", ["paper", "cleanrl"])
+def test_paper_table_algorithms(paper, preset):
+    """PPG runs the preset; PPO is the paper's baseline (shared trunk, 3 epochs, no aux phase) and otherwise the same."""
+    from sb3_ppg.procgen import get_procgen_preset
+
+    args = paper.parse_args(["--preset", preset, "--channels", "2,4,4"])
+    ppg, ppo = paper.model_kwargs(args, "ppg"), paper.model_kwargs(args, "ppo")
+    expected = get_procgen_preset(preset).ppg_kwargs(args.n_envs)
+    expected["policy_kwargs"]["features_extractor_kwargs"] = dict(channels=(2, 4, 4))
+    assert ppg == dict(expected, precision="fp32", micro_batch_size="auto")
+    assert ppo.pop("policy_kwargs") == dict(arch="shared", features_extractor_kwargs=dict(channels=(2, 4, 4)))
+    assert (ppo.pop("n_epochs"), ppo.pop("n_aux_epochs"), ppo.pop("n_value_epochs")) == (3, 0, None)
+    ppg.pop("policy_kwargs")
+    assert (ppg.pop("n_epochs"), ppg.pop("n_aux_epochs")) == (1, 6)
+    assert ppo == ppg
+    assert (
+        paper.env_kwargs(paper.parse_args(["--preset", preset, "--distribution-mode", "easy"]))["distribution_mode"] == "easy"
+    )
+
+
+def test_paper_table_end_to_end(paper, tmp_path, capsys):
+    """
+    2 games x PPG, PPO x 1 seed at 512 env steps: a first invocation trains one rollout of each run, a second skips the
+    run another invocation holds, a third completes it; the report's numbers are those computed here from the logs.
+    """
+    folder = tmp_path / "runs"
+    args = ["--games", "starpilot,fruitbot", "--seeds", "0", "--total-timesteps", "512", "--n-envs", "8"]
+    args += ["--n-steps", "16", "--n-policy-iters", "2", "--n-aux-epochs", "1", "--channels", "2,2,2"]
+    args += ["--score-episodes", "4", "--device", "cpu", "--folder", str(folder)]
+    runs = [f"{game}_{algo}_seed0" for game in ("starpilot", "fruitbot") for algo in ("ppg", "ppo")]
+
+    assert not paper.main([*args, "--chunk-minutes", "0"])
+    for run in runs:
+        assert read_rows(folder / run / "curve.csv")[:, 0].tolist() == [128]
+        assert (folder / run / "checkpoints").is_dir() and not (folder / run / "complete.json").exists()
+    assert not (folder / "report.md").exists()
+
+    # Another invocation holds starpilot PPO: this one completes the other three and leaves it
+    with paper.run_lock(str(folder / "starpilot_ppo_seed0")) as held:
+        assert held
+        assert not paper.main(args)
+    assert "starpilot ppo seed 0: being trained by another invocation, skipped" in capsys.readouterr().out
+    assert read_rows(folder / "starpilot_ppo_seed0" / "curve.csv")[:, 0].tolist() == [128]
+    assert paper.main(args)
+    assert "All runs are complete." in capsys.readouterr().out
+
+    report = (folder / "report.md").read_text()
+    ranges = {"starpilot": (1.5, 35.0), "fruitbot": (-0.5, 27.2)}  # hard mode, Cobbe et al. 2020
+    normalized = {"ppg": [], "ppo": []}
+    for run in runs:
+        game, algo, _ = run.split("_")
+        # The resumed chunk continued the run: one curve row per rollout, each the mean of SB3's last 100 episodes,
+        # which are the last 100 of the episode log up to that step
+        curve, episodes = read_rows(folder / run / "curve.csv"), read_rows(folder / run / "episodes.csv")
+        assert curve[:, 0].tolist() == [128, 256, 384, 512]
+        assert np.all(np.diff(episodes[:, 0]) >= 0) and episodes[-1, 0] <= 512 and len(episodes) > 0
+        for steps, mean, count in curve:
+            window = episodes[episodes[:, 0] <= steps, 1][-100:]
+            assert count == len(window)
+            assert (np.isnan(mean) and count == 0) or mean == pytest.approx(np.mean(window), abs=1e-5)
+        chunks = np.loadtxt(folder / run / "chunks.csv", delimiter=",", ndmin=2)
+        assert chunks[:, :2].tolist() == [[0, 128], [128, 512]]
+        # Complete: the final model kept, the checkpoints deleted
+        assert json.loads((folder / run / "complete.json").read_text())["num_timesteps"] == 512
+        assert (folder / run / "final_model.zip").stat().st_size > 0 and not (folder / run / "checkpoints").exists()
+        # The score: mean of the last 4 episodes that ended by step 512
+        last = episodes[:, 1][-4:]
+        low, high = ranges[game]
+        normalized[algo].append((np.mean(last) - low) / (high - low))
+        assert table_row(report, f"{game} | {algo.upper()} | 0", 4)[3] == f"{np.mean(last):.2f} ({len(last)})"
+        row = table_row(report, game, 11)
+        column = 0 if algo == "ppg" else 1
+        assert row[1 + column] == f"{np.mean(last):.2f}"
+        assert row[3 + column] == f"{normalized[algo][-1]:.3f}"
+    assert table_row(report, "starpilot", 11)[5:] == ["17.98", "11.70", "0.492", "0.305", "34.82 +- 13.77", "32.47 +- 11.21"]
+    means = table_row(report, "**mean normalized score (2 games)**", 11)
+    assert means[3:5] == [f"**{np.mean(normalized['ppg']):.3f}**", f"**{np.mean(normalized['ppo']):.3f}**"]
+    paper_ppg = np.mean([(17.9767 - 1.5) / 33.5, (21.4917 + 0.5) / 27.7])
+    assert means[7] == f"**{paper_ppg:.3f}**"
+    assert "is below the paper's 25M and 100M: these scores are not comparable" in report
+    assert "The paper's mean normalized score over all 16 games at 25M: PPG 0.481, PPO 0.255." in report
+    assert re.search(r"n_envs 8 \(preset: 256\)", report)
+    for image in ("report_curves.png", "report_scores.png"):
+        assert (folder / image).stat().st_size > 0
+
+    # The folder's settings are fixed; a completed run without checkpoints cannot train on
+    with pytest.raises(SystemExit, match=r"n_steps=16 there, 32 here"):
+        paper.main([*args, "--n-steps", "32"])
+    with pytest.raises(SystemExit, match=r"starpilot ppg seed 0 was completed at 512 env steps and its checkpoints"):
+        paper.main([*args, "--total-timesteps", "1024"])
