@@ -1,23 +1,13 @@
 """The benchmark scripts run, and compute what their reports say."""
 
-import importlib.util
 import json
-import os
 import sys
 
 import numpy as np
 import pytest
+from benchmark_scripts import load_script  # tests/ is on sys.path
 
 pytestmark = pytest.mark.slow  # each test runs a benchmark script in a new interpreter
-
-BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_env_throughput_paired_ratio():

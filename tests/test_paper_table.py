@@ -1,23 +1,13 @@
 """benchmarks/procgen_paper.py: the paper's table in one command, end to end at a tiny budget, and its constants."""
 
-import importlib.util
 import json
-import os
 import re
 
 import numpy as np
 import pytest
+from benchmark_scripts import load_script  # tests/ is on sys.path
 
 from sb3_ppg import PROCGEN_GAMES
-
-BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
