@@ -12,7 +12,8 @@ parser.add_argument("--output", default="ppg_resume")
 args = parser.parse_args()
 
 env = make_vec_env("CartPole-v1", n_envs=4, seed=0)
-model = PPG("MlpPolicy", env, n_steps=64, n_policy_iters=4, seed=0)
+# 6 rollouts of 4 x 64 steps per phase: the first half (a multiple of 4 rollouts) stops in the middle of a phase
+model = PPG("MlpPolicy", env, n_steps=64, n_policy_iters=6, seed=0)
 model.learn(total_timesteps=args.timesteps // 2)
 print(f"stopping with {model.aux_buffer.n_iterations} of {model.n_policy_iters} iterations in the aux buffer")
 model.save(args.output)

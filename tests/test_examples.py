@@ -35,8 +35,10 @@ def test_cartpole_example(tmp_path):
 
 def test_resume_example(tmp_path):
     stdout = run_example("resume_training.py", "--timesteps", "2048", "--output", "model", cwd=str(tmp_path))
-    # 1024 steps = 4 iterations of 4 x 64 -> one full phase, then 0 in the buffer; check the buffer survives the reload
-    assert "resuming with" in stdout and "done: 2048 steps, 2 auxiliary phases" in stdout
+    # 1024 steps = 4 iterations of 4 x 64, 4 of the 6 of a phase: the reload keeps them, the phase ends 2 rollouts later
+    assert "stopping with 4 of 6 iterations in the aux buffer" in stdout
+    assert "resuming with 4 iterations in the aux buffer" in stdout
+    assert "done: 2048 steps, 1 auxiliary phases" in stdout
     assert (tmp_path / "model_aux_buffer.npz").exists()
 
 
