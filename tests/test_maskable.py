@@ -411,6 +411,69 @@ def test_command_line_trains_maskable_ppg(tmp_path):
     assert resumed.num_timesteps == 768
 
 
+def test_enjoy_plays_with_the_env_masks(tmp_path, capsys):
+    """
+    python -m sb3_ppg.enjoy --algo maskable_ppg plays with the masks of its env (the zoo's enjoy calls predict without
+    them). Only the right action is valid: every episode scores 100 with the masks; without, the policy (which gets
+    no gradient when a single action is valid) picks the right one of 70 about once in 70 steps.
+    """
+    from sb3_ppg.cli import enjoy, train
+
+    only_right_action = ["--env-kwargs", "n_invalid_actions:69"]
+    common = ["--algo", "maskable_ppg", "--env", "sb3_ppg/InvalidActionEnvDiscrete-v0", "-f", str(tmp_path)]
+    # the run's args.yml gives enjoy the env kwargs
+    train_args = [
+        "-n",
+        "128",
+        "--seed",
+        "0",
+        "--device",
+        "cpu",
+        "--verbose",
+        "0",
+        "-params",
+        "n_steps:64",
+        "n_policy_iters:2",
+        *only_right_action,
+    ]
+    train.main([*common, *train_args])
+    capsys.readouterr()
+    enjoy.main([*common, "--no-render", "-n", "300", "--verbose", "1"])
+    out = capsys.readouterr().out
+    assert "Playing with the env's action masks (MaskablePPG)" in out
+    rewards = [float(line.split(":")[1]) for line in out.splitlines() if line.startswith("Episode Reward")]
+    assert rewards == [100.0, 100.0, 100.0]
+
+
+def test_masked_player_without_masks_and_with_wrong_masks():
+    """MaskedPlayer: an env without action_masks() is played without masks; masks of the wrong shape are refused."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from sb3_ppg.ppg_mask import MaskedPlayer
+
+    env = DummyVecEnv([lambda: InvalidActionEnvDiscrete(dim=10, n_invalid_actions=9)])
+    model = small_maskable(InvalidActionEnvDiscrete(dim=10, n_invalid_actions=9))
+    player = MaskedPlayer(model, env)
+    obs = env.reset()
+    for _ in range(20):
+        action, _ = player.predict(obs, deterministic=True)
+        assert player.action_masks()[0, action[0]]
+        obs, _, _, _ = env.step(action)
+
+    unmasked_env = DummyVecEnv([lambda: IdentityEnv(dim=10)])
+    unmasked = MaskedPlayer(model, unmasked_env)
+    assert not unmasked.use_masking and unmasked.action_masks() is None
+    unmasked.predict(unmasked_env.reset())
+
+    class WrongMasks(gym.Wrapper):
+        def action_masks(self):
+            return np.ones(9, dtype=bool)
+
+    wrong_env = DummyVecEnv([lambda: WrongMasks(InvalidActionEnvDiscrete(dim=10, n_invalid_actions=9))])
+    with pytest.raises(ValueError, match="10 booleans per state"):
+        MaskedPlayer(model, wrong_env).predict(wrong_env.reset())
+
+
 def test_policy_phase_log_probs_and_entropy_are_the_masked_ones():
     """The policy phase evaluates the rollout's actions under the masked distribution: its log-probabilities are the
     ones computed when acting (before any update), its entropies those of the softmax over the valid actions."""

@@ -7,6 +7,7 @@ defaults:
 
 - ``--algo ppg``;
 - ``-f logs`` (where ``python -m sb3_ppg.train`` writes; the zoo's default, ``rl-trained-agents``, has no PPG agents);
+- ``--algo maskable_ppg``: the model plays with the masks of its env (:mod:`sb3_ppg.cli.masked_play`);
 - Procgen ids: sampled actions (``--stochastic``, pass ``--deterministic`` for greedy actions) and ``--no-render``
   (procgen only renders ``rgb_array`` frames); they run on the native vectorized env;
 - without ``--exp-id``: the newest run that has the model asked for (the final model, ``--load-best``,

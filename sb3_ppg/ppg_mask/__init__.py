@@ -1,5 +1,6 @@
 """MaskablePPG: PPG with invalid action masking, in sb3-contrib's MaskablePPO API (the only layer importing sb3-contrib)."""
 
+from sb3_ppg.ppg_mask.player import MaskedPlayer
 from sb3_ppg.ppg_mask.policies import (
     CnnPolicy,
     MaskablePPGCnnPolicy,
@@ -19,6 +20,7 @@ __all__ = [
     "MaskablePPGMultiInputPolicy",
     "MaskablePPGPolicy",
     "MaskableProcgenCnnPolicy",
+    "MaskedPlayer",
     "MlpPolicy",
     "MultiInputPolicy",
     "ProcgenCnn",

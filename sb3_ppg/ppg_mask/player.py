@@ -1,0 +1,52 @@
+"""A MaskablePPG model that plays in a vectorized env with that env's action masks."""
+
+import numpy as np
+from sb3_contrib.common.maskable.utils import get_action_masks, is_masking_supported
+from stable_baselines3.common.vec_env import VecEnv
+
+from sb3_ppg.ppg_mask.distributions import check_action_masks
+from sb3_ppg.ppg_mask.ppg_mask import MaskablePPG
+
+
+class MaskedPlayer:
+    """
+    A :class:`~sb3_ppg.MaskablePPG` model playing in a vectorized env: each ``predict()`` reads the valid actions of the
+    env's current states (``get_action_masks(env)``, through SB3's wrappers such as ``VecNormalize``), checks them and
+    acts among them. For programs that call ``model.predict(obs)`` without masks, as the RL Zoo's ``enjoy`` does
+    (``python -m sb3_ppg.enjoy --algo maskable_ppg`` plays through it). An env without ``action_masks()`` is played
+    without masks (``use_masking`` is False then), as ``MaskablePPG.predict`` without masks acts.
+
+    :param model: the trained model
+    :param env: the env it plays in, whose ``action_masks()`` give the valid actions
+    """
+
+    def __init__(self, model: MaskablePPG, env: VecEnv) -> None:
+        self.model = model
+        self.env = env
+        self.use_masking = is_masking_supported(env)
+
+    def action_masks(self) -> np.ndarray | None:
+        """The env's masks for its current states, checked (shape ``(n_envs, mask_dims)``); None without masking."""
+        if not self.use_masking:
+            return None
+        return check_action_masks(
+            get_action_masks(self.env), self.model.action_space, self.env.num_envs, "the env's action_masks()"
+        )
+
+    def predict(
+        self,
+        observation: np.ndarray | dict[str, np.ndarray],
+        state: tuple[np.ndarray, ...] | None = None,
+        episode_start: np.ndarray | None = None,
+        deterministic: bool = False,
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
+        """
+        The model's actions for the env's current observations, among the valid actions of the env's current states.
+
+        :param observation: the env's current observations (one per env)
+        :param state: The last hidden states (unused: no recurrent policies)
+        :param episode_start: The episode starts (unused)
+        :param deterministic: Whether or not to return deterministic actions
+        :return: the actions and the state
+        """
+        return self.model.predict(observation, state, episode_start, deterministic, action_masks=self.action_masks())
