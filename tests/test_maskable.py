@@ -167,6 +167,33 @@ def test_env_errors_name_the_fix():
         model.predict(np.array([0, 1]), action_masks=np.ones((1, 4), dtype=bool))
 
 
+class WrongMasksEnv(IdentityEnv):
+    """An env whose action_masks() has the wrong length (3 entries for 4 actions), or values that are not booleans."""
+
+    def __init__(self, masks) -> None:
+        super().__init__(dim=4)
+        self.masks = masks
+
+    def action_masks(self):
+        return self.masks
+
+
+@pytest.mark.parametrize(
+    "masks, message",
+    [
+        ([True, True, False], r"the env's action_masks\(\) have shape \(1, 3\), expected \(1, 4\)"),
+        ([0, 2, 1, 1], r"the env's action_masks\(\) .*values other than 0 and 1"),
+        (["yes", "no", "no", "no"], r"the env's action_masks\(\)"),
+    ],
+)
+def test_env_masks_of_wrong_shape_or_dtype_stop_learn(masks, message):
+    """Masks from the env are checked at every step of learn(): a clear error, before any sample is stored."""
+    model = small_maskable(WrongMasksEnv(masks))
+    with pytest.raises(ValueError, match=message):
+        model.learn(32)
+    assert model.num_timesteps == 0
+
+
 def test_box_action_space_refused():
     with pytest.raises(ValueError, match="MaskablePPG does not support the action space Box"):
         MaskablePPG("MlpPolicy", "Pendulum-v1")
