@@ -140,3 +140,30 @@ def test_maskable_runs_and_reports():
     report = maskable.report(results, "python benchmarks/maskable.py")
     assert "| algorithm | 256 steps | 512 steps | time (s) | invalid actions |" in report
     assert "| MaskablePPG | " in report and "| 0.0% |" in report
+
+
+def test_maskable_taxi_and_plot(tmp_path):
+    """
+    benchmarks/maskable.py on Taxi: 8 envs whose masks are the env's own (a move into a wall, a pickup away from the
+    passenger, a drop-off away from the destination are invalid), evaluated in env steps; the curves' image; the
+    tables' columns.
+    """
+    maskable = load_script("maskable")
+    taxi = "Taxi-v4 (gymnasium), its action masks"
+    env = maskable.make_masked_taxi()
+    env.reset(seed=0)
+    taxi_env = env.unwrapped
+    for _ in range(50):
+        masks = env.action_masks()
+        assert masks.dtype == bool and masks.shape == (6,)
+        row, column, passenger, destination = taxi_env.decode(taxi_env.s)
+        assert masks[4] == (passenger < 4 and taxi_env.locs[passenger] == (row, column))  # pickup
+        assert masks[5] == (passenger == 4 and taxi_env.locs[destination] == (row, column))  # drop-off
+        env.step(int(np.flatnonzero(masks)[0]))
+    result = maskable.run(taxi, "MaskablePPG", 0, 2048, 1024, 1)
+    assert result["timesteps"] == [1024, 2048] and result["invalid_action_rate"] == 0
+    unmasked = maskable.run(taxi, "PPG, no masks", 0, 1024, 1024, 1)
+    assert unmasked["invalid_action_rate"] > 0.1
+    maskable.plot([result, unmasked], str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    assert maskable.table_columns(20) == [3, 7, 11, 15, 19] and maskable.table_columns(4) == [0, 1, 2, 3]
