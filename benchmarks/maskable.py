@@ -128,7 +128,16 @@ ALGORITHMS: dict[str, tuple[type[BaseAlgorithm], bool, Callable[[BenchmarkEnv], 
     "MaskablePPG, no aux phase": (MaskablePPG, True, lambda spec: {**spec.ppg_settings, "n_aux_epochs": 0}),
     "MaskablePPO (sb3-contrib)": (MaskablePPO, True, lambda spec: spec.maskable_ppo_settings),
     "PPG, no masks": (PPG, False, lambda spec: spec.ppg_settings),
+    # An ablation (not run by default): the auxiliary phase without its epochs on the value network (vf_true_coef=0),
+    # so that it only trains the policy network (its auxiliary value head and the behaviour-cloning term)
+    "MaskablePPG, aux phase without value net": (
+        MaskablePPG,
+        True,
+        lambda spec: {**spec.ppg_settings, "vf_true_coef": 0.0},
+    ),
 }
+#: The algorithms run when ``--algorithms`` is not given
+DEFAULT_ALGORITHMS = ["MaskablePPG", "MaskablePPG, no aux phase", "MaskablePPO (sb3-contrib)", "PPG, no masks"]
 
 
 class RecordEvaluations(BaseCallback):
@@ -275,7 +284,7 @@ def main() -> None:
     parser.add_argument("--eval-freq", type=int, default=None, help="env steps between evaluations (default: the env's)")
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
-    parser.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS), default=list(ALGORITHMS))
+    parser.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS), default=DEFAULT_ALGORITHMS)
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--merge", nargs="*", default=[], help="JSON results of earlier runs to report with these")
     parser.add_argument("--plot", default=None, help="draw the learning curves into this image (PNG)")

@@ -167,3 +167,7 @@ def test_maskable_taxi_and_plot(tmp_path):
     maskable.plot([result, unmasked], str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").stat().st_size > 10_000
     assert maskable.table_columns(20) == [3, 7, 11, 15, 19] and maskable.table_columns(4) == [0, 1, 2, 3]
+    # the ablation (not run by default): an auxiliary phase that trains only the policy network
+    ablation = "MaskablePPG, aux phase without value net"
+    assert ablation not in maskable.DEFAULT_ALGORITHMS
+    assert maskable.ALGORITHMS[ablation][2](maskable.ENVS[taxi]) == {**maskable.TAXI_PPG_SETTINGS, "vf_true_coef": 0.0}
