@@ -397,6 +397,10 @@ def test_checkpoint_resume_bit_identical(tmp_path):
         assert th.equal(expected[name], actual[name]), name
 
 
+#: Command line options of the tests' training runs: seeded, on the CPU, without the zoo's output
+QUIET_CPU_RUN = ["--seed", "0", "--device", "cpu", "--verbose", "0"]
+
+
 def test_command_line_trains_maskable_ppg(tmp_path):
     """
     python -m sb3_ppg.train --algo maskable_ppg with the packaged maskable_ppg.yml on a registered invalid-action env:
@@ -408,20 +412,7 @@ def test_command_line_trains_maskable_ppg(tmp_path):
     zoo.register_zoo()
     env_id = "sb3_ppg/InvalidActionEnvDiscrete-v0"
     only_right_action = ["n_invalid_actions:69"]
-    common = [
-        "--algo",
-        "maskable_ppg",
-        "--env",
-        env_id,
-        "-f",
-        str(tmp_path),
-        "--seed",
-        "0",
-        "--device",
-        "cpu",
-        "--verbose",
-        "0",
-    ]
+    common = ["--algo", "maskable_ppg", "--env", env_id, "-f", str(tmp_path), *QUIET_CPU_RUN]
     options = ["--eval-freq", "256", "--eval-episodes", "2", "--save-freq", "256", "-params", "n_steps:64"]
     kwargs = ["--env-kwargs", *only_right_action, "--eval-env-kwargs", *only_right_action]
     train.main([*common, "-n", "512", *options, "n_policy_iters:2", *kwargs])
@@ -449,20 +440,7 @@ def test_enjoy_plays_with_the_env_masks(tmp_path, capsys):
     only_right_action = ["--env-kwargs", "n_invalid_actions:69"]
     common = ["--algo", "maskable_ppg", "--env", "sb3_ppg/InvalidActionEnvDiscrete-v0", "-f", str(tmp_path)]
     # the run's args.yml gives enjoy the env kwargs
-    train_args = [
-        "-n",
-        "128",
-        "--seed",
-        "0",
-        "--device",
-        "cpu",
-        "--verbose",
-        "0",
-        "-params",
-        "n_steps:64",
-        "n_policy_iters:2",
-        *only_right_action,
-    ]
+    train_args = ["-n", "128", *QUIET_CPU_RUN, "-params", "n_steps:64", "n_policy_iters:2", *only_right_action]
     train.main([*common, *train_args])
     capsys.readouterr()
     enjoy.main([*common, "--no-render", "-n", "300", "--verbose", "1"])
