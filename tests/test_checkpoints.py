@@ -326,3 +326,31 @@ def test_procgen_resume_bit_identical(tmp_path, make_model):
     resumed.learn(total - resumed.num_timesteps, reset_num_timesteps=False)
     assert resumed.n_aux_phases == model.n_aux_phases == 2
     assert_identical(params, parameters(resumed))
+
+
+def test_stored_rollouts_are_read_once_until_the_buffer_is_reset(tmp_path, make_model, monkeypatch):
+    """
+    A policy iteration already stored is not read again by the next checkpoint: the checkpoints remember what they
+    stored (the buffer holds no bookkeeping of theirs), until the buffer is reset and its rows hold other rollouts.
+    """
+    from sb3_ppg.common.buffers import AuxiliaryBuffer
+    from sb3_ppg.common.checkpoints import write_checkpoint
+
+    model = make_model(make_env(), **RUN)
+    model.learn(2 * ITERATION)
+    read = []
+    original = AuxiliaryBuffer.iteration_arrays
+    monkeypatch.setattr(AuxiliaryBuffer, "iteration_arrays", lambda self, i, *a: read.append(i) or original(self, i, *a))
+    rollouts = tmp_path / "rollouts"
+    write_checkpoint(model, tmp_path / "first", rollouts)
+    assert read == [0, 1] and not hasattr(model.aux_buffer, "saved_rollout_files")
+    write_checkpoint(model, tmp_path / "second", rollouts)
+    assert read == [0, 1]
+    first = json.loads((tmp_path / "first" / "manifest.json").read_text())["aux_rollout_files"]
+    model.aux_buffer.reset()
+    model.aux_buffer.add(model.rollout_buffer)
+    write_checkpoint(model, tmp_path / "third", rollouts)
+    assert read == [0, 1, 0]
+    third = json.loads((tmp_path / "third" / "manifest.json").read_text())["aux_rollout_files"]
+    # Row 0 now holds the last rollout (the second stored before): its file, not the stale name of the old row 0
+    assert third == [first[1]]

@@ -1,7 +1,8 @@
 """
 The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) -> ppg (the algorithm) -> common`` and
 ``cli -> procgen -> common``,
-no import cycle. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
+no import cycle; inside ``common``, checkpointing has one front door and the building blocks import no run
+management. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
 (relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
 that breaks it, so that it is shown to fail.
 """
@@ -27,6 +28,11 @@ ALLOWED = {
     "cli": {"cli", "maskable", "algorithm", "procgen", "common"},
     "facade": {"facade", "cli", "maskable", "algorithm", "procgen", "common"},
 }
+#: The modules of ``common`` that a model is built from; they import only each other and BUILDING_BLOCK_BASE, no run
+#: management (checkpoints, callbacks, data-parallel hooks, hyperparameter and loading checks)
+BUILDING_BLOCKS = ("buffers", "distributions", "torch_layers", "optim", "preprocessing", "precision")
+#: What the building blocks may import besides each other: plain-array files and the collectives of torch.distributed
+BUILDING_BLOCK_BASE = ("array_files", "distributed")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
@@ -92,6 +98,27 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
         for target in sorted(imported):
             if layer_of(target) not in ALLOWED[layer_of(module)]:
                 violations.append(f"{module} ({layer_of(module)}) -> {target} ({layer_of(target)})")
+    return violations
+
+
+def front_door_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Each import of a module inside ``common/checkpoints/`` from outside it (only the package itself may be)."""
+    door = f"{package}.common.checkpoints"
+    violations = []
+    for module, imported in sorted(graph.items()):
+        if module == door or module.startswith(door + "."):
+            continue
+        violations += [f"{module} -> {target}" for target in sorted(imported) if target.startswith(door + ".")]
+    return violations
+
+
+def building_block_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Each import of a building block of ``common`` (:data:`BUILDING_BLOCKS`) beyond the blocks and their base."""
+    allowed = {f"{package}.common.{name}" for name in (*BUILDING_BLOCKS, *BUILDING_BLOCK_BASE)} | {f"{package}.common"}
+    violations = []
+    for name in BUILDING_BLOCKS:
+        module = f"{package}.common.{name}"
+        violations += [f"{module} -> {target}" for target in sorted(graph.get(module, ())) if target not in allowed]
     return violations
 
 
@@ -166,6 +193,22 @@ def test_no_import_cycle(graph):
     assert import_cycles(graph) == []
 
 
+def test_checkpointing_has_one_front_door(graph):
+    """Outside ``common/checkpoints/`` only the package ``sb3_ppg.common.checkpoints`` is imported, never its modules."""
+    assert front_door_violations(graph, "sb3_ppg") == []
+    assert "sb3_ppg.common.checkpoints" in graph["sb3_ppg.ppg.ppg"]
+
+
+def test_building_blocks_import_no_run_management(graph):
+    assert building_block_violations(graph, "sb3_ppg") == []
+    assert all(f"sb3_ppg.common.{name}" in graph for name in BUILDING_BLOCKS)
+
+
+def test_callbacks_do_not_import_checkpoints(graph):
+    """The rollout-boundary protocol and the eval callback stand alone: data-parallel training needs no checkpoints."""
+    assert not any(target.startswith("sb3_ppg.common.checkpoints") for target in graph["sb3_ppg.common.callbacks"])
+
+
 def test_the_graph_sees_every_layer(graph):
     """The parser finds the package's real imports (a graph without edges would pass the checks above)."""
     assert "sb3_ppg.common.buffers" in graph["sb3_ppg.ppg.ppg"]
@@ -228,6 +271,55 @@ def synthetic_graph(tmp_path: pathlib.Path, sources: dict[str, str]) -> dict[str
 def test_layer_check_fails_on_a_wrong_import(tmp_path, sources, violation):
     sources = {"ppg/losses.py": "", "ppg/ppg.py": "", "procgen/games.py": "", "cli/zoo.py": "", **sources}
     assert layer_violations(synthetic_graph(tmp_path, sources)) == [violation]
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # a module of the algorithm reaches into checkpoints/ (inside a function)
+        (
+            {"ppg/ppg.py": "def f():\n    from pkg.common.checkpoints.checkpoint import load_checkpoint\n"},
+            "pkg.ppg.ppg -> pkg.common.checkpoints.checkpoint",
+        ),
+        # a module of common, relatively
+        (
+            {"common/callbacks.py": "from .checkpoints import manifest\n"},
+            "pkg.common.callbacks -> pkg.common.checkpoints.manifest",
+        ),
+    ],
+)
+def test_front_door_check_fails_on_an_import_of_a_checkpoints_module(tmp_path, sources, violation):
+    sources = {"common/checkpoints/checkpoint.py": "from . import manifest\n", "common/checkpoints/manifest.py": "", **sources}
+    sources["common/checkpoints/__init__.py"] = "from pkg.common.checkpoints.checkpoint import load_checkpoint\n"
+    graph = synthetic_graph(tmp_path, {"ppg/ppg.py": "from pkg.common.checkpoints import load_checkpoint\n", **sources})
+    assert front_door_violations(graph, "pkg") == [violation]
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # the buffer imports checkpoint bookkeeping, under TYPE_CHECKING
+        (
+            {"common/buffers.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.common import checkpoints\n"},
+            "pkg.common.buffers -> pkg.common.checkpoints",
+        ),
+        # the optimizer step imports the callbacks, or the hyperparameter checks
+        ({"common/optim.py": "from pkg.common.callbacks import x\n"}, "pkg.common.optim -> pkg.common.callbacks"),
+        ({"common/precision.py": "import pkg.common.hyperparameters\n"}, "pkg.common.precision -> pkg.common.hyperparameters"),
+    ],
+)
+def test_building_block_check_fails_on_an_import_of_run_management(tmp_path, sources, violation):
+    blocks = {f"common/{name}.py": "" for name in BUILDING_BLOCKS}
+    base = {
+        "common/array_files.py": "",
+        "common/distributed.py": "",
+        "common/callbacks.py": "",
+        "common/hyperparameters.py": "",
+    }
+    sources = {**blocks, **base, "common/checkpoints/__init__.py": "", **sources}
+    sources["common/optim.py"] = sources["common/optim.py"] + "from pkg.common import distributed, buffers\n"
+    graph = synthetic_graph(tmp_path, sources)
+    assert building_block_violations(graph, "pkg") == [violation]
 
 
 def test_cycle_check_fails_on_a_cycle_closed_by_a_type_only_import(tmp_path):

@@ -57,11 +57,16 @@ from sb3_ppg.cli.run_folders import (
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory, is_procgen_env_id
 from sb3_ppg.common import distributed
 from sb3_ppg.common.array_files import atomic_write
-from sb3_ppg.common.callbacks import PPGCheckpointCallback, PPGEvalCallback, env_step_calls
-from sb3_ppg.common.checkpoints.checkpoint import damaged_error, newest_verified, verify_files
-from sb3_ppg.common.checkpoints.lock import lock_folder
-from sb3_ppg.common.checkpoints.manifest import MANIFEST, CheckpointDamagedError, rank_folder, read_manifest
-from sb3_ppg.common.checkpoints.run_state import read_monitor_log_sizes
+from sb3_ppg.common.callbacks import PPGEvalCallback, env_step_calls
+from sb3_ppg.common.checkpoints import (
+    MANIFEST,
+    CheckpointDamagedError,
+    PPGCheckpointCallback,
+    find_checkpoint,
+    lock_folder,
+    rank_folder,
+    read_monitor_log_sizes,
+)
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
@@ -90,10 +95,7 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     folder = pathlib.Path(path)
     if (folder / MANIFEST).is_file():
         lock_folder(folder.parent)
-        try:
-            verify_files(folder, read_manifest(folder), full=True)  # type: ignore[arg-type]
-        except ValueError as error:
-            raise damaged_error(folder, str(error)) from error
+        find_checkpoint(folder)  # raises when it is damaged
         return folder.parent.parent, folder
     if folder.name == CHECKPOINTS_FOLDER and folder.is_dir():
         folder = folder.parent
@@ -108,7 +110,7 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
             )
         return folder, None
     lock_folder(checkpoints)
-    found, skipped = newest_verified(checkpoints)
+    found, skipped = find_checkpoint(checkpoints)
     if found is None and not skipped:  # no complete checkpoint yet
         return folder, None
     if found is None:

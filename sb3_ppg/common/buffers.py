@@ -192,8 +192,8 @@ class AuxiliaryBuffer:
         # One boolean per action and step (a byte each: masks are small next to the observations)
         self.action_masks = np.ones((self.buffer_size, n_steps, mask_dims), dtype=bool) if mask_dims > 0 else None
         self.pos = 0
-        # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
-        self.saved_rollout_files: dict[int, str] = {}
+        # How many times reset() emptied the buffer: a row holds the same rollout while this count stays
+        self.n_resets = 0
 
     @staticmethod
     def estimate_nbytes(
@@ -238,7 +238,7 @@ class AuxiliaryBuffer:
     def reset(self) -> None:
         """Forget the stored rollouts (the arrays are reused)."""
         self.pos = 0
-        self.saved_rollout_files = {}
+        self.n_resets += 1
 
     @property
     def nbytes(self) -> int:
