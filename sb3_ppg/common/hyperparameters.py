@@ -16,11 +16,14 @@ from sb3_ppg.common.precision import resolve_precision
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 #: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
 VALUE_CLIPPINGS = ("sb3", "max")
+#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.buffers.resolve_aux_buffer_storage``)
+AUX_BUFFER_DEVICES = ("cpu", "pinned", "device", "auto")
 #: ``policy_minibatches``: shuffled transitions (SB3's PPO, CleanRL), or whole env rollouts (the paper's code)
 POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
-#: ``precision``, ``value_clipping``, ``policy_minibatches``) take their defaults, which keep the older models' behaviour.
+#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``) take their defaults, which keep
+#: the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -47,7 +50,14 @@ SAVED_HYPERPARAMETERS = (
     "target_kl",
 )
 #: The hyperparameters :func:`check_hyperparameters` checks (those that do not depend on the env)
-CHECKED_HYPERPARAMETERS = (*SAVED_HYPERPARAMETERS, "micro_batch_size", "precision", "value_clipping", "policy_minibatches")
+CHECKED_HYPERPARAMETERS = (
+    *SAVED_HYPERPARAMETERS,
+    "micro_batch_size",
+    "precision",
+    "value_clipping",
+    "policy_minibatches",
+    "aux_buffer_device",
+)
 
 
 def is_integer(value: object) -> bool:
@@ -168,7 +178,11 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         isinstance(values["normalize_advantage"], str) and values["normalize_advantage"] in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {values['normalize_advantage']!r}",
     )
-    for name, choices in (("value_clipping", VALUE_CLIPPINGS), ("policy_minibatches", POLICY_MINIBATCHES)):
+    for name, choices in (
+        ("value_clipping", VALUE_CLIPPINGS),
+        ("policy_minibatches", POLICY_MINIBATCHES),
+        ("aux_buffer_device", AUX_BUFFER_DEVICES),
+    ):
         checker.check(
             name,
             isinstance(values[name], str) and values[name] in choices,

@@ -37,6 +37,7 @@ from sb3_ppg.common.buffers import (
     Minibatch,
     check_aux_buffer_memory,
     env_minibatches,
+    resolve_aux_buffer_storage,
     split_minibatch,
     split_observations,
 )
@@ -150,6 +151,11 @@ class PPG(OnPolicyAlgorithm):
         the paper's code) or share the policy phase's optimizer (False, as CleanRL)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1 (a
         memory knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
+    :param aux_buffer_device: Where the auxiliary buffer's rollouts live: ``"cpu"`` (default: CPU memory, minibatches
+        copied to the device), ``"pinned"`` (page-locked CPU memory on CUDA: non-blocking copies, the next minibatch
+        prepared while the current one trains), ``"device"`` (the model's device) or ``"auto"`` (on CUDA, the device when
+        the buffer takes at most half of its free memory, else pinned memory; CPU memory elsewhere). The same updates
+        and files whatever the choice; the log says where it lives and why (docs/throughput.md)
     :param micro_batch_size: The most samples that one forward and backward pass holds. Larger minibatches of
         either phase run as micro-batches whose gradients add up before the optimizer step: the same update up to
         float rounding, with the activations of one micro-batch at a time (the old-policy pass runs in parts of
@@ -174,8 +180,8 @@ class PPG(OnPolicyAlgorithm):
     :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
         debug messages
     :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run. The auxiliary buffer always lives in
-        CPU memory; its minibatches are moved to the device.
+    :param device: Device (cpu, cuda, ...) on which the code should be run. The auxiliary buffer lives where
+        ``aux_buffer_device`` says (CPU memory by default); its minibatches are moved to the device.
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
@@ -218,6 +224,7 @@ class PPG(OnPolicyAlgorithm):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
+        aux_buffer_device: str = "cpu",
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -274,6 +281,7 @@ class PPG(OnPolicyAlgorithm):
         self.aux_learning_rate = aux_learning_rate
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
+        self.aux_buffer_device = aux_buffer_device
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -288,6 +296,8 @@ class PPG(OnPolicyAlgorithm):
         self.value_optimizer: th.optim.Optimizer | None = None
         self._phase_dtypes: dict[str, th.dtype] = {}
         self._micro_batch_size: int | None = None
+        # Where the auxiliary buffer lives (see aux_buffer_device) and why, for the log
+        self._aux_buffer_storage: tuple[str, str] = ("host", "")
         # False from the start of a rollout until its train() returns, so also after an exception (Ctrl-C) inside
         # either: see at_rollout_boundary
         self._at_rollout_boundary = True
@@ -364,29 +374,43 @@ class PPG(OnPolicyAlgorithm):
             self.policy_minibatches,
         )
 
-    def _check_aux_buffer_memory(self, n_envs: int) -> None:
-        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
-        if self.n_aux_epochs > 0:
-            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
-            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+    def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
+        """
+        Decide where the auxiliary buffer for ``n_envs`` envs lives (``aux_buffer_device``) and check that it fits in
+        host memory when it lives there, before allocating it.
+
+        :return: the buffer's storage and the reason (see ``resolve_aux_buffer_storage``)
+        """
+        if self.n_aux_epochs == 0:
+            return "host", ""
+        args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+        spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+        nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+        storage, reason = resolve_aux_buffer_storage(self.aux_buffer_device, self.device, nbytes)
+        if storage != "device":
             check_aux_buffer_memory(nbytes, **args)
+        return storage, reason
 
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
-        if check_memory:
-            self._check_aux_buffer_memory(self.n_envs)
+        storage, reason = self._check_aux_buffer_memory(self.n_envs) if check_memory else self._aux_buffer_storage
         if self.n_aux_epochs == 0:
             return None
-        return AuxiliaryBuffer(
+        buffer = AuxiliaryBuffer(
             self.n_policy_iters,
             self.n_steps,
             self.n_envs,
             self.observation_space,
             self.action_space,
             device=self.device,
+            storage=storage,
             **self._aux_buffer_kwargs(),
         )
+        if storage == "pinned" and not buffer.pinned:
+            # Its minibatches are still prepared ahead, from pageable memory
+            storage, reason = "host", f"{reason}; page-locking failed, so pageable memory"
+        self._aux_buffer_storage = (storage, reason)
+        return buffer
 
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """
@@ -491,8 +515,14 @@ class PPG(OnPolicyAlgorithm):
             f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {self.n_policy_iters} * {self.n_envs} * {self.n_steps} "
             f"steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of observations), {size}, "
             "taken as rollouts arrive; next auxiliary phase at step "
-            f"{self._next_aux_phase_step():,}."
+            f"{self._next_aux_phase_step():,}. {self._aux_buffer_location()}"
         )
+
+    def _aux_buffer_location(self) -> str:
+        """Where the auxiliary buffer lives and why, for the log."""
+        storage, reason = self._aux_buffer_storage
+        places = {"host": "CPU memory", "pinned": "page-locked CPU memory", "device": f"{self.device} memory"}
+        return f"It lives in {places[storage]} ({reason})."
 
     def _warn_if_no_aux_phase(self, given_timesteps: int, total_timesteps: int) -> None:
         """
@@ -1143,7 +1173,14 @@ class PPG(OnPolicyAlgorithm):
         super()._maybe_recommend_cpu(mlp_class_name)
 
     def _excluded_save_params(self) -> list[str]:
-        excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "_data_parallel_stats", "_at_rollout_boundary"]
+        excluded = [
+            "aux_buffer",
+            "aux_optimizer",
+            "value_optimizer",
+            "_data_parallel_stats",
+            "_at_rollout_boundary",
+            "_aux_buffer_storage",
+        ]
         return [*super()._excluded_save_params(), *excluded]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -1169,7 +1206,7 @@ class PPG(OnPolicyAlgorithm):
             return
         # Check everything before changing anything
         check_for_correct_spaces(env, self.observation_space, self.action_space)
-        self._check_aux_buffer_memory(env.num_envs)
+        self._aux_buffer_storage = self._check_aux_buffer_memory(env.num_envs)
         self.batch_size = self._resolve_batch_size(env.num_envs)
         if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
             warnings.warn(
@@ -1215,7 +1252,5 @@ class PPG(OnPolicyAlgorithm):
         """
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
-        buffer = AuxiliaryBuffer.load(path, self.verbose)
-        buffer.check_compatible(self.aux_buffer, path)
-        buffer.device = self.device
-        self.aux_buffer = buffer
+        # Loaded into CPU memory, then copied into the model's buffer (which may live elsewhere: aux_buffer_device)
+        self.aux_buffer.copy_from(AuxiliaryBuffer.load(path, self.verbose), path)
