@@ -57,7 +57,12 @@ def test_throughput_runs(tmp_path):
     output, json_path = tmp_path / "throughput.md", tmp_path / "throughput.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--n-policy-iters", "2", "--n-aux-epochs", "1"]
     args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1", "--micro-batch-size", "3"]
+    args += ["--overlap-groups", "2", "--aux-buffer-device", "auto", "--num-threads", "1", "--env-limit-steps", "3"]
     results = throughput.main([*args, "--output", str(output), "--json", str(json_path)])
+    # The optimized mode overlaps 2 env groups; both report the env chain's own rate at their groups and threads
+    assert [result["overlap_groups"] for result in results] == [2, 1]
+    assert [result["aux_buffer_device"] for result in results] == ["auto", "cpu"]
+    assert all(result["env_limit_env_steps_per_s"] > 0 for result in results)
     assert [result["mode"] for result in results] == ["optimized", "reference"]
     # Minibatches of 8 (policy) and 16 (aux) samples run in micro-batches of 3 in the optimized mode only
     assert [result["micro_batch_size"] for result in results] == [3, None]
@@ -79,7 +84,8 @@ def test_throughput_runs(tmp_path):
     )
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
-    assert "optimized mode's micro_batch_size: 3" in report
+    assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
+    assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
     for text, expected in (("auto", "auto"), ("none", None), ("64", 64)):
         assert throughput.parse_args([f"--micro-batch-size={text}"]).micro_batch_size == expected
     with pytest.raises(SystemExit):

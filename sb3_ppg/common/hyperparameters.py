@@ -22,8 +22,8 @@ AUX_BUFFER_DEVICES = ("cpu", "pinned", "device", "auto")
 POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
-#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``) take their defaults, which keep
-#: the older models' behaviour.
+#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``overlap_rollouts``) take their
+#: defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -57,6 +57,7 @@ CHECKED_HYPERPARAMETERS = (
     "value_clipping",
     "policy_minibatches",
     "aux_buffer_device",
+    "overlap_rollouts",
 )
 
 
@@ -190,11 +191,8 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    checker.check(
-        "separate_aux_optimizer",
-        isinstance(values["separate_aux_optimizer"], (bool, np.bool_)),
-        f"separate_aux_optimizer must be a bool, got {values['separate_aux_optimizer']!r}",
-    )
+    for name in ("separate_aux_optimizer", "overlap_rollouts"):
+        checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):

@@ -8,7 +8,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
@@ -59,6 +59,7 @@ from sb3_ppg.common.hyperparameters import (
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
 from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import (
     SavedPolicyClass,
@@ -156,6 +157,11 @@ class PPG(OnPolicyAlgorithm):
         prepared while the current one trains), ``"device"`` (the model's device) or ``"auto"`` (on CUDA, the device when
         the buffer takes at most half of its free memory, else pinned memory; CPU memory elsewhere). The same updates
         and files whatever the choice; the log says where it lives and why (docs/throughput.md)
+    :param overlap_rollouts: Overlap the env steps with the network during rollouts (default ``False``): with an env
+        made of groups (a :class:`~sb3_ppg.common.rollout_groups.GroupedVecEnv` at the bottom of its chain, e.g.
+        ``make_procgen_env(..., n_groups=2)``), the rollout's forward pass runs group by group and each group starts
+        its step as soon as its actions are known, while the network acts on the next group. The same rollouts as
+        sampling group by group (not as one forward pass over all envs); see docs/throughput.md
     :param micro_batch_size: The most samples that one forward and backward pass holds. Larger minibatches of
         either phase run as micro-batches whose gradients add up before the optimizer step: the same update up to
         float rounding, with the activations of one micro-batch at a time (the old-policy pass runs in parts of
@@ -225,6 +231,7 @@ class PPG(OnPolicyAlgorithm):
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
         aux_buffer_device: str = "cpu",
+        overlap_rollouts: bool = False,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -282,6 +289,7 @@ class PPG(OnPolicyAlgorithm):
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
         self.aux_buffer_device = aux_buffer_device
+        self.overlap_rollouts = overlap_rollouts
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -593,14 +601,34 @@ class PPG(OnPolicyAlgorithm):
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        if not distributed.is_active():
-            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
-        complete, self._data_parallel_stats = data_parallel.collect_rollouts(
-            self,
-            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
-            self._data_parallel_stats,
-        )
+        with self._overlapped_rollout(env):
+            if not distributed.is_active():
+                return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+            complete, self._data_parallel_stats = data_parallel.collect_rollouts(
+                self,
+                partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
+                self._data_parallel_stats,
+            )
         return complete
+
+    def _overlapped_rollout(self, env: VecEnv) -> AbstractContextManager:
+        """
+        The context of a rollout's collection: with ``overlap_rollouts``, the policy's forward pass runs group by group
+        and starts each group's step (``overlapped_forward``); otherwise nothing.
+
+        :raises ValueError: when the env has no groups, or with gSDE (its noise is drawn for all envs at once)
+        """
+        if not self.overlap_rollouts:
+            return nullcontext()
+        grouped = find_grouped_vec_env(env)
+        if grouped is None:
+            raise ValueError(
+                "overlap_rollouts=True needs an env made of groups (a GroupedVecEnv at the bottom of its VecEnv chain): "
+                "make_procgen_env(..., n_groups=2), or GroupedVecEnv([venv_1, venv_2]); or set overlap_rollouts=False."
+            )
+        if self.use_sde:
+            raise ValueError("overlap_rollouts=True does not support gSDE (use_sde=True): set overlap_rollouts=False.")
+        return overlapped_forward(self.policy, grouped, self.action_space)
 
     def _collect_rollout(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
