@@ -2,6 +2,7 @@
 
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -181,3 +182,54 @@ def test_maskable_taxi_and_plot(tmp_path):
     ablation = "MaskablePPG, aux phase without value net"
     assert ablation not in maskable.DEFAULT_ALGORITHMS
     assert maskable.ALGORITHMS[ablation][2](maskable.ENVS[taxi]) == {**maskable.TAXI_PPG_SETTINGS, "vf_true_coef": 0.0}
+
+
+STAND_IN_CLEANRL = """
+import json, os, sys, time
+time.sleep(0.2)
+with open(os.environ["STAND_IN_OUT"], "a") as file:
+    file.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "time": time.time()}) + "\\n")
+"""
+
+
+def test_vs_cleanrl_runs_both_whole_processes(tmp_path, monkeypatch, order="sb3-ppg,cleanrl"):
+    """benchmarks/vs_cleanrl.py with a stand-in for CleanRL's script: its options, both orders, the ratio."""
+    vs_cleanrl = load_script("vs_cleanrl")
+    script, out = tmp_path / "ppg_procgen.py", tmp_path / "calls.jsonl"
+    script.write_text(STAND_IN_CLEANRL)
+    monkeypatch.setenv("STAND_IN_OUT", str(out))
+    args = ["--cleanrl-script", str(script), "--n-envs", "2", "--n-steps", "8", "--n-policy-iters", "2"]
+    args += ["--n-aux-epochs", "1", "--aux-batch-rollouts", "1", "--device", "cpu", "--order", order]
+    started = time.time()
+    results = vs_cleanrl.main([*args, "--json", str(tmp_path / "results.json")])
+    assert results["env_steps"] == 2 * 2 * 8 and results["order"] == order.split(",")
+    (call,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert call["argv"] == [
+        *("--env-id", "starpilot", "--total-timesteps", "32", "--num-envs", "2", "--num-steps", "8"),
+        *("--n-iteration", "2", "--e-auxiliary", "1", "--num-aux-rollouts", "1", "--no-cuda"),
+    ]
+    # CleanRL's script runs in a scratch folder (its runs/ logs do not land in the repository)
+    assert call["cwd"] != str(tmp_path) and not (tmp_path / "runs").exists()
+    # Whole processes, in the order asked for: the stand-in's time is at least its sleep; sb3-ppg trains before it
+    # or after it
+    assert results["cleanrl"]["seconds"] >= 0.2
+    cleanrl_started = call["time"] - 0.2 - started
+    sb3_first = order.startswith("sb3")
+    assert (cleanrl_started >= results["sb3-ppg"]["seconds"]) == sb3_first
+    for name in ("cleanrl", "sb3-ppg"):
+        assert results[name]["env_steps_per_s"] == pytest.approx(32 / results[name]["seconds"])
+    assert results["ratio"] == pytest.approx(results["cleanrl"]["seconds"] / results["sb3-ppg"]["seconds"])
+    assert json.loads((tmp_path / "results.json").read_text())["ratio"] == pytest.approx(results["ratio"])
+    with pytest.raises(SystemExit):
+        vs_cleanrl.parse_args(["--cleanrl-script", "x.py", "--order", "cleanrl,cleanrl"])
+
+
+def test_vs_cleanrl_runs_in_the_order_asked_for(monkeypatch):
+    vs_cleanrl = load_script("vs_cleanrl")
+    ran = []
+    monkeypatch.setattr(vs_cleanrl, "run_timed", lambda command: ran.append(command) or 2.0 * len(ran))
+    results = vs_cleanrl.main(["--cleanrl-script", "ppg_procgen.py", "--order", "cleanrl,sb3-ppg", "--device", "cuda"])
+    assert ran[0][1].endswith("ppg_procgen.py") and ran[0][-1] == "--cuda"
+    assert ran[1][1].endswith("vs_cleanrl.py") and ran[1][-1] == "--sb3-child"
+    # CleanRL took 2 s, sb3-ppg 4 s for the same 64 x 256 x 8 steps
+    assert results["env_steps"] == 64 * 256 * 8 and results["ratio"] == pytest.approx(0.5)
