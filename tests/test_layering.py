@@ -28,11 +28,10 @@ ALLOWED = {
     "cli": {"cli", "maskable", "algorithm", "procgen", "common"},
     "facade": {"facade", "cli", "maskable", "algorithm", "procgen", "common"},
 }
-#: The modules of ``common`` that a model is built from; they import only each other and BUILDING_BLOCK_BASE, no run
-#: management (checkpoints, callbacks, data-parallel hooks, hyperparameter and loading checks)
+#: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
 BUILDING_BLOCKS = ("buffers", "distributions", "torch_layers", "optim", "preprocessing", "precision")
-#: What the building blocks may import besides each other: plain-array files and the collectives of torch.distributed
-BUILDING_BLOCK_BASE = ("array_files", "distributed")
+#: The modules of ``common`` that run, save, resume and scale a training run (checkpoints: the package and its modules)
+RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "rollout_groups", "save_util")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
@@ -113,12 +112,14 @@ def front_door_violations(graph: dict[str, set[str]], package: str) -> list[str]
 
 
 def building_block_violations(graph: dict[str, set[str]], package: str) -> list[str]:
-    """Each import of a building block of ``common`` (:data:`BUILDING_BLOCKS`) beyond the blocks and their base."""
-    allowed = {f"{package}.common.{name}" for name in (*BUILDING_BLOCKS, *BUILDING_BLOCK_BASE)} | {f"{package}.common"}
+    """Each import of run management (:data:`RUN_MANAGEMENT`) by a building block of ``common`` (:data:`BUILDING_BLOCKS`)."""
+    managers = [f"{package}.common.{name}" for name in RUN_MANAGEMENT]
     violations = []
     for name in BUILDING_BLOCKS:
         module = f"{package}.common.{name}"
-        violations += [f"{module} -> {target}" for target in sorted(graph.get(module, ())) if target not in allowed]
+        for target in sorted(graph.get(module, ())):
+            if any(target == manager or target.startswith(manager + ".") for manager in managers):
+                violations.append(f"{module} -> {target}")
     return violations
 
 
@@ -303,20 +304,20 @@ def test_front_door_check_fails_on_an_import_of_a_checkpoints_module(tmp_path, s
             {"common/buffers.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.common import checkpoints\n"},
             "pkg.common.buffers -> pkg.common.checkpoints",
         ),
-        # the optimizer step imports the callbacks, or the hyperparameter checks
+        # the optimizer step imports the callbacks; a module of a checkpoints' format; the data-parallel hooks
         ({"common/optim.py": "from pkg.common.callbacks import x\n"}, "pkg.common.optim -> pkg.common.callbacks"),
-        ({"common/precision.py": "import pkg.common.hyperparameters\n"}, "pkg.common.precision -> pkg.common.hyperparameters"),
+        (
+            {"common/buffers.py": "from .checkpoints.manifest import x\n"},
+            "pkg.common.buffers -> pkg.common.checkpoints.manifest",
+        ),
+        ({"common/precision.py": "import pkg.common.data_parallel\n"}, "pkg.common.precision -> pkg.common.data_parallel"),
     ],
 )
 def test_building_block_check_fails_on_an_import_of_run_management(tmp_path, sources, violation):
     blocks = {f"common/{name}.py": "" for name in BUILDING_BLOCKS}
-    base = {
-        "common/array_files.py": "",
-        "common/distributed.py": "",
-        "common/callbacks.py": "",
-        "common/hyperparameters.py": "",
-    }
-    sources = {**blocks, **base, "common/checkpoints/__init__.py": "", **sources}
+    others = {f"common/{name}.py": "" for name in ("array_files", "distributed", "hyperparameters", *RUN_MANAGEMENT)}
+    del others["common/checkpoints.py"]  # a package
+    sources = {**blocks, **others, "common/checkpoints/__init__.py": "", "common/checkpoints/manifest.py": "", **sources}
     sources["common/optim.py"] = sources["common/optim.py"] + "from pkg.common import distributed, buffers\n"
     graph = synthetic_graph(tmp_path, sources)
     assert building_block_violations(graph, "pkg") == [violation]

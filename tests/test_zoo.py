@@ -156,6 +156,22 @@ def test_entries_finish_with_a_total_that_is_not_a_multiple_of_the_rollout(confi
 # Zoo plumbing
 
 
+def test_folders_in_the_home_folder(monkeypatch):
+    """
+    A folder the run writes to may start with "~", which the shell leaves in "--log-folder=~/logs": the home folder,
+    not a folder named "~" (issue 29); so may --resume's.
+    """
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, "/home/someone")
+    argv = train.build_zoo_argv(["--env", "CartPole-v1", "--log-folder=~/logs", "-tb", "~/tb", "--seed", "1"])
+    assert "--log-folder=/home/someone/logs" in argv and argv[argv.index("-tb") + 1] == "/home/someone/tb"
+    assert train.build_zoo_argv(["-f", "~/logs"])[2:4] == ["-f", "/home/someone/logs"]
+    started = {}
+    monkeypatch.setattr(train, "run_zoo", lambda command, argv, **kwargs: started.update(kwargs))
+    train.main(["--env", "CartPole-v1", "--resume=~/logs/ppg/CartPole-v1_1"])
+    assert started == dict(resume="/home/someone/logs/ppg/CartPole-v1_1")
+
+
 def test_build_zoo_argv():
     argv = train.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
     assert argv[:2] == ["--algo", "ppg"] and argv[-2:] == ["-conf", PAPER_FILE]
