@@ -57,7 +57,7 @@ from sb3_ppg.common.hyperparameters import (
     with_sources,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import (
     SavedPolicyClass,
@@ -314,7 +314,9 @@ class PPG(OnPolicyAlgorithm):
         SB3's wrapping of the env (``Monitor``, ``DummyVecEnv``, ``VecTransposeImage``), after checking its spaces:
         an observation or action space that PPG does not support is a ``ValueError`` naming it and the fix, before
         SB3 fails on it (a Graph, Sequence or Text space) or runs with it silently wrong (a Discrete action space
-        whose ``start`` is not 0). Called by the constructor, ``set_env()`` and ``load()``.
+        whose ``start`` is not 0). An env that is not a VecEnv, with an integer Box observation space (e.g. uint8 images),
+        is reset once to check that its observations survive DummyVecEnv's cast to the space's dtype
+        (``check_first_observation``). Called by the constructor, ``set_env()`` and ``load()``.
 
         :param env: the env
         :param verbose: Verbosity level: 1 prints the wrappers used
@@ -325,6 +327,8 @@ class PPG(OnPolicyAlgorithm):
             env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
         check_observation_space(env.observation_space)
         check_action_space(env.action_space)
+        if not isinstance(env, VecEnv):
+            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
         return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def _setup_model(self) -> None:
