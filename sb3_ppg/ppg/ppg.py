@@ -1104,6 +1104,7 @@ class PPG(OnPolicyAlgorithm):
         path: str | os.PathLike,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
+        allow_pickle: bool = True,
         **kwargs: Any,
     ) -> SelfPPG:
         """
@@ -1112,7 +1113,8 @@ class PPG(OnPolicyAlgorithm):
         ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
         bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
         Under torchrun every rank calls it and restores its own part (envs, random generators, auxiliary buffer),
-        with the checkpoint's world size. Checkpoints hold pickles (the model zip, DummyVecEnv envs): load trusted ones.
+        with the checkpoint's world size. Checkpoints hold pickles (the model zip's objects, DummyVecEnv envs), which run
+        code when loaded: load trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
 
         :param path: a checkpoint folder, or the callback's ``save_path``: then the newest checkpoint (the one written
             last) that verifies is used, and a warning names the damaged newer ones it skipped
@@ -1120,6 +1122,11 @@ class PPG(OnPolicyAlgorithm):
             of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
             could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
         :param device: the device of the model
+        :param allow_pickle: False: unpickle nothing. The zip's pickled objects (spaces, policy class, schedules) are
+            rebuilt from their plain description in the checkpoint; a checkpoint that holds pickled envs
+            (``env_states.pkl``, of a ``DummyVecEnv``) or objects without description (a lambda schedule, a checkpoint
+            of an earlier version) is refused with a ``ValueError`` naming them. True (SB3's ``load`` does the same):
+            every checkpoint loads, old ones included
         :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``, ``verbose``, ``tensorboard_log``), checked as
             there. Hyperparameters given here apply from the checkpoint on (the run then no longer repeats the
             uninterrupted one); ``n_steps`` and ``n_policy_iters`` cannot change (the stored rollouts and the auxiliary
@@ -1131,7 +1138,7 @@ class PPG(OnPolicyAlgorithm):
             ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
-        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
         changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
         if changed:
             raise HyperparameterError(
