@@ -172,7 +172,7 @@ def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dic
     """
     import torch as th
 
-    from sb3_ppg.common.buffers import split_observations
+    from sb3_ppg.common.optim import split_observations
 
     policy = model.policy
     dtypes = model._phase_dtypes

@@ -145,7 +145,7 @@ def equality(config_name: str) -> dict[str, Any]:
         initial=initial,
         final=parameters(model),
         num_timesteps=model.num_timesteps,
-        n_aux_phases=model._n_aux_phases,
+        n_aux_phases=model.n_aux_phases,
         n_updates=model._n_updates,
     )
 
@@ -160,7 +160,7 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
     return dict(
         final=parameters(model),
         num_timesteps=model.num_timesteps,
-        n_aux_phases=model._n_aux_phases,
+        n_aux_phases=model.n_aux_phases,
         ret_rms=(float(env.ret_rms.mean), float(env.ret_rms.var), float(env.ret_rms.count)),
         episodes=len(model.ep_info_buffer),
         local_rank=int(os.environ["LOCAL_RANK"]),
@@ -268,9 +268,7 @@ def checkpoint_train(out_dir: pathlib.Path) -> dict[str, Any]:
     model = PPG("MlpPolicy", checkpoint_env(), policy_kwargs=dict(net_arch=[16]), **settings)
     callbacks = [checkpoint_callback(out_dir / "checkpoints"), checkpoint_callback(out_dir / "pruned", keep_last=2)]
     model.learn(CHECKPOINT_TOTAL, callback=callbacks)
-    return dict(
-        final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases, mismatch=mismatch
-    )
+    return dict(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model.n_aux_phases, mismatch=mismatch)
 
 
 def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
@@ -284,7 +282,7 @@ def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
     result: dict[str, Any] = dict(resumed_at=model.num_timesteps, aux_iterations=model.aux_buffer.n_iterations)
     callback = checkpoint_callback(out_dir / "resumed")
     model.learn(CHECKPOINT_TOTAL - model.num_timesteps, reset_num_timesteps=False, callback=callback)
-    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases)
+    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model.n_aux_phases)
     try:
         write_checkpoint(model, out_dir / "blocked" / "ppg_0_steps", out_dir / "blocked" / "ppg_rollouts")
         result["write_error"] = None

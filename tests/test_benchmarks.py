@@ -105,6 +105,10 @@ def test_procgen_learning_resumes_in_chunks(tmp_path):
     ppg, bf16 = (learning.hyperparameters(learning.parse_args(args), algo) for algo in ("ppg", "ppg-bf16"))
     assert bf16.pop("precision") == dict(rollout="fp32", policy="bf16", aux="bf16") and ppg.pop("precision") == "fp32"
     assert ppg == bf16
+    # The same run twice would be averaged as two seeds (issue 29): refused before anything trains
+    with pytest.raises(SystemExit, match=r"--algos ppg and --seeds 0,1,0 name a run twice"):
+        learning.main(["--algos", "ppg", "--seeds", "0,1,0", *args[4:]])
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["starpilot_ppg-bf16_seed0", "starpilot_ppg_seed0"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")

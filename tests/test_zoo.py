@@ -320,7 +320,7 @@ def test_train_enjoy_cartpole(tmp_path: Path, capsys):
     )
     run_folder = tmp_path / "ppg" / "CartPole-v1_1"
     model = PPG.load(run_folder / "CartPole-v1.zip", device="cpu")
-    assert model.num_timesteps == 512 and model._n_aux_phases >= 1
+    assert model.num_timesteps == 512 and model.n_aux_phases >= 1
     PPG.load(run_folder / "best_model.zip", device="cpu")
     VecNormalize.load(str(run_folder / "CartPole-v1" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("CartPole-v1")]))
     with np.load(run_folder / "evaluations.npz") as evaluations:
@@ -354,7 +354,7 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
     )
     run_folder = tmp_path / "ppg" / "procgen-starpilot-v0_1"
     model = PPG.load(run_folder / "procgen-starpilot-v0.zip", device="cpu")
-    assert model.num_timesteps == 128 and model._n_aux_phases == 2
+    assert model.num_timesteps == 128 and model.n_aux_phases == 2
     assert model.policy.arch == "detach"
     PPG.load(run_folder / "best_model.zip", device="cpu")
     vec_normalize = VecNormalize.load(
@@ -391,7 +391,7 @@ def test_train_procgen_paper_preset(tmp_path: Path):
     )
     run_folder = tmp_path / "ppg" / "procgen-coinrun-v0_1"
     model = PPG.load(run_folder / "procgen-coinrun-v0.zip", device="cpu")
-    assert model.policy.arch == "dual" and model.max_grad_norm is None and model._n_aux_phases == 1
+    assert model.policy.arch == "dual" and model.max_grad_norm is None and model.n_aux_phases == 1
     vec_normalize = VecNormalize.load(
         str(run_folder / "procgen-coinrun-v0" / "vecnormalize.pkl"), ProcgenVecEnv(1, "coinrun", distribution_mode="hard")
     )

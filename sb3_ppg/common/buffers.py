@@ -4,7 +4,7 @@ import io
 import pathlib
 import warnings
 from collections.abc import Generator
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
@@ -43,56 +43,6 @@ class AuxiliaryBufferSamples(NamedTuple):
     old_distribution_params: th.Tensor
     rollout_indices: np.ndarray
     action_masks: th.Tensor | None = None
-
-
-# A minibatch of either phase: SB3's rollout samples or the auxiliary buffer's
-Minibatch = TypeVar("Minibatch", RolloutBufferSamples, DictRolloutBufferSamples, AuxiliaryBufferSamples)
-
-
-def _slice_batch(values: TensorObs | None, index: slice) -> TensorObs | None:
-    """A slice (a view) of per-sample data: a tensor, or a dict of tensors (Dict observations); None stays None."""
-    if values is None:
-        return None
-    if isinstance(values, dict):
-        return {key: tensor[index] for key, tensor in values.items()}
-    return values[index]
-
-
-def split_observations(observations: TensorObs, size: int | None) -> list[TensorObs]:
-    """
-    Cut a batch of observations into consecutive parts of at most ``size`` samples (views, no copies).
-
-    :param observations: a batch of observations, a tensor or a dict of tensors
-    :param size: the most samples per part; ``None``: the whole batch is one part
-    :return: the parts, in order
-    """
-    n_samples = len(next(iter(observations.values())) if isinstance(observations, dict) else observations)
-    if size is None or n_samples <= size:
-        return [observations]
-    return [_slice_batch(observations, slice(start, start + size)) for start in range(0, n_samples, size)]
-
-
-def split_minibatch(minibatch: Minibatch, micro_batch_size: int | None) -> list[tuple[Minibatch, float]]:
-    """
-    Cut a minibatch into consecutive micro-batches of at most ``micro_batch_size`` samples (views, no copies), each
-    with its share of the minibatch's samples. A loss that is a mean over the samples is the sum of the micro-batches'
-    losses weighted by their shares, and so is its gradient.
-
-    :param minibatch: a policy-phase (SB3's ``RolloutBufferSamples``) or auxiliary-phase minibatch
-    :param micro_batch_size: the most samples per micro-batch; ``None``: the whole minibatch, with share 1
-    :return: the (micro-batch, share) pairs, in order
-    """
-    n_samples = len(minibatch.returns)
-    if micro_batch_size is None or n_samples <= micro_batch_size:
-        return [(minibatch, 1.0)]
-    # Every field is per sample but the rollout indices of an auxiliary minibatch (one per rollout, kept whole)
-    per_sample = [name for name in minibatch._fields if name != "rollout_indices"]
-    parts = []
-    for start in range(0, n_samples, micro_batch_size):
-        index = slice(start, start + micro_batch_size)
-        fields = {name: _slice_batch(getattr(minibatch, name), index) for name in per_sample}
-        parts.append((minibatch._replace(**fields), (min(start + micro_batch_size, n_samples) - start) / n_samples))
-    return parts
 
 
 #: The per-step arrays that the rollout buffers' ``get()`` flattens to ``(n_envs * n_steps, ...)``, env-major: those of

@@ -1,13 +1,12 @@
 """Phasic Policy Gradient (Cobbe et al., 2021) as a Stable-Baselines3 on-policy algorithm."""
 
-import inspect
 import io
 import os
 import pathlib
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, ClassVar, TypeVar
@@ -29,17 +28,9 @@ from stable_baselines3.common.utils import (
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
-from sb3_ppg.common import data_parallel, distributed
+from sb3_ppg.common import data_parallel, distributed, optim
 from sb3_ppg.common.array_files import atomic_write
-from sb3_ppg.common.buffers import (
-    AuxiliaryBuffer,
-    AuxiliaryBufferSamples,
-    Minibatch,
-    check_aux_buffer_memory,
-    env_minibatches,
-    split_minibatch,
-    split_observations,
-)
+from sb3_ppg.common.buffers import AuxiliaryBuffer, AuxiliaryBufferSamples, check_aux_buffer_memory, env_minibatches
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import checkpoint
 from sb3_ppg.common.distributed import RunningStats
@@ -48,26 +39,14 @@ from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     HyperparameterError,
     check_hyperparameters,
-    check_load_arguments,
-    check_saved_optimizers,
-    load_arguments,
     resolve_batch_size,
     resolve_normalize_advantage,
     schedule_value,
-    with_sources,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.run_state import RunState
-from sb3_ppg.common.save_util import (
-    SavedPolicyClass,
-    check_policy_class,
-    class_name,
-    read_model_zip,
-    saved_policy_class,
-    zip_destination,
-)
-from sb3_ppg.common.utils import check_finite_loss, clip_gradients
+from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
 from sb3_ppg.ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
@@ -80,87 +59,58 @@ RUN_LAYOUT_HYPERPARAMETERS = ("n_steps", "n_policy_iters")
 
 class PPG(OnPolicyAlgorithm):
     """
-    Phasic Policy Gradient (PPG).
+    Phasic Policy Gradient (PPG)
 
-    Paper: https://arxiv.org/abs/2009.04416 (Cobbe, Hilton, Klimov, Schulman, ICML 2021).
-    Reference code: https://github.com/openai/phasic-policy-gradient
+    Paper: https://arxiv.org/abs/2009.04416
+    Code: https://github.com/openai/phasic-policy-gradient
+    Introduction and parameters: docs/ppg.md (the presets of the paper and CleanRL: docs/hyperparams.md)
 
-    Training alternates two phases. The **policy phase** is a PPO update on each fresh rollout (``n_epochs``
-    policy epochs and ``n_value_epochs`` value epochs). Each rollout is also stored, env by env, as whole
-    rollouts in an ``AuxiliaryBuffer``. Every ``n_policy_iters`` rollouts the **auxiliary phase** runs
-    ``n_aux_epochs`` epochs over that buffer, minimizing
-    ``beta_clone * KL(pi_old || pi) + 0.5 * MSE(aux_value, target) + vf_true_coef * 0.5 * MSE(value, target)``,
-    where ``pi_old`` is the policy right before the phase and the targets are the GAE returns of each rollout.
-    With ``n_aux_epochs=0`` this is PPO (the paper's baseline, with ``policy_kwargs=dict(arch="shared")``).
-
-    The defaults are the paper's Procgen settings but for the form of the policy-phase minibatches (shuffled
-    transitions, as SB3's PPO; ``policy_minibatches="envs"`` gives the paper's whole env rollouts); docs/hyperparams.md
-    lists the presets, with which PPG makes the original code's and CleanRL's updates (docs/fidelity.md).
+    Each rollout trains a PPO update (the policy phase) and is stored in an ``AuxiliaryBuffer``; every
+    ``n_policy_iters`` rollouts an auxiliary phase trains the policy network's value head and the value network on
+    the buffer, with a behaviour-cloning KL that keeps the policy in place. ``n_aux_epochs=0`` is PPO.
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ProcgenCnn, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
-    :param learning_rate: The learning rate of the policy phase, a constant or a function of the remaining
-        progress (from 1 to 0); default 5e-4 (the paper's)
-    :param n_steps: The number of steps to run for each environment per update (rollout length); default 256 (the
-        paper's)
-    :param batch_size: Policy-phase minibatch size; ``None`` (default) gives ``n_steps * n_envs // 8`` (8 minibatches,
-        the paper's; with ``policy_minibatches="envs"``, ``ceil(n_envs / 8)`` whole env rollouts)
-    :param policy_minibatches: What the policy phase's minibatches are made of: ``"transitions"`` (default, as SB3's
-        PPO and CleanRL): each epoch draws one permutation of all ``n_steps * n_envs`` transitions, cut into
-        minibatches of ``batch_size``; ``"envs"`` (the paper's code): each epoch draws one permutation of the envs,
-        cut into groups of ``batch_size // n_steps`` envs, each minibatch all the steps of its envs (``batch_size``
-        must be a multiple of ``n_steps``). Both draw from NumPy's global generator, which SB3 seeds. The paper's
-        preset uses ``"envs"``; see docs/fidelity.md for the measurement behind the default
+    :param learning_rate: The learning rate, a constant or a function of the remaining progress (from 1 to 0);
+        default 5e-4 (the paper's)
+    :param n_steps: The number of steps to run for each environment per update; default 256 (the paper's)
+    :param batch_size: Policy-phase minibatch size; ``None`` (default): 8 minibatches per rollout (the paper's)
+    :param policy_minibatches: ``"transitions"`` (default, SB3's PPO) or ``"envs"`` (whole env rollouts, the paper's
+        code; ``batch_size`` must be a multiple of ``n_steps``)
     :param n_epochs: Policy epochs per iteration (E_pi); default 1 (the paper's)
-    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default) means ``n_epochs`` (the paper's
-        E_V = E_pi = 1). When equal to ``n_epochs`` each minibatch minimizes the joint loss with one optimizer;
-        otherwise ``n_value_epochs`` value-only epochs (with a separate value optimizer) run first, then ``n_epochs``
-        policy-only epochs (the reference code's order).
+    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default): ``n_epochs``, joint with the policy
+        epochs (the paper's). Another value runs value-only epochs first, with their own optimizer
     :param gamma: Discount factor; default 0.999 (the paper's)
     :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator; default 0.95
         (the paper's)
-    :param clip_range: Clipping parameter of the surrogate objective, a constant or a function of the remaining
-        progress; default 0.2 (the paper's); ``None`` disables clipping (the paper's KL-penalty variant, with
-        ``kl_coef > 0``)
-    :param clip_range_vf: Clipping parameter for the value function (policy phase only; the auxiliary phase's
-        value losses are never clipped); ``None`` (default, the paper's) for no value clipping
-    :param value_clipping: The form of the clipped value loss, used only with ``clip_range_vf``: ``"sb3"`` (default,
-        SB3's PPO) minimizes the squared error of the clipped prediction; ``"max"`` (OpenAI baselines and CleanRL,
-        whose preset uses it) the larger of the unclipped and the clipped squared errors (see
-        :func:`~sb3_ppg.ppg.losses.value_loss`). The paper's code clips no values
-    :param normalize_advantage: ``"batch"`` (default: once over the whole rollout, as the paper's code),
-        ``"minibatch"`` (per minibatch, as SB3's PPO) or ``"none"``; ``True`` means ``"batch"``, ``False`` ``"none"``
+    :param clip_range: Clipping parameter of the surrogate objective (constant or schedule); default 0.2 (the
+        paper's); ``None``: no clipping (the KL-penalty variant, with ``kl_coef > 0``)
+    :param clip_range_vf: Clipping parameter of the policy phase's value function; ``None`` (default, the paper's):
+        no value clipping
+    :param value_clipping: The form of the clipped value loss: ``"sb3"`` (default, SB3's PPO) or ``"max"``
+        (baselines and CleanRL; see :func:`~sb3_ppg.ppg.losses.value_loss`)
+    :param normalize_advantage: ``"batch"`` (default, the paper's), ``"minibatch"`` (SB3's PPO) or ``"none"``;
+        ``True`` means ``"batch"``, ``False`` ``"none"``
     :param ent_coef: Entropy coefficient of the policy loss; default 0.01 (the paper's)
-    :param vf_coef: Value function coefficient of the policy phase; default 0.5 (SB3's value loss is a plain MSE, so
-        this is the paper's ``0.5 * MSE``)
-    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's)
-        disables clipping
-    :param kl_coef: Coefficient of the KL penalty ``0.5 * mean((log pi - log pi_behaviour) ** 2)`` added to the
-        policy loss; default 0 (no penalty; the paper's "ppgkl" uses 1.0 with ``clip_range=None``)
+    :param vf_coef: Value function coefficient of the policy phase; default 0.5 (the paper's)
+    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's): no
+        clipping
+    :param kl_coef: Coefficient of the KL penalty of the policy loss; default 0 (the paper's "ppgkl": 1.0)
     :param n_policy_iters: Policy iterations (rollouts) per auxiliary phase (N_pi); default 32 (the paper's)
-    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); default 6 (the paper's); 0 disables the auxiliary
-        phase (PPO)
-    :param aux_batch_rollouts: Whole rollouts (of one env, ``n_steps`` steps each) per auxiliary minibatch; default 4
-        (CleanRL's; the paper's 4 workers x 4 rollouts are 16 in one process)
-    :param beta_clone: Weight of the behaviour-cloning KL term of the auxiliary phase; default 1 (the paper's)
-    :param vf_true_coef: Weight of the true value function's loss in the auxiliary phase; default 1 (the paper's)
-    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` (default) uses
-        ``learning_rate``, evaluated at the same progress point (the paper's 5e-4 for both)
-    :param separate_aux_optimizer: Use a separate, persistent optimizer for the auxiliary phase (True, default, as
-        the paper's code) or share the policy phase's optimizer (False, as CleanRL)
-    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1 (a
-        memory knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
-    :param micro_batch_size: The most samples that one forward and backward pass holds. Larger minibatches of
-        either phase run as micro-batches whose gradients add up before the optimizer step: the same update up to
-        float rounding, with the activations of one micro-batch at a time (the old-policy pass runs in parts of
-        this size too). ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, whole minibatches
-        elsewhere (MLP extractors, GPUs); see docs/throughput.md. ``None``: whole minibatches.
-    :param precision: The precision of the features extractors: ``"auto"`` (default) is bfloat16 autocast in the
-        policy and auxiliary phases (float32 rollouts) for a convolutional features extractor on a CPU with AMX,
-        float32 otherwise (see docs/throughput.md and docs/bf16_parity.md). ``"fp32"`` or ``"bf16"``: every phase;
-        with ``"bf16"`` the features extractors run under bfloat16 autocast (the heads, distributions, losses and
-        optimizer stay in float32). Or a dict choosing per phase, e.g. ``{"rollout": "bf16", "policy": "fp32",
-        "aux": "bf16"}`` (missing phases are ``"fp32"``). ``phase_precision`` tells what a model uses.
+    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); default 6 (the paper's); 0: no auxiliary phase (PPO)
+    :param aux_batch_rollouts: Whole env rollouts per auxiliary minibatch; default 4 (CleanRL's)
+    :param beta_clone: Weight of the behaviour-cloning KL of the auxiliary phase; default 1 (the paper's)
+    :param vf_true_coef: Weight of the value network's loss in the auxiliary phase; default 1 (the paper's)
+    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` (default):
+        ``learning_rate``
+    :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (default, the paper's code) or
+        shares the policy phase's (CleanRL)
+    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1
+    :param micro_batch_size: The most samples per forward and backward pass (the same update up to float rounding);
+        ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, else ``None`` (whole minibatches)
+    :param precision: The features extractors' precision: ``"auto"`` (default: bfloat16 in the policy and auxiliary
+        phases for a convolutional features extractor on a CPU with AMX, float32 otherwise), ``"fp32"``, ``"bf16"``,
+        or a dict per phase (``"rollout"``, ``"policy"``, ``"aux"``); see ``phase_precision``
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: only at rollout start)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
@@ -174,8 +124,7 @@ class PPG(OnPolicyAlgorithm):
     :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
         debug messages
     :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run. The auxiliary buffer always lives in
-        CPU memory; its minibatches are moved to the device.
+    :param device: Device (cpu, cuda, ...) on which the code should be run (the auxiliary buffer stays in CPU memory)
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
@@ -299,7 +248,7 @@ class PPG(OnPolicyAlgorithm):
             self._setup_model()
 
     # ------------------------------------------------------------------------------------------------------------
-    # Construction: hyperparameters, env, networks, buffers, optimizers
+    # Construction: hyperparameters, networks, buffers, optimizers
     # ------------------------------------------------------------------------------------------------------------
 
     def _check_hyperparameters(self) -> None:
@@ -307,29 +256,6 @@ class PPG(OnPolicyAlgorithm):
         checked = check_hyperparameters({name: getattr(self, name) for name in CHECKED_HYPERPARAMETERS})
         for name, value in checked.items():
             setattr(self, name, value)
-
-    @staticmethod
-    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
-        """
-        SB3's wrapping of the env (``Monitor``, ``DummyVecEnv``, ``VecTransposeImage``), after checking its spaces:
-        an observation or action space that PPG does not support is a ``ValueError`` naming it and the fix, before
-        SB3 fails on it (a Graph, Sequence or Text space) or runs with it silently wrong (a Discrete action space
-        whose ``start`` is not 0). An env that is not a VecEnv, with an integer Box observation space (e.g. uint8 images),
-        is reset once to check that its observations survive DummyVecEnv's cast to the space's dtype
-        (``check_first_observation``). Called by the constructor, ``set_env()`` and ``load()``.
-
-        :param env: the env
-        :param verbose: Verbosity level: 1 prints the wrappers used
-        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
-        :return: the wrapped env
-        """
-        if not isinstance(env, VecEnv):
-            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
-        check_observation_space(env.observation_space)
-        check_action_space(env.action_space)
-        if not isinstance(env, VecEnv):
-            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
-        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def _setup_model(self) -> None:
         # PPG.load() sets the saved hyperparameters (and those given to load()) before this call: check them as the
@@ -368,14 +294,6 @@ class PPG(OnPolicyAlgorithm):
             self.policy_minibatches,
         )
 
-    def _check_aux_buffer_memory(self, n_envs: int) -> None:
-        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
-        if self.n_aux_epochs > 0:
-            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
-            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
-            check_aux_buffer_memory(nbytes, **args)
-
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
         if check_memory:
@@ -392,6 +310,14 @@ class PPG(OnPolicyAlgorithm):
             **self._aux_buffer_kwargs(),
         )
 
+    def _check_aux_buffer_memory(self, n_envs: int) -> None:
+        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
+        if self.n_aux_epochs > 0:
+            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+            check_aux_buffer_memory(nbytes, **args)
+
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """
         The auxiliary buffer's arguments beyond its layout and spaces (a subclass's hook: ``MaskablePPG`` stores the
@@ -403,16 +329,187 @@ class PPG(OnPolicyAlgorithm):
         """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
         return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
 
-    def _optimizers(self) -> list[th.optim.Optimizer]:
-        """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
-        optimizers = (self.policy.optimizer, self.aux_optimizer, self.value_optimizer)
-        return [optimizer for optimizer in optimizers if optimizer is not None]
+    # ------------------------------------------------------------------------------------------------------------
+    # Training: one iteration of Algorithm 1 per rollout
+    # ------------------------------------------------------------------------------------------------------------
 
-    @property
-    def phase_precision(self) -> dict[str, str]:
-        """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
-        names = {dtype: name for name, dtype in PRECISIONS.items()}
-        return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
+    def train(self) -> None:
+        """
+        One PPG iteration on the rollout just collected (the paper's Algorithm 1, inner loop): normalize the
+        advantages, run the policy phase, store the rollout in the auxiliary buffer and, every ``n_policy_iters``
+        iterations (when the buffer is full), compute the old policy on the buffer, run the auxiliary phase and empty
+        the buffer.
+        """
+        self.policy.set_training_mode(True)
+        if self.normalize_advantage == "batch":
+            self._normalize_advantages()
+        with self._precision("policy"):
+            self._policy_phase()
+        if self.aux_buffer is not None:
+            if self.aux_buffer.full():
+                self._rerun_interrupted_aux_phase()
+            self.aux_buffer.add(self.rollout_buffer)
+            if self.aux_buffer.full():
+                self._aux_phase()
+        self.logger.record("train/n_aux_phases", self._n_aux_phases)
+        self._at_rollout_boundary = True
+
+    def _normalize_advantages(self) -> None:
+        """Normalize the rollout's advantages once, over all its samples (over all ranks' in data-parallel training)."""
+        advantages = self.rollout_buffer.advantages
+        if distributed.is_active():
+            mean, std = distributed.global_mean_std(advantages)
+        else:
+            mean, std = advantages.mean(), advantages.std()
+        self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
+
+    def _policy_phase(self) -> None:
+        """
+        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` each minibatch of the ``n_epochs``
+        epochs minimizes the joint loss with the policy optimizer; otherwise ``n_value_epochs`` value-only epochs with
+        the value optimizer run first, then ``n_epochs`` policy-only epochs. With ``target_kl``, the policy epochs stop
+        at the first minibatch whose approx KL exceeds ``1.5 * target_kl`` (SB3's PPO), without its update.
+        """
+        progress = self._current_progress_remaining
+        self._update_learning_rate(self.policy.optimizer)
+        clip_range = self._schedule_value("clip_range", progress)
+        clip_range_vf = self._schedule_value("clip_range_vf", progress)
+        stats = PhaseStats()
+        if self.n_value_epochs == self.n_epochs:
+            policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
+        else:
+            assert self.value_optimizer is not None
+            update_learning_rate(self.value_optimizer, self.lr_schedule(progress))
+            value_loss = partial(self._value_loss, clip_range_vf=clip_range_vf)
+            for _ in range(self.n_value_epochs):
+                for rollout_data in self._rollout_minibatches():
+                    diagnostics, _ = optim.backward(
+                        rollout_data, value_loss, self._micro_batch_size, "policy", self.num_timesteps
+                    )
+                    stats.add(diagnostics)
+                    self._step(self.value_optimizer, "policy")
+                self._n_updates += 1
+            policy_epoch_loss = partial(self._policy_loss, clip_range=clip_range)
+        continue_training = True
+        for _ in range(self.n_epochs):
+            for rollout_data in self._rollout_minibatches():
+                rollout_data = self._normalize_minibatch_advantages(rollout_data)
+                diagnostics, continue_training = optim.backward(
+                    rollout_data,
+                    policy_epoch_loss,
+                    self._micro_batch_size,
+                    "policy",
+                    self.num_timesteps,
+                    target_kl=self.target_kl,
+                    module=self.policy,
+                )
+                stats.add(diagnostics)
+                if not continue_training:
+                    break
+                self._step(self.policy.optimizer, "policy")
+            self._n_updates += 1
+            if not continue_training:
+                break
+        self._log_policy_phase(stats, clip_range, clip_range_vf, continue_training)
+
+    def _rollout_minibatches(self) -> Iterator[RolloutBufferSamples]:
+        """
+        One epoch of the policy phase's minibatches (``policy_minibatches``): shuffled transitions (the rollout
+        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
+        """
+        if self.policy_minibatches == "envs":
+            return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
+        return self.rollout_buffer.get(self.batch_size)
+
+    def _aux_phase(self) -> None:
+        """
+        The auxiliary phase on the full buffer: compute the old policy on it, run ``n_aux_epochs`` epochs, empty it.
+        When the phase is interrupted (an exception, Ctrl-C) the buffer stays full, so that the model stays usable:
+        the next ``train()`` runs the phase again, and the error says how to resume.
+        """
+        assert self.aux_buffer is not None
+        try:
+            with self._precision("aux"):
+                self._compute_old_distributions()
+                self._train_aux_phase()
+        except BaseException as error:
+            if hasattr(error, "add_note"):  # Python 3.11
+                error.add_note(
+                    f"PPG: interrupted during the auxiliary phase at timestep {self.num_timesteps} (auxiliary phase "
+                    f"{self._n_aux_phases + 1}). The model stays usable: learn() again reruns that phase from its start. "
+                    "To resume exactly instead, load the last checkpoint written by PPGCheckpointCallback with "
+                    "PPG.load_checkpoint(); it is left intact."
+                )
+            raise
+        self.aux_buffer.reset()
+
+    def _rerun_interrupted_aux_phase(self) -> None:
+        """Run an auxiliary phase that an exception (or Ctrl-C) interrupted (the buffer is still full), from its start."""
+        warnings.warn(
+            "The last auxiliary phase was interrupted: it runs again from its start on the stored rollouts "
+            "(the updates it had made are kept) before this iteration's rollout is stored."
+        )
+        self._aux_phase()
+
+    def _compute_old_distributions(self) -> None:
+        """
+        Store the current policy's action distribution on every buffered state: the ``pi_old`` that the auxiliary
+        phase's behaviour-cloning term keeps the policy close to. One pass without gradients, in chunks.
+        """
+        assert self.aux_buffer is not None
+        with th.inference_mode():
+            for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
+                parts = optim.split_observations(observations, self._micro_batch_size)
+                params = [self._distribution_params(self.policy.get_distribution(part)) for part in parts]
+                self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
+
+    def _distribution_params(self, distribution: Distribution) -> th.Tensor:
+        """
+        pi_old's parameters as the auxiliary buffer stores them (a subclass's hook: ``MaskablePPG`` stores its
+        maskable distributions' logits).
+
+        :param distribution: the policy's distribution on some states
+        :return: tensor of shape (batch, n_distribution_params)
+        """
+        return get_distribution_params(distribution)
+
+    def _train_aux_phase(self) -> None:
+        """
+        The auxiliary phase's epochs: ``n_aux_epochs`` epochs over shuffled minibatches of whole rollouts, minimizing
+        ``_aux_loss``, with ``n_aux_grad_accum`` minibatches per optimizer step.
+        """
+        assert self.aux_buffer is not None
+        start_time = time.perf_counter()
+        optimizer = self.aux_optimizer if self.aux_optimizer is not None else self.policy.optimizer
+        learning_rate = self._schedule_value("aux_learning_rate", self._current_progress_remaining)
+        update_learning_rate(optimizer, learning_rate)
+        n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
+        accum = self.n_aux_grad_accum
+        stats = PhaseStats()
+        # No gradient of the policy phase may leak into the first step
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(self.n_aux_epochs):
+            for batch_index, batch in enumerate(self.aux_buffer.get(self.aux_batch_rollouts)):
+                # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
+                group_start = batch_index - batch_index % accum
+                group_size = min(accum, n_batches - group_start)
+                diagnostics, _ = optim.backward(
+                    batch, self._aux_loss, self._micro_batch_size, "auxiliary", self.num_timesteps, divisor=group_size
+                )
+                stats.add(diagnostics)
+                if batch_index - group_start == group_size - 1:
+                    self._step(optimizer, "auxiliary")
+                    self._n_aux_updates += 1
+        self._n_aux_phases += 1
+        for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
+            self.logger.record(f"aux/{name}", stats.mean(name))
+        self.logger.record("aux/learning_rate", learning_rate)
+        self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
+        self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
+
+    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
+        """One optimizer step of the policy's parameters (:func:`~sb3_ppg.common.optim.step`)."""
+        optim.step(optimizer, self.policy, self.max_grad_norm, phase, self.num_timesteps)
 
     @contextmanager
     def _precision(self, phase: str) -> Iterator[None]:
@@ -429,7 +526,125 @@ class PPG(OnPolicyAlgorithm):
             self.policy.compute_dtype = self._phase_dtypes["rollout"]
 
     # ------------------------------------------------------------------------------------------------------------
-    # Collecting rollouts: SB3's learn() collects a rollout, then calls train()
+    # The losses of a minibatch
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _actions(self, rollout_data: RolloutBufferSamples) -> th.Tensor:
+        """The minibatch's actions in the form the distribution's ``log_prob`` expects."""
+        if isinstance(self.action_space, spaces.Discrete):
+            return rollout_data.actions.long().flatten()
+        return rollout_data.actions
+
+    def _evaluate_actions(self, rollout_data: RolloutBufferSamples) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
+        """
+        The policy's values, log-probabilities of the minibatch's actions and entropies, one forward pass (a
+        subclass's hook: ``MaskablePPG`` applies the minibatch's action masks).
+        """
+        return self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
+
+    def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
+        """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
+        if self.normalize_advantage != "minibatch":
+            return rollout_data
+        return rollout_data._replace(advantages=losses.normalize_advantages(rollout_data.advantages))
+
+    def _joint_loss(
+        self, rollout_data: RolloutBufferSamples, clip_range: float | None, clip_range_vf: float | None
+    ) -> tuple[th.Tensor, Diagnostics]:
+        """The policy phase's joint loss (E_V = E_pi): policy loss + ``vf_coef`` * value loss, one forward pass."""
+        values, log_prob, entropy = self._evaluate_actions(rollout_data)
+        policy_loss, diagnostics = losses.policy_loss(
+            rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
+        )
+        value_loss, value_diagnostics = losses.value_loss(
+            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf, self.value_clipping
+        )
+        return policy_loss + self.vf_coef * value_loss, {**diagnostics, **value_diagnostics}
+
+    def _policy_loss(self, rollout_data: RolloutBufferSamples, clip_range: float | None) -> tuple[th.Tensor, Diagnostics]:
+        """The policy loss of a policy epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.policy_loss`)."""
+        _, log_prob, entropy = self._evaluate_actions(rollout_data)
+        return losses.policy_loss(
+            rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
+        )
+
+    def _value_loss(self, rollout_data: RolloutBufferSamples, clip_range_vf: float | None) -> tuple[th.Tensor, Diagnostics]:
+        """``vf_coef`` * the value loss of a value epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.value_loss`)."""
+        values = self.policy.predict_values(rollout_data.observations)
+        value_loss, diagnostics = losses.value_loss(
+            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf, self.value_clipping
+        )
+        return self.vf_coef * value_loss, diagnostics
+
+    def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
+        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
+        distribution, values, aux_values = self.policy.forward_aux(batch.observations)
+        kl = self._behaviour_cloning_kl(batch, distribution)
+        return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
+
+    def _behaviour_cloning_kl(self, batch: AuxiliaryBufferSamples, distribution: Distribution) -> th.Tensor:
+        """
+        ``KL(pi_old || pi)`` of each state of an auxiliary minibatch (a subclass's hook: ``MaskablePPG`` computes it
+        over the valid actions only).
+
+        :param batch: the minibatch (pi_old's stored parameters)
+        :param distribution: pi on its states
+        :return: tensor of shape (batch,)
+        """
+        return kl_divergence_from_params(batch.old_distribution_params, distribution)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Schedules and logging
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _schedule_value(self, name: str, progress_remaining: float) -> float | None:
+        """
+        The value at ``progress_remaining`` of the schedule ``name`` (``"learning_rate"``, ``"aux_learning_rate"``,
+        the learning rate's when None, ``"clip_range"``, ``"clip_range_vf"``), checked; None for a clip range of None.
+        """
+        schedule = self.lr_schedule if name == "learning_rate" else getattr(self, name)
+        if name == "aux_learning_rate" and schedule is None:
+            name, schedule = "learning_rate", self.lr_schedule
+        return None if schedule is None else schedule_value(schedule, name, progress_remaining)
+
+    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
+        """
+        SB3's remaining progress (``1 - num_timesteps / total_timesteps``), kept at 0 once the total is reached:
+        the last rollout may end beyond ``total_timesteps`` (its length is ``n_steps * n_envs``), and schedules are
+        functions of a progress from 1 to 0 (a linear schedule would otherwise give a negative learning rate).
+
+        :param num_timesteps: current number of timesteps
+        :param total_timesteps: the total number of timesteps of this ``learn()``
+        """
+        self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(total_timesteps))
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's learning-rate update, after checking the schedule's value (a ``ValueError`` names a bad one)."""
+        self._schedule_value("learning_rate", self._current_progress_remaining)
+        super()._update_learning_rate(optimizers)
+
+    def _log_policy_phase(
+        self, stats: PhaseStats, clip_range: float | None, clip_range_vf: float | None, continue_training: bool
+    ) -> None:
+        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss."""
+        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
+            if (mean := stats.mean(name)) is not None:
+                self.logger.record(f"train/{name}", mean)
+        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        self.logger.record("train/loss", stats.last("loss"))
+        self.logger.record("train/explained_variance", explained_var)
+        if hasattr(self.policy, "log_std"):
+            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        if clip_range is not None:
+            self.logger.record("train/clip_range", clip_range)
+        if clip_range_vf is not None:
+            self.logger.record("train/clip_range_vf", clip_range_vf)
+        if not continue_training and self.verbose >= 1:
+            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")  # type: ignore[operator]
+
+    # ------------------------------------------------------------------------------------------------------------
+    # learn(): SB3's, which collects a rollout and calls train(); its hooks for data-parallel training
     # ------------------------------------------------------------------------------------------------------------
 
     def learn(
@@ -546,15 +761,6 @@ class PPG(OnPolicyAlgorithm):
             seed += distributed.get_rank() * self.n_envs
         super().set_random_seed(seed)
 
-    @property
-    def at_rollout_boundary(self) -> bool:
-        """
-        Whether the model is at a rollout boundary: ``train()`` has consumed the last rollout collected (or none was
-        collected yet). False from the start of a rollout until its ``train()`` returns, so also after an exception
-        (Ctrl-C) inside either: ``PPGCheckpointCallback`` writes a checkpoint only at a boundary.
-        """
-        return self._at_rollout_boundary
-
     def collect_rollouts(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
@@ -587,360 +793,34 @@ class PPG(OnPolicyAlgorithm):
         """
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Training: one iteration of Algorithm 1 per rollout
-    # ------------------------------------------------------------------------------------------------------------
-
-    def train(self) -> None:
-        """
-        One PPG iteration on the rollout just collected (the paper's Algorithm 1, inner loop): normalize the
-        advantages, run the policy phase, store the rollout in the auxiliary buffer and, every ``n_policy_iters``
-        iterations (when the buffer is full), compute the old policy on the buffer, run the auxiliary phase and empty
-        the buffer.
-        """
-        self.policy.set_training_mode(True)
-        if self.normalize_advantage == "batch":
-            self._normalize_advantages()
-        with self._precision("policy"):
-            self._policy_phase()
-        if self.aux_buffer is not None:
-            if self.aux_buffer.full():
-                self._rerun_interrupted_aux_phase()
-            self.aux_buffer.add(self.rollout_buffer)
-            if self.aux_buffer.full():
-                self._aux_phase()
-        self.logger.record("train/n_aux_phases", self._n_aux_phases)
-        self._at_rollout_boundary = True
-
-    def _normalize_advantages(self) -> None:
-        """Normalize the rollout's advantages once, over all its samples (over all ranks' in data-parallel training)."""
-        advantages = self.rollout_buffer.advantages
-        if distributed.is_active():
-            mean, std = distributed.global_mean_std(advantages)
-        else:
-            mean, std = advantages.mean(), advantages.std()
-        self.rollout_buffer.advantages = (advantages - mean) / (std + 1e-8)
-
-    def _policy_phase(self) -> None:
-        """
-        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` (E_V = E_pi, the default) each
-        minibatch of the ``n_epochs`` epochs minimizes the joint loss with the policy optimizer. Otherwise
-        ``n_value_epochs`` value-only epochs with the value optimizer run first, then ``n_epochs`` policy-only epochs
-        (the order of the paper's code). With ``target_kl``, the policy epochs stop at the first minibatch whose
-        approx KL exceeds ``1.5 * target_kl`` (SB3's PPO); that minibatch's update is not applied.
-        """
-        progress = self._current_progress_remaining
-        self._update_learning_rate(self.policy.optimizer)
-        clip_range = self._schedule_value("clip_range", progress)
-        clip_range_vf = self._schedule_value("clip_range_vf", progress)
-        stats = PhaseStats()
-        if self.n_value_epochs == self.n_epochs:
-            policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
-        else:
-            assert self.value_optimizer is not None
-            update_learning_rate(self.value_optimizer, self.lr_schedule(progress))
-            value_loss = partial(self._value_loss, clip_range_vf=clip_range_vf)
-            for _ in range(self.n_value_epochs):
-                for rollout_data in self._rollout_minibatches():
-                    diagnostics, _ = self._backward(rollout_data, value_loss, "policy")
-                    stats.add(diagnostics)
-                    self._step(self.value_optimizer, "policy")
-                self._n_updates += 1
-            policy_epoch_loss = partial(self._policy_loss, clip_range=clip_range)
-        continue_training = True
-        for _ in range(self.n_epochs):
-            for rollout_data in self._rollout_minibatches():
-                rollout_data = self._normalize_minibatch_advantages(rollout_data)
-                diagnostics, continue_training = self._backward(rollout_data, policy_epoch_loss, "policy", early_stopping=True)
-                stats.add(diagnostics)
-                if not continue_training:
-                    break
-                self._step(self.policy.optimizer, "policy")
-            self._n_updates += 1
-            if not continue_training:
-                break
-        self._log_policy_phase(stats, clip_range, clip_range_vf, continue_training)
-
-    def _rollout_minibatches(self) -> Iterator[RolloutBufferSamples]:
-        """
-        One epoch of the policy phase's minibatches (``policy_minibatches``): shuffled transitions (the rollout
-        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
-        """
-        if self.policy_minibatches == "envs":
-            return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
-        return self.rollout_buffer.get(self.batch_size)
-
-    def _aux_phase(self) -> None:
-        """
-        The auxiliary phase on the full buffer: compute the old policy on it, run ``n_aux_epochs`` epochs, empty it.
-        When the phase is interrupted (an exception, Ctrl-C) the buffer stays full, so that the model stays usable:
-        the next ``train()`` runs the phase again, and the error says how to resume.
-        """
-        assert self.aux_buffer is not None
-        try:
-            with self._precision("aux"):
-                self._compute_old_distributions()
-                self._train_aux_phase()
-        except BaseException as error:
-            if hasattr(error, "add_note"):  # Python 3.11
-                error.add_note(
-                    f"PPG: interrupted during the auxiliary phase at timestep {self.num_timesteps} (auxiliary phase "
-                    f"{self._n_aux_phases + 1}). The model stays usable: learn() again reruns that phase from its start. "
-                    "To resume exactly instead, load the last checkpoint written by PPGCheckpointCallback with "
-                    "PPG.load_checkpoint(); it is left intact."
-                )
-            raise
-        self.aux_buffer.reset()
-
-    def _rerun_interrupted_aux_phase(self) -> None:
-        """Run an auxiliary phase that an exception (or Ctrl-C) interrupted (the buffer is still full), from its start."""
-        warnings.warn(
-            "The last auxiliary phase was interrupted: it runs again from its start on the stored rollouts "
-            "(the updates it had made are kept) before this iteration's rollout is stored."
-        )
-        self._aux_phase()
-
-    def _compute_old_distributions(self) -> None:
-        """
-        Store the current policy's action distribution on every buffered state: the ``pi_old`` that the auxiliary
-        phase's behaviour-cloning term keeps the policy close to. One pass without gradients, in chunks.
-        """
-        assert self.aux_buffer is not None
-        with th.inference_mode():
-            for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
-                parts = split_observations(observations, self._micro_batch_size)
-                params = [self._distribution_params(self.policy.get_distribution(part)) for part in parts]
-                self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
-
-    def _distribution_params(self, distribution: Distribution) -> th.Tensor:
-        """
-        pi_old's parameters as the auxiliary buffer stores them (a subclass's hook: ``MaskablePPG`` stores its
-        maskable distributions' logits).
-
-        :param distribution: the policy's distribution on some states
-        :return: tensor of shape (batch, n_distribution_params)
-        """
-        return get_distribution_params(distribution)
-
-    def _train_aux_phase(self) -> None:
-        """
-        The auxiliary phase's epochs: ``n_aux_epochs`` epochs over shuffled minibatches of whole rollouts, minimizing
-        ``_aux_loss``, with ``n_aux_grad_accum`` minibatches per optimizer step.
-        """
-        assert self.aux_buffer is not None
-        start_time = time.perf_counter()
-        optimizer = self.aux_optimizer if self.aux_optimizer is not None else self.policy.optimizer
-        learning_rate = self._schedule_value("aux_learning_rate", self._current_progress_remaining)
-        update_learning_rate(optimizer, learning_rate)
-        n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
-        accum = self.n_aux_grad_accum
-        stats = PhaseStats()
-        # No gradient of the policy phase may leak into the first step
-        optimizer.zero_grad(set_to_none=True)
-        for _ in range(self.n_aux_epochs):
-            for batch_index, batch in enumerate(self.aux_buffer.get(self.aux_batch_rollouts)):
-                # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
-                group_start = batch_index - batch_index % accum
-                group_size = min(accum, n_batches - group_start)
-                diagnostics, _ = self._backward(batch, self._aux_loss, "auxiliary", divisor=group_size)
-                stats.add(diagnostics)
-                if batch_index - group_start == group_size - 1:
-                    self._step(optimizer, "auxiliary")
-                    self._n_aux_updates += 1
-        self._n_aux_phases += 1
-        for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
-            self.logger.record(f"aux/{name}", stats.mean(name))
-        self.logger.record("aux/learning_rate", learning_rate)
-        self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
-        self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # The losses of a minibatch
-    # ------------------------------------------------------------------------------------------------------------
-
-    def _actions(self, rollout_data: RolloutBufferSamples) -> th.Tensor:
-        """The minibatch's actions in the form the distribution's ``log_prob`` expects."""
-        if isinstance(self.action_space, spaces.Discrete):
-            return rollout_data.actions.long().flatten()
-        return rollout_data.actions
-
-    def _evaluate_actions(self, rollout_data: RolloutBufferSamples) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
-        """
-        The policy's values, log-probabilities of the minibatch's actions and entropies, one forward pass (a
-        subclass's hook: ``MaskablePPG`` applies the minibatch's action masks).
-        """
-        return self.policy.evaluate_actions(rollout_data.observations, self._actions(rollout_data))
-
-    def _normalize_minibatch_advantages(self, rollout_data: RolloutBufferSamples) -> RolloutBufferSamples:
-        """The minibatch with its advantages normalized over it when ``normalize_advantage="minibatch"`` (SB3's PPO)."""
-        if self.normalize_advantage != "minibatch":
-            return rollout_data
-        return rollout_data._replace(advantages=losses.normalize_advantages(rollout_data.advantages))
-
-    def _joint_loss(
-        self, rollout_data: RolloutBufferSamples, clip_range: float | None, clip_range_vf: float | None
-    ) -> tuple[th.Tensor, Diagnostics]:
-        """The policy phase's joint loss (E_V = E_pi): policy loss + ``vf_coef`` * value loss, one forward pass."""
-        values, log_prob, entropy = self._evaluate_actions(rollout_data)
-        policy_loss, diagnostics = losses.policy_loss(
-            rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
-        )
-        value_loss, value_diagnostics = losses.value_loss(
-            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf, self.value_clipping
-        )
-        return policy_loss + self.vf_coef * value_loss, {**diagnostics, **value_diagnostics}
-
-    def _policy_loss(self, rollout_data: RolloutBufferSamples, clip_range: float | None) -> tuple[th.Tensor, Diagnostics]:
-        """The policy loss of a policy epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.policy_loss`)."""
-        _, log_prob, entropy = self._evaluate_actions(rollout_data)
-        return losses.policy_loss(
-            rollout_data.advantages, log_prob, rollout_data.old_log_prob, entropy, clip_range, self.ent_coef, self.kl_coef
-        )
-
-    def _value_loss(self, rollout_data: RolloutBufferSamples, clip_range_vf: float | None) -> tuple[th.Tensor, Diagnostics]:
-        """``vf_coef`` * the value loss of a value epoch (E_V != E_pi; see :func:`~sb3_ppg.ppg.losses.value_loss`)."""
-        values = self.policy.predict_values(rollout_data.observations)
-        value_loss, diagnostics = losses.value_loss(
-            values.flatten(), rollout_data.returns, rollout_data.old_values, clip_range_vf, self.value_clipping
-        )
-        return self.vf_coef * value_loss, diagnostics
-
-    def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
-        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
-        distribution, values, aux_values = self.policy.forward_aux(batch.observations)
-        kl = self._behaviour_cloning_kl(batch, distribution)
-        return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
-
-    def _behaviour_cloning_kl(self, batch: AuxiliaryBufferSamples, distribution: Distribution) -> th.Tensor:
-        """
-        ``KL(pi_old || pi)`` of each state of an auxiliary minibatch (a subclass's hook: ``MaskablePPG`` computes it
-        over the valid actions only).
-
-        :param batch: the minibatch (pi_old's stored parameters)
-        :param distribution: pi on its states
-        :return: tensor of shape (batch,)
-        """
-        return kl_divergence_from_params(batch.old_distribution_params, distribution)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # One optimizer step: backward (in micro-batches), finite checks, gradient averaging and clipping
-    # ------------------------------------------------------------------------------------------------------------
-
-    def _backward(
-        self,
-        minibatch: Minibatch,
-        compute_loss: Callable[[Minibatch], tuple[th.Tensor, Diagnostics]],
-        phase: str,
-        divisor: int = 1,
-        early_stopping: bool = False,
-    ) -> tuple[Diagnostics, bool]:
-        """
-        Compute a minibatch's loss, check it and backpropagate ``loss / divisor`` (adding to the gradients). With
-        ``micro_batch_size``, a larger minibatch runs as micro-batches, one forward and backward pass each, with their
-        losses weighted by their share of the samples: the same gradient up to float rounding, with the activations
-        of one micro-batch at a time.
-
-        :param minibatch: the minibatch
-        :param compute_loss: its loss (a mean over the samples) and diagnostics (means as well)
-        :param phase: "policy" or "auxiliary", for the error message of a non-finite loss
-        :param divisor: what the loss is divided by (the minibatches of an accumulated gradient)
-        :param early_stopping: leave the minibatch out (no gradient) when its approx KL exceeds ``1.5 * target_kl``
-        :return: the minibatch's diagnostics (with its ``loss``) and whether its gradient was kept
-        """
-        micro_batches = split_minibatch(minibatch, self._micro_batch_size)
-        results = []
-        for micro_batch, share in micro_batches:
-            loss, diagnostics = compute_loss(micro_batch)
-            check_finite_loss(loss, phase, self.num_timesteps)
-            if early_stopping and len(micro_batches) == 1 and self._exceeds_target_kl(diagnostics["approx_kl"]):
-                # One forward pass: decided before backward(), as SB3's PPO does
-                return {**diagnostics, "loss": loss.detach()}, False
-            (loss * share / divisor).backward()
-            results.append((share, loss.detach(), diagnostics))
-        if len(results) == 1:
-            return {**results[0][2], "loss": results[0][1]}, True
-        names = results[0][2].keys()
-        totals = {name: sum(share * diagnostics[name] for share, _, diagnostics in results) for name in names}
-        totals["loss"] = sum(share * loss for share, loss, _ in results)  # type: ignore[assignment]
-        if early_stopping and self._exceeds_target_kl(totals["approx_kl"]):  # type: ignore[arg-type]
-            # Several micro-batches: their approx KL is known only once every one has run backward(), so the
-            # minibatch's gradients are dropped here instead
-            self.policy.optimizer.zero_grad(set_to_none=True)
-            return totals, False  # type: ignore[return-value]
-        return totals, True  # type: ignore[return-value]
-
-    def _exceeds_target_kl(self, approx_kl: th.Tensor) -> bool:
-        """
-        Whether a minibatch's approx KL stops the policy epochs (SB3's PPO: above ``1.5 * target_kl``). In
-        data-parallel training it is the ranks' mean, so that every rank decides the same.
-        """
-        if self.target_kl is None:
-            return False
-        if distributed.is_active():
-            approx_kl = distributed.all_reduce_mean(approx_kl)
-        return not approx_kl.item() <= 1.5 * self.target_kl  # a NaN stops too
-
-    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
-        """Average the gradients over the ranks, check and clip them, step the optimizer and clear them."""
-        if distributed.is_active():
-            distributed.average_gradients(self.policy.parameters())
-        clip_gradients(self.policy, self.max_grad_norm, phase, self.num_timesteps)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Schedules and logging
-    # ------------------------------------------------------------------------------------------------------------
-
-    def _schedule_value(self, name: str, progress_remaining: float) -> float | None:
-        """
-        The value at ``progress_remaining`` of the schedule ``name`` (``"learning_rate"``, ``"aux_learning_rate"``,
-        the learning rate's when None, ``"clip_range"``, ``"clip_range_vf"``), checked; None for a clip range of None.
-        """
-        schedule = self.lr_schedule if name == "learning_rate" else getattr(self, name)
-        if name == "aux_learning_rate" and schedule is None:
-            name, schedule = "learning_rate", self.lr_schedule
-        return None if schedule is None else schedule_value(schedule, name, progress_remaining)
-
-    def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
-        """
-        SB3's remaining progress (``1 - num_timesteps / total_timesteps``), kept at 0 once the total is reached:
-        the last rollout may end beyond ``total_timesteps`` (its length is ``n_steps * n_envs``), and schedules are
-        functions of a progress from 1 to 0 (a linear schedule would otherwise give a negative learning rate).
-
-        :param num_timesteps: current number of timesteps
-        :param total_timesteps: the total number of timesteps of this ``learn()``
-        """
-        self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(total_timesteps))
-
-    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
-        """SB3's learning-rate update, after checking the schedule's value (a ``ValueError`` names a bad one)."""
-        self._schedule_value("learning_rate", self._current_progress_remaining)
-        super()._update_learning_rate(optimizers)
-
-    def _log_policy_phase(
-        self, stats: PhaseStats, clip_range: float | None, clip_range_vf: float | None, continue_training: bool
-    ) -> None:
-        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss."""
-        for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
-            if (mean := stats.mean(name)) is not None:
-                self.logger.record(f"train/{name}", mean)
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/loss", stats.last("loss"))
-        self.logger.record("train/explained_variance", explained_var)
-        if hasattr(self.policy, "log_std"):
-            self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-        if clip_range is not None:
-            self.logger.record("train/clip_range", clip_range)
-        if clip_range_vf is not None:
-            self.logger.record("train/clip_range_vf", clip_range_vf)
-        if not continue_training and self.verbose >= 1:
-            print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")  # type: ignore[operator]
+    def _optimizers(self) -> list[th.optim.Optimizer]:
+        """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
+        optimizers = (self.policy.optimizer, self.aux_optimizer, self.value_optimizer)
+        return [optimizer for optimizer in optimizers if optimizer is not None]
 
     # ------------------------------------------------------------------------------------------------------------
     # Run state: what checkpoints and data-parallel training read and write
     # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def n_aux_phases(self) -> int:
+        """The number of auxiliary phases the model has run (saved with it)."""
+        return self._n_aux_phases
+
+    @property
+    def phase_precision(self) -> dict[str, str]:
+        """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
+        names = {dtype: name for name, dtype in PRECISIONS.items()}
+        return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
+
+    @property
+    def at_rollout_boundary(self) -> bool:
+        """
+        Whether the model is at a rollout boundary: ``train()`` has consumed the last rollout collected (or none was
+        collected yet). False from the start of a rollout until its ``train()`` returns, so also after an exception
+        (Ctrl-C) inside either: ``PPGCheckpointCallback`` writes a checkpoint only at a boundary.
+        """
+        return self._at_rollout_boundary
 
     def get_run_state(self) -> RunState:
         """
@@ -986,7 +866,7 @@ class PPG(OnPolicyAlgorithm):
         self._last_episode_starts = state.last_episode_starts  # type: ignore[assignment]
 
     # ------------------------------------------------------------------------------------------------------------
-    # SB3's BaseAlgorithm contract: save, load, set_env; the auxiliary buffer on disk
+    # Persistence: SB3's save, load and set_env; checkpoints; the auxiliary buffer on disk
     # ------------------------------------------------------------------------------------------------------------
 
     def save(
@@ -996,12 +876,8 @@ class PPG(OnPolicyAlgorithm):
         include: Iterable[str] | None = None,
     ) -> None:
         """
-        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder, flushed to disk
-        and renamed over the destination, so that a failure (a full disk, Ctrl-C, a kill) leaves the previous file
-        intact and no partial file. Paths follow SB3's rules (".zip" is appended to a path without suffix, missing
-        folders are created); a file object is written directly. The zip stores the policy class wrapped in a
-        :class:`SavedPolicyClass`, so that another algorithm's ``load()`` refuses it clearly. In data-parallel training
-        only rank 0 writes (every rank holds the same model).
+        SB3's ``save``, atomic for a path (a failure leaves the previous file intact); the zip stores the policy class
+        wrapped in a :class:`SavedPolicyClass`, which other algorithms' ``load()`` refuse. Only rank 0 writes.
 
         :param path: path to the file where the model should be saved, or a writable binary file object
         :param exclude: name of parameters that should be excluded in addition to the default ones
@@ -1039,13 +915,9 @@ class PPG(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> SelfPPG:
         """
-        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). The hyperparameters it is loaded with (the
-        file's, replaced by ``custom_objects`` and the keyword arguments) are checked as the constructor checks its
-        arguments, and keyword arguments mean what they mean there (``batch_size=None``: 8 minibatches;
-        ``n_value_epochs=None``: ``n_epochs``; a new ``n_epochs`` keeps joint value epochs joint). Changes that would add
-        or drop an optimizer (``n_aux_epochs`` 0 or not, ``separate_aux_optimizer``, ``n_value_epochs`` equal to
-        ``n_epochs`` or not) are refused: the saved optimizers are restored as they are. Every other hyperparameter may
-        change (the rollout and auxiliary buffers are rebuilt; the auxiliary buffer is not saved anyway).
+        Load the model from a zip file (SB3's ``load``). The hyperparameters it is loaded with (the file's, replaced by
+        ``custom_objects`` and the keyword arguments) are checked as the constructor's, and keyword arguments mean what
+        they mean there; a change that would add or drop an optimizer is refused (see docs/differences_from_ppo.md).
 
         :param path: path to the file (".zip" is tried after the path as given), or a readable binary file object
         :param env: the environment to run the loaded model on (None: prediction only)
@@ -1059,28 +931,8 @@ class PPG(OnPolicyAlgorithm):
             it came from, or a change that would add or drop an optimizer
         :raises ValueError: when the file holds a model of another algorithm (naming it) or is truncated or corrupt
         """
-        where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
-        given = dict(kwargs)
-        saved = read_model_zip(path)
-        if saved is not None:
-            data, members = saved
-            policy_class = saved_policy_class(data, custom_objects)
-            check_policy_class(where, data, policy_class, PPGPolicy)
-            # The algorithm of the zip's policy and of this class's policies (MlpPolicy: "PPG" for PPG and its
-            # subclasses, "MaskablePPG" for MaskablePPG): a MaskablePPG zip given to PPG.load would load, then train and
-            # predict without the masks
-            algorithm = getattr(policy_class, "algorithm_name", None)
-            expected = getattr(cls.policy_aliases.get("MlpPolicy"), "algorithm_name", None)
-            if algorithm is not None and expected is not None and algorithm != expected:
-                raise ValueError(
-                    f"{where} holds a {algorithm} model (policy {class_name(policy_class)}), not a {expected} one: "
-                    f"load it with sb3_ppg.{algorithm}.load(path)."
-                )
-            check_load_arguments(given, data, inspect.signature(cls.__init__).parameters, where)
-            replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
-            kwargs = load_arguments(given, {**data, **replaced})
-            check_saved_optimizers({**data, **replaced, **kwargs}, members, {*replaced, *given}, where)
-        try:
+        arguments = check_model_zip(path, cls, PPGPolicy, custom_objects, kwargs)
+        with load_errors(path, kwargs, custom_objects):
             return super().load(
                 path,
                 env=env,
@@ -1088,15 +940,8 @@ class PPG(OnPolicyAlgorithm):
                 custom_objects=custom_objects,
                 print_system_info=print_system_info,
                 force_reset=force_reset,
-                **kwargs,
+                **arguments,
             )
-        except HyperparameterError as error:
-            raise with_sources(error, where, given, custom_objects) from None
-        except AssertionError as error:
-            # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
-            if "No data found" in str(error):
-                raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
-            raise
 
     @classmethod
     def load_checkpoint(
@@ -1108,29 +953,17 @@ class PPG(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> SelfPPG:
         """
-        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run:
-        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (SB3 counts the steps of
-        ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
-        bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
-        Under torchrun every rank calls it and restores its own part (envs, random generators, auxiliary buffer),
-        with the checkpoint's world size. Checkpoints hold pickles (the model zip's objects, DummyVecEnv envs), which run
-        code when loaded: load trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
+        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run with
+        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (see docs/checkpoints.md).
+        Every file is checked against the manifest first. Checkpoints hold pickles, which run code when loaded: load
+        trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
 
-        :param path: a checkpoint folder, or the callback's ``save_path``: then the newest checkpoint (the one written
-            last) that verifies is used, and a warning names the damaged newer ones it skipped
-        :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
-            of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
-            could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
+        :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest checkpoint that verifies)
+        :param env: the env to continue with, built as in the run; its envs' states are restored. ``None``: no env
         :param device: the device of the model
-        :param allow_pickle: False: unpickle nothing. The zip's pickled objects (spaces, policy class, schedules) are
-            rebuilt from their plain description in the checkpoint; a checkpoint that holds pickled envs
-            (``env_states.pkl``, of a ``DummyVecEnv``) or objects without description (a lambda schedule, a checkpoint
-            of an earlier version) is refused with a ``ValueError`` naming them. True (SB3's ``load`` does the same):
-            every checkpoint loads, old ones included
-        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``, ``verbose``, ``tensorboard_log``), checked as
-            there. Hyperparameters given here apply from the checkpoint on (the run then no longer repeats the
-            uninterrupted one); ``n_steps`` and ``n_policy_iters`` cannot change (the stored rollouts and the auxiliary
-            buffer are laid out for them): start anew from the checkpoint's ``model.zip`` with :meth:`load` for that
+        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions);
+            a checkpoint that needs pickle (``env_states.pkl``, objects without description) is a ``ValueError``
+        :param kwargs: passed to :meth:`load`; ``n_steps`` and ``n_policy_iters`` cannot change
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
         :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), every
@@ -1150,9 +983,6 @@ class PPG(OnPolicyAlgorithm):
             )
         return model  # type: ignore[return-value]
 
-    def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
-        super()._maybe_recommend_cpu(mlp_class_name)
-
     def _excluded_save_params(self) -> list[str]:
         excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "_data_parallel_stats", "_at_rollout_boundary"]
         return [*super()._excluded_save_params(), *excluded]
@@ -1164,6 +994,29 @@ class PPG(OnPolicyAlgorithm):
         if self.value_optimizer is not None:
             state_dicts.append("value_optimizer")
         return state_dicts, []
+
+    def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
+        super()._maybe_recommend_cpu(mlp_class_name)
+
+    @staticmethod
+    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
+        """
+        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``. An env
+        that is not a VecEnv, with an integer Box observation space, is reset once to check its observations
+        (``check_first_observation``).
+
+        :param env: the env
+        :param verbose: Verbosity level: 1 prints the wrappers used
+        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
+        :return: the wrapped env
+        """
+        if not isinstance(env, VecEnv):
+            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
+        check_observation_space(env.observation_space)
+        check_action_space(env.action_space)
+        if not isinstance(env, VecEnv):
+            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
+        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """
@@ -1204,10 +1057,8 @@ class PPG(OnPolicyAlgorithm):
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
-        Save the auxiliary buffer, so that a run can resume mid-phase without losing data. It is not part of the
-        model zip because it can be many GB. The file holds plain arrays (``.npz`` with JSON metadata and a checksum
-        of every array), written atomically; nothing is pickled. For resuming a run exactly, prefer the checkpoints
-        of :class:`~sb3_ppg.PPGCheckpointCallback`.
+        Save the auxiliary buffer (not part of the model zip: it can be many GB) as plain arrays, checksummed, written
+        atomically. For resuming a run exactly, prefer the checkpoints of :class:`~sb3_ppg.PPGCheckpointCallback`.
 
         :param path: Path to the file where the buffer should be saved; ".npz" is appended to a str path without
             a suffix
@@ -1218,9 +1069,8 @@ class PPG(OnPolicyAlgorithm):
 
     def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
-        Load an auxiliary buffer saved by ``save_aux_buffer``; the rollouts it holds count toward the next
-        auxiliary phase. The file is checked completely (checksums, layout, spaces) before the model's buffer is
-        replaced; a pickle or any other file gives a ``ValueError`` and nothing in it is executed.
+        Load an auxiliary buffer saved by ``save_aux_buffer``, checked completely first (a pickle is refused); its
+        rollouts count toward the next auxiliary phase.
 
         :param path: Path to the saved buffer
         """
