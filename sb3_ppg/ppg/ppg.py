@@ -300,6 +300,21 @@ class PPG(OnPolicyAlgorithm):
         self.aux_optimizer = self._make_optimizer() if self.n_aux_epochs > 0 and self.separate_aux_optimizer else None
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
+        self._configure_optimizers()
+
+    def _configure_optimizers(self) -> None:
+        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
+        fused = optim.uses_fused_adam(self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        for optimizer in self._optimizers():
+            # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
+            saved_fused = any(group.get("fused") for group in optimizer.param_groups)
+            if fused or (saved_fused and not self.policy.optimizer_kwargs.get("fused")):
+                optim.configure_adam_implementation(optimizer, fused)
+
+    def set_parameters(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
+        super().set_parameters(*args, **kwargs)
+        self._configure_optimizers()
 
     def _resolve_batch_size(self, n_envs: int) -> int:
         """The policy-phase minibatch size for ``n_envs`` envs, checked (see ``resolve_batch_size``)."""
@@ -535,8 +550,9 @@ class PPG(OnPolicyAlgorithm):
                     self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
         self._n_aux_phases += 1
+        values = stats.read()
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
-            self.logger.record(f"aux/{name}", stats.mean(name))
+            self.logger.record(f"aux/{name}", values.get(name))
         self.logger.record("aux/learning_rate", learning_rate)
         self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
@@ -660,12 +676,13 @@ class PPG(OnPolicyAlgorithm):
     def _log_policy_phase(
         self, stats: PhaseStats, clip_range: float | None, clip_range_vf: float | None, continue_training: bool
     ) -> None:
-        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss."""
+        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss (read at once)."""
+        values = stats.read()
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
-            if (mean := stats.mean(name)) is not None:
+            if (mean := values.get(name)) is not None:
                 self.logger.record(f"train/{name}", mean)
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/loss", stats.last("loss"))
+        self.logger.record("train/loss", values.get("last_loss"))
         self.logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):
             self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
