@@ -145,7 +145,7 @@ def equality(config_name: str) -> dict[str, Any]:
         initial=initial,
         final=parameters(model),
         num_timesteps=model.num_timesteps,
-        n_aux_phases=model._n_aux_phases,
+        n_aux_phases=model.n_aux_phases,
         n_updates=model._n_updates,
     )
 
@@ -160,11 +160,35 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
     return dict(
         final=parameters(model),
         num_timesteps=model.num_timesteps,
-        n_aux_phases=model._n_aux_phases,
+        n_aux_phases=model.n_aux_phases,
         ret_rms=(float(env.ret_rms.mean), float(env.ret_rms.var), float(env.ret_rms.count)),
         episodes=len(model.ep_info_buffer),
         local_rank=int(os.environ["LOCAL_RANK"]),
+        **overlapped_rollouts(n_envs),
     )
+
+
+def overlapped_rollouts(n_envs: int) -> dict[str, Any]:
+    """
+    overlap_rollouts=True over 2 groups of this rank's envs, and the same run with the groups' steps started only when
+    the whole env steps (sequential): the final parameters of each.
+    """
+    from sb3_ppg.common.rollout_groups import GroupedVecEnv
+
+    def train() -> dict[str, th.Tensor]:
+        groups = [make_vec_env("CartPole-v1", n_envs=1, seed=seed) for seed in range(n_envs)]
+        model = small_ppg(VecNormalize(GroupedVecEnv(groups), norm_obs=False, gamma=0.99), overlap_rollouts=True)
+        model.learn(4 * 16 * GLOBAL_ENVS)
+        return parameters(model)
+
+    overlapped = train()
+    step_group_async = GroupedVecEnv.step_group_async
+    GroupedVecEnv.step_group_async = lambda self, group, actions: None  # type: ignore[method-assign]
+    try:
+        sequential = train()
+    finally:
+        GroupedVecEnv.step_group_async = step_group_async  # type: ignore[method-assign]
+    return dict(overlapped=overlapped, sequential=sequential)
 
 
 def mismatch() -> dict[str, Any]:
@@ -257,9 +281,7 @@ def checkpoint_train(out_dir: pathlib.Path) -> dict[str, Any]:
     model = PPG("MlpPolicy", checkpoint_env(), policy_kwargs=dict(net_arch=[16]), **settings)
     callbacks = [checkpoint_callback(out_dir / "checkpoints"), checkpoint_callback(out_dir / "pruned", keep_last=2)]
     model.learn(CHECKPOINT_TOTAL, callback=callbacks)
-    return dict(
-        final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases, mismatch=mismatch
-    )
+    return dict(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model.n_aux_phases, mismatch=mismatch)
 
 
 def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
@@ -273,7 +295,7 @@ def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
     result: dict[str, Any] = dict(resumed_at=model.num_timesteps, aux_iterations=model.aux_buffer.n_iterations)
     callback = checkpoint_callback(out_dir / "resumed")
     model.learn(CHECKPOINT_TOTAL - model.num_timesteps, reset_num_timesteps=False, callback=callback)
-    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases)
+    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model.n_aux_phases)
     try:
         write_checkpoint(model, out_dir / "blocked" / "ppg_0_steps", out_dir / "blocked" / "ppg_rollouts")
         result["write_error"] = None

@@ -96,7 +96,7 @@ def test_identity_learns(case):
     policy = "MultiInputPolicy" if case == "dict-observation" else "MlpPolicy"
     model = PPG(policy, make_env(), seed=0, **IDENTITY_HYPERPARAMS)
     model.learn(n_steps)
-    assert model._n_aux_phases >= 2
+    assert model.n_aux_phases >= 2
     eval_env = Monitor(make_env())
     eval_env.reset(seed=1)
     eval_env.action_space.seed(1)
@@ -121,7 +121,7 @@ def test_gsde_box(squash_output):
     old_params = get_distribution_params(model.policy.get_distribution(th.zeros((1, 1)))).detach().clone()
     # The aux phase runs in the last iteration: its logs are still in the logger
     model.learn(64)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     logged = model.logger.name_to_value
     for key in ("aux/kl_loss", "aux/aux_value_loss", "aux/real_value_loss", "train/approx_kl", "train/std"):
         assert np.isfinite(logged[key]), key
@@ -147,7 +147,7 @@ def test_multi_input_env(arch):
     assert model.observation_space["img"].shape == (1, 64, 64)
     parameters = [param.detach().clone() for param in model.policy.parameters()]
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     images = model.aux_buffer.observations["img"]
     assert images.dtype == np.uint8 and images.shape == (4, 16, 1, 64, 64)
     # The buffered images are the channel-first ones of the rollout buffer (SimpleMultiObsEnv rows: random images)
@@ -175,7 +175,7 @@ def test_image_env(policy, discrete):
     assert model.observation_space.shape == (3, 36, 36)
     parameters = [param.detach().clone() for param in model.policy.parameters()]
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     assert model.aux_buffer.observations.dtype == np.uint8
     assert model.aux_buffer.observations.shape == (4, 16, 3, 36, 36)
     np.testing.assert_array_equal(
@@ -202,7 +202,7 @@ def test_channel_first_images_not_transposed():
     assert not isinstance(model.get_env(), VecTransposeImage)
     assert model.observation_space.shape == (3, 36, 36)
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
 
 
 @pytest.mark.parametrize(
@@ -270,7 +270,7 @@ def test_action_space_start_fix_from_the_message_trains():
     env = SpacesEnv(spaces.Box(-1.0, 1.0, (2,), dtype=np.float32), spaces.Discrete(3, start=5))
     model = PPG("MlpPolicy", gym.wrappers.TransformAction(env, lambda action: action + 5, spaces.Discrete(3)), seed=0, **SMALL)
     model.learn(64)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     assert len(env.received_actions) == 64 and set(env.received_actions) == {5, 6, 7}
 
 
@@ -314,7 +314,7 @@ def test_scalar_box_observation_learns_predicts_saves_and_loads(tmp_path, dict_o
     model = PPG(policy, env, seed=0, **SMALL)
     assert model.policy.pi_features_extractor.features_dim == (3 if dict_observation else 1)
     model.learn(64)
-    assert model._n_aux_phases == 2 and np.isfinite(model.logger.name_to_value["aux/kl_loss"])
+    assert model.n_aux_phases == 2 and np.isfinite(model.logger.name_to_value["aux/kl_loss"])
     # The aux buffer stored the last rollouts' scalars (the rollout buffer holds the last one)
     stored = model.aux_buffer.observations["x"] if dict_observation else model.aux_buffer.observations
     last_rollout = model.rollout_buffer.observations["x"] if dict_observation else model.rollout_buffer.observations
@@ -345,7 +345,7 @@ def test_scalar_box_observation_learns_predicts_saves_and_loads(tmp_path, dict_o
     loaded.load_aux_buffer(tmp_path / "aux.npz")
     np.testing.assert_array_equal(loaded.predict(batch, deterministic=True)[0], actions)
     loaded.learn(32, reset_num_timesteps=False)
-    assert loaded._n_aux_phases == 3
+    assert loaded.n_aux_phases == 3
 
 
 @pytest.fixture(scope="module")

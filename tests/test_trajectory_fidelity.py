@@ -44,6 +44,7 @@ from test_fidelity import (
 
 import sb3_ppg.ppg.ppg as ppg_module
 from sb3_ppg import PPG
+from sb3_ppg.common import optim
 from sb3_ppg.common.buffers import env_minibatches
 from sb3_ppg.procgen import get_procgen_preset, make_procgen_env
 
@@ -231,7 +232,7 @@ def replay_cleanrl_trajectory(
     load_seeded_weights(model, meta, cleanrl_name, "detach")
     sample, uniforms = uniform_sampling(data["uniforms"])
     monkeypatch.setattr(CategoricalDistribution, "sample", sample)
-    monkeypatch.setattr(ppg_module, "clip_gradients", CleanRLGradientLeak())
+    monkeypatch.setattr(optim, "clip_gradients", CleanRLGradientLeak())
     inject_aux_permutations(model, list(data["aux_inds"]))
     recorder = EnvRecorder()
     results: dict[str, float] = {}

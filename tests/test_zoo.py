@@ -156,6 +156,22 @@ def test_entries_finish_with_a_total_that_is_not_a_multiple_of_the_rollout(confi
 # Zoo plumbing
 
 
+def test_folders_in_the_home_folder(monkeypatch):
+    """
+    A folder the run writes to may start with "~", which the shell leaves in "--log-folder=~/logs": the home folder,
+    not a folder named "~" (issue 29); so may --resume's.
+    """
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, "/home/someone")
+    argv = train.build_zoo_argv(["--env", "CartPole-v1", "--log-folder=~/logs", "-tb", "~/tb", "--seed", "1"])
+    assert "--log-folder=/home/someone/logs" in argv and argv[argv.index("-tb") + 1] == "/home/someone/tb"
+    assert train.build_zoo_argv(["-f", "~/logs"])[2:4] == ["-f", "/home/someone/logs"]
+    started = {}
+    monkeypatch.setattr(train, "run_zoo", lambda command, argv, **kwargs: started.update(kwargs))
+    train.main(["--env", "CartPole-v1", "--resume=~/logs/ppg/CartPole-v1_1"])
+    assert started == dict(resume="/home/someone/logs/ppg/CartPole-v1_1")
+
+
 def test_build_zoo_argv():
     argv = train.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
     assert argv[:2] == ["--algo", "ppg"] and argv[-2:] == ["-conf", PAPER_FILE]
@@ -320,7 +336,7 @@ def test_train_enjoy_cartpole(tmp_path: Path, capsys):
     )
     run_folder = tmp_path / "ppg" / "CartPole-v1_1"
     model = PPG.load(run_folder / "CartPole-v1.zip", device="cpu")
-    assert model.num_timesteps == 512 and model._n_aux_phases >= 1
+    assert model.num_timesteps == 512 and model.n_aux_phases >= 1
     PPG.load(run_folder / "best_model.zip", device="cpu")
     VecNormalize.load(str(run_folder / "CartPole-v1" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("CartPole-v1")]))
     with np.load(run_folder / "evaluations.npz") as evaluations:
@@ -354,7 +370,7 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
     )
     run_folder = tmp_path / "ppg" / "procgen-starpilot-v0_1"
     model = PPG.load(run_folder / "procgen-starpilot-v0.zip", device="cpu")
-    assert model.num_timesteps == 128 and model._n_aux_phases == 2
+    assert model.num_timesteps == 128 and model.n_aux_phases == 2
     assert model.policy.arch == "detach"
     PPG.load(run_folder / "best_model.zip", device="cpu")
     vec_normalize = VecNormalize.load(
@@ -391,7 +407,7 @@ def test_train_procgen_paper_preset(tmp_path: Path):
     )
     run_folder = tmp_path / "ppg" / "procgen-coinrun-v0_1"
     model = PPG.load(run_folder / "procgen-coinrun-v0.zip", device="cpu")
-    assert model.policy.arch == "dual" and model.max_grad_norm is None and model._n_aux_phases == 1
+    assert model.policy.arch == "dual" and model.max_grad_norm is None and model.n_aux_phases == 1
     vec_normalize = VecNormalize.load(
         str(run_folder / "procgen-coinrun-v0" / "vecnormalize.pkl"), ProcgenVecEnv(1, "coinrun", distribution_mode="hard")
     )

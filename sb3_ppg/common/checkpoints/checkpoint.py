@@ -292,6 +292,7 @@ def load_checkpoint(
     :return: the model
     """
     device = distributed.auto_init(device)  # a process started by torchrun joins the job before anything is read
+    path = os.path.expanduser(path)  # as PPGCheckpointCallback's save_path
     if distributed.is_active():
         return _load_distributed(cls, path, env, device, **kwargs)
     explicit, candidates = _candidates(path)
