@@ -15,7 +15,8 @@ Usage (rerun until it reports every run complete; a CleanRL run that was cut is 
         --cleanrl-python /path/to/fidelity-venv/bin/python --game starpilot --seeds 1,2,3 \
         --total-timesteps 2000000 --device cuda
 
-Without ``--cleanrl-script`` only sb3-ppg's side runs (and is reported).
+Without ``--cleanrl-script`` only sb3-ppg's side runs (and is reported). ``--cleanrl-parallel`` starts every CleanRL
+run at once, in the background, while sb3-ppg's runs train one after the other (a GPU machine with cores to spare).
 """
 
 import argparse
@@ -52,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cleanrl-script", default=None, help="path of CleanRL's cleanrl/ppg_procgen.py")
     parser.add_argument("--cleanrl-python", default=sys.executable, help="the Python that runs CleanRL's script")
     parser.add_argument("--cleanrl-args", default="", help="more arguments of CleanRL's script (one string)")
+    parser.add_argument(
+        "--cleanrl-parallel", action="store_true", help="start every CleanRL run at once, while sb3-ppg's runs train"
+    )
     parser.add_argument("--device", default="cpu", help="sb3-ppg's device (CleanRL uses CUDA when it is there)")
     parser.add_argument("--channels", default="16,32,32", help="sb3-ppg's IMPALA channels (CleanRL's are fixed)")
     parser.add_argument("--chunk-minutes", type=float, default=60.0, help="longest stretch of one sb3-ppg run")
@@ -102,11 +106,11 @@ def cleanrl_complete(path: str) -> bool:
         return any(line.strip() == COMPLETE for line in file)
 
 
-def cleanrl_run(args: argparse.Namespace, seed: int) -> bool:
-    """Run CleanRL's script for one seed (unless its log is complete); return whether it completed."""
+def start_cleanrl(args: argparse.Namespace, seed: int) -> subprocess.Popen | None:
+    """Start CleanRL's script for one seed (``None`` when its log is already complete); its output goes to stdout.txt."""
     path = episodes_path(args, "CleanRL", seed)
     if cleanrl_complete(path):
-        return True
+        return None
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     script_args = [
@@ -127,9 +131,16 @@ def cleanrl_run(args: argparse.Namespace, seed: int) -> bool:
         *script_args,
     ]
     with open(os.path.join(folder, "stdout.txt"), "w") as log:
-        result = subprocess.run(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT, check=False)
-    if result.returncode != 0:
-        print(f"CleanRL seed {seed} failed (exit {result.returncode}): see {os.path.join(folder, 'stdout.txt')}")
+        # The child holds its own copy of the file descriptor
+        return subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish_cleanrl(args: argparse.Namespace, seed: int, process: subprocess.Popen | None) -> bool:
+    """Wait for a run started by :func:`start_cleanrl`; return whether its log is complete."""
+    path = episodes_path(args, "CleanRL", seed)
+    if process is not None and process.wait() != 0:
+        stdout = os.path.join(os.path.dirname(path), "stdout.txt")
+        print(f"CleanRL seed {seed} failed (exit {process.returncode}): see {stdout}")
     return cleanrl_complete(path)
 
 
@@ -221,6 +232,11 @@ def format_window(start: float, end: float) -> str:
     return f"{start / 1e6:.2f}-{end / 1e6:.2f}M"
 
 
+def number(value: float, form: str = "{:.2f}") -> str:
+    """A table number, ``-`` for NaN (a seed without episodes in the window)."""
+    return "-" if np.isnan(value) else form.format(value)
+
+
 def report(args: argparse.Namespace, summary: dict[str, Any], seeds: list[int], image: str) -> str:
     """The Markdown report: one row per window, per side the mean return over seeds [95% CI] (per seed), length."""
     sides = [side for side in SIDES if side in summary]
@@ -245,11 +261,13 @@ def report(args: argparse.Namespace, summary: dict[str, Any], seeds: list[int], 
         cells = []
         for side in sides:
             entry = summary[side]
-            seeds_text = " / ".join(f"{value:.2f}" for value in entry["per_seed"][:, window])
-            cells.append(
-                f"{entry['mean'][window]:.2f} [{entry['low'][window]:.2f}, {entry['high'][window]:.2f}] ({seeds_text})"
-            )
-            cells.append(f"{entry['lengths'][window]:.0f}")
+            if np.isnan(entry["mean"][window]):
+                cells += ["- (no episode ended)", "-"]
+                continue
+            seeds_text = " / ".join(number(value) for value in entry["per_seed"][:, window])
+            interval = f"[{number(entry['low'][window])}, {number(entry['high'][window])}]"
+            cells.append(f"{number(entry['mean'][window])} {interval} ({seeds_text})")
+            cells.append(number(entry["lengths"][window], "{:.0f}"))
         lines.append(f"| {format_window(edges[window], edges[window + 1])} | " + " | ".join(cells) + " |")
     lines += ["", "Episodes per seed: " + "; ".join(f"{side} {summary[side]['episodes']}" for side in sides), ""]
     lines += [f"![returns per window]({os.path.basename(image)})", ""]
@@ -307,11 +325,17 @@ def main(argv: list[str] | None = None) -> bool:
     seeds = [int(seed) for seed in args.seeds.split(",")]
     end = time.monotonic() + 60 * args.max_minutes
     complete = {}
+    cleanrl = args.cleanrl_script is not None
+    started = {seed: start_cleanrl(args, seed) for seed in seeds} if cleanrl and args.cleanrl_parallel else {}
     for seed in seeds:
         deadline = min(time.monotonic() + 60 * args.chunk_minutes, end)
         complete[("sb3-ppg", seed)] = sb3_ppg_run(args, seed, deadline) if time.monotonic() < end else False
-        if args.cleanrl_script is not None:
-            complete[("CleanRL", seed)] = cleanrl_run(args, seed) if time.monotonic() < end else False
+        if cleanrl and not args.cleanrl_parallel:
+            started[seed] = start_cleanrl(args, seed) if time.monotonic() < end else None
+            complete[("CleanRL", seed)] = finish_cleanrl(args, seed, started[seed])
+    if cleanrl and args.cleanrl_parallel:
+        for seed in seeds:
+            complete[("CleanRL", seed)] = finish_cleanrl(args, seed, started[seed])
     for (side, seed), done in complete.items():
         print(f"{side} seed {seed}: {'complete' if done else 'not complete'}")
     if not all(complete.values()):

@@ -81,6 +81,7 @@ def test_side_by_side_at_a_tiny_budget(tmp_path):
         str(tmp_path / "runs"),
         "--output",
         str(output),
+        "--cleanrl-parallel",
     ]
     with pytest.warns(UserWarning, match="auxiliary"):  # 6 rollouts, no auxiliary phase at N_pi 32
         assert comparison.main(argv)
