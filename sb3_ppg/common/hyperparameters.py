@@ -15,11 +15,14 @@ from sb3_ppg.common.precision import resolve_precision
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 #: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
 VALUE_CLIPPINGS = ("sb3", "max")
+#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.buffers.resolve_aux_buffer_storage``)
+AUX_BUFFER_DEVICES = ("cpu", "pinned", "device", "auto")
 #: ``policy_minibatches``: shuffled transitions (SB3's PPO, CleanRL), or whole env rollouts (the paper's code)
 POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
-#: ``precision``, ``value_clipping``, ``policy_minibatches``) take their defaults, which keep the older models' behaviour.
+#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``overlap_rollouts``) take their
+#: defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -46,7 +49,15 @@ SAVED_HYPERPARAMETERS = (
     "target_kl",
 )
 #: The hyperparameters :func:`check_hyperparameters` checks (those that do not depend on the env)
-CHECKED_HYPERPARAMETERS = (*SAVED_HYPERPARAMETERS, "micro_batch_size", "precision", "value_clipping", "policy_minibatches")
+CHECKED_HYPERPARAMETERS = (
+    *SAVED_HYPERPARAMETERS,
+    "micro_batch_size",
+    "precision",
+    "value_clipping",
+    "policy_minibatches",
+    "aux_buffer_device",
+    "overlap_rollouts",
+)
 
 
 def is_integer(value: object) -> bool:
@@ -167,7 +178,11 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         isinstance(values["normalize_advantage"], str) and values["normalize_advantage"] in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {values['normalize_advantage']!r}",
     )
-    for name, choices in (("value_clipping", VALUE_CLIPPINGS), ("policy_minibatches", POLICY_MINIBATCHES)):
+    for name, choices in (
+        ("value_clipping", VALUE_CLIPPINGS),
+        ("policy_minibatches", POLICY_MINIBATCHES),
+        ("aux_buffer_device", AUX_BUFFER_DEVICES),
+    ):
         checker.check(
             name,
             isinstance(values[name], str) and values[name] in choices,
@@ -175,11 +190,8 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    checker.check(
-        "separate_aux_optimizer",
-        isinstance(values["separate_aux_optimizer"], (bool, np.bool_)),
-        f"separate_aux_optimizer must be a bool, got {values['separate_aux_optimizer']!r}",
-    )
+    for name in ("separate_aux_optimizer", "overlap_rollouts"):
+        checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):

@@ -7,7 +7,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
@@ -30,7 +30,13 @@ from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 from sb3_ppg.common import data_parallel, distributed, optim
 from sb3_ppg.common.array_files import atomic_write
-from sb3_ppg.common.buffers import AuxiliaryBuffer, AuxiliaryBufferSamples, check_aux_buffer_memory, env_minibatches
+from sb3_ppg.common.buffers import (
+    AuxiliaryBuffer,
+    AuxiliaryBufferSamples,
+    check_aux_buffer_memory,
+    env_minibatches,
+    resolve_aux_buffer_storage,
+)
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import checkpoint
 from sb3_ppg.common.distributed import RunningStats
@@ -44,7 +50,8 @@ from sb3_ppg.common.hyperparameters import (
     schedule_value,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
+from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
 from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
 from sb3_ppg.ppg import losses
@@ -106,6 +113,12 @@ class PPG(OnPolicyAlgorithm):
     :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (default, the paper's code) or
         shares the policy phase's (CleanRL)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1
+    :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"`` (default), ``"pinned"`` (page-locked CPU
+        memory: non-blocking copies, the next minibatch prepared ahead), ``"device"`` or ``"auto"`` (on CUDA, the
+        device when the buffer takes at most half its free memory, else pinned); the same updates whatever the choice
+    :param overlap_rollouts: With an env made of groups (``make_procgen_env(..., n_groups=2)``, a
+        :class:`~sb3_ppg.common.rollout_groups.GroupedVecEnv`), run the rollout's forward pass group by group, each
+        group stepping while the network acts on the next (default ``False``)
     :param micro_batch_size: The most samples per forward and backward pass (the same update up to float rounding);
         ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, else ``None`` (whole minibatches)
     :param precision: The features extractors' precision: ``"auto"`` (default: bfloat16 in the policy and auxiliary
@@ -124,7 +137,8 @@ class PPG(OnPolicyAlgorithm):
     :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
         debug messages
     :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run (the auxiliary buffer stays in CPU memory)
+    :param device: Device (cpu, cuda, ...) on which the code should be run (the auxiliary buffer lives where
+        ``aux_buffer_device`` says)
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
@@ -167,6 +181,8 @@ class PPG(OnPolicyAlgorithm):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
+        aux_buffer_device: str = "cpu",
+        overlap_rollouts: bool = False,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -223,6 +239,8 @@ class PPG(OnPolicyAlgorithm):
         self.aux_learning_rate = aux_learning_rate
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
+        self.aux_buffer_device = aux_buffer_device
+        self.overlap_rollouts = overlap_rollouts
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -237,6 +255,8 @@ class PPG(OnPolicyAlgorithm):
         self.value_optimizer: th.optim.Optimizer | None = None
         self._phase_dtypes: dict[str, th.dtype] = {}
         self._micro_batch_size: int | None = None
+        # Where the auxiliary buffer lives (see aux_buffer_device) and why, for the log
+        self._aux_buffer_storage: tuple[str, str] = ("host", "")
         # False from the start of a rollout until its train() returns, so also after an exception (Ctrl-C) inside
         # either: see at_rollout_boundary
         self._at_rollout_boundary = True
@@ -296,27 +316,41 @@ class PPG(OnPolicyAlgorithm):
 
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
-        if check_memory:
-            self._check_aux_buffer_memory(self.n_envs)
+        storage, reason = self._check_aux_buffer_memory(self.n_envs) if check_memory else self._aux_buffer_storage
         if self.n_aux_epochs == 0:
             return None
-        return AuxiliaryBuffer(
+        buffer = AuxiliaryBuffer(
             self.n_policy_iters,
             self.n_steps,
             self.n_envs,
             self.observation_space,
             self.action_space,
             device=self.device,
+            storage=storage,
             **self._aux_buffer_kwargs(),
         )
+        if storage == "pinned" and not buffer.pinned:
+            # Its minibatches are still prepared ahead, from pageable memory
+            storage, reason = "host", f"{reason}; page-locking failed, so pageable memory"
+        self._aux_buffer_storage = (storage, reason)
+        return buffer
 
-    def _check_aux_buffer_memory(self, n_envs: int) -> None:
-        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
-        if self.n_aux_epochs > 0:
-            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
-            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+    def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
+        """
+        Decide where the auxiliary buffer for ``n_envs`` envs lives (``aux_buffer_device``) and check that it fits in
+        host memory when it lives there, before allocating it.
+
+        :return: the buffer's storage and the reason (see ``resolve_aux_buffer_storage``)
+        """
+        if self.n_aux_epochs == 0:
+            return "host", ""
+        args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+        spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+        nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+        storage, reason = resolve_aux_buffer_storage(self.aux_buffer_device, self.device, nbytes)
+        if storage != "device":
             check_aux_buffer_memory(nbytes, **args)
+        return storage, reason
 
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """
@@ -710,8 +744,14 @@ class PPG(OnPolicyAlgorithm):
             f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {self.n_policy_iters} * {self.n_envs} * {self.n_steps} "
             f"steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of observations), {size}, "
             "taken as rollouts arrive; next auxiliary phase at step "
-            f"{self._next_aux_phase_step():,}."
+            f"{self._next_aux_phase_step():,}. {self._aux_buffer_location()}"
         )
+
+    def _aux_buffer_location(self) -> str:
+        """Where the auxiliary buffer lives and why, for the log."""
+        storage, reason = self._aux_buffer_storage
+        places = {"host": "CPU memory", "pinned": "page-locked CPU memory", "device": f"{self.device} memory"}
+        return f"It lives in {places[storage]} ({reason})."
 
     def _warn_if_no_aux_phase(self, given_timesteps: int, total_timesteps: int) -> None:
         """
@@ -773,14 +813,34 @@ class PPG(OnPolicyAlgorithm):
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        if not distributed.is_active():
-            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
-        complete, self._data_parallel_stats = data_parallel.collect_rollouts(
-            self,
-            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
-            self._data_parallel_stats,
-        )
+        with self._overlapped_rollout(env):
+            if not distributed.is_active():
+                return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+            complete, self._data_parallel_stats = data_parallel.collect_rollouts(
+                self,
+                partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
+                self._data_parallel_stats,
+            )
         return complete
+
+    def _overlapped_rollout(self, env: VecEnv) -> AbstractContextManager:
+        """
+        The context of a rollout's collection: with ``overlap_rollouts``, the policy's forward pass runs group by group
+        and starts each group's step (``overlapped_forward``); otherwise nothing.
+
+        :raises ValueError: when the env has no groups, or with gSDE (its noise is drawn for all envs at once)
+        """
+        if not self.overlap_rollouts:
+            return nullcontext()
+        grouped = find_grouped_vec_env(env)
+        if grouped is None:
+            raise ValueError(
+                "overlap_rollouts=True needs an env made of groups (a GroupedVecEnv at the bottom of its VecEnv chain): "
+                "make_procgen_env(..., n_groups=2), or GroupedVecEnv([venv_1, venv_2]); or set overlap_rollouts=False."
+            )
+        if self.use_sde:
+            raise ValueError("overlap_rollouts=True does not support gSDE (use_sde=True): set overlap_rollouts=False.")
+        return overlapped_forward(self.policy, grouped, self.action_space)
 
     def _collect_rollout(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
@@ -949,16 +1009,20 @@ class PPG(OnPolicyAlgorithm):
         path: str | os.PathLike,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
+        allow_pickle: bool = True,
         **kwargs: Any,
     ) -> SelfPPG:
         """
         Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run with
         ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (see docs/checkpoints.md).
-        Every file is checked against the manifest first. Checkpoints hold pickles: load trusted ones.
+        Every file is checked against the manifest first. Checkpoints hold pickles, which run code when loaded: load
+        trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
 
         :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest checkpoint that verifies)
         :param env: the env to continue with, built as in the run; its envs' states are restored. ``None``: no env
         :param device: the device of the model
+        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions);
+            a checkpoint that needs pickle (``env_states.pkl``, objects without description) is a ``ValueError``
         :param kwargs: passed to :meth:`load`; ``n_steps`` and ``n_policy_iters`` cannot change
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
@@ -967,7 +1031,7 @@ class PPG(OnPolicyAlgorithm):
             ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
-        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
         changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
         if changed:
             raise HyperparameterError(
@@ -980,7 +1044,14 @@ class PPG(OnPolicyAlgorithm):
         return model  # type: ignore[return-value]
 
     def _excluded_save_params(self) -> list[str]:
-        excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "_data_parallel_stats", "_at_rollout_boundary"]
+        excluded = [
+            "aux_buffer",
+            "aux_optimizer",
+            "value_optimizer",
+            "_data_parallel_stats",
+            "_at_rollout_boundary",
+            "_aux_buffer_storage",
+        ]
         return [*super()._excluded_save_params(), *excluded]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -997,7 +1068,9 @@ class PPG(OnPolicyAlgorithm):
     @staticmethod
     def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
         """
-        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``.
+        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``. An env
+        that is not a VecEnv, with an integer Box observation space, is reset once to check its observations
+        (``check_first_observation``).
 
         :param env: the env
         :param verbose: Verbosity level: 1 prints the wrappers used
@@ -1008,6 +1081,8 @@ class PPG(OnPolicyAlgorithm):
             env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
         check_observation_space(env.observation_space)
         check_action_space(env.action_space)
+        if not isinstance(env, VecEnv):
+            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
         return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
@@ -1025,7 +1100,7 @@ class PPG(OnPolicyAlgorithm):
             return
         # Check everything before changing anything
         check_for_correct_spaces(env, self.observation_space, self.action_space)
-        self._check_aux_buffer_memory(env.num_envs)
+        self._aux_buffer_storage = self._check_aux_buffer_memory(env.num_envs)
         self.batch_size = self._resolve_batch_size(env.num_envs)
         if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
             warnings.warn(
@@ -1068,7 +1143,5 @@ class PPG(OnPolicyAlgorithm):
         """
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
-        buffer = AuxiliaryBuffer.load(path, self.verbose)
-        buffer.check_compatible(self.aux_buffer, path)
-        buffer.device = self.device
-        self.aux_buffer = buffer
+        # Loaded into CPU memory, then copied into the model's buffer (which may live elsewhere: aux_buffer_device)
+        self.aux_buffer.copy_from(AuxiliaryBuffer.load(path, self.verbose), path)
