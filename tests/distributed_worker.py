@@ -201,6 +201,17 @@ def mismatch() -> dict[str, Any]:
     return dict(error=None)
 
 
+def env_mismatch() -> dict[str, Any]:
+    """Rank 0 trains on CartPole-v1, rank 1 on CartPole-v0 (the same spaces): every rank must raise the same error."""
+    env_id = "CartPole-v1" if distributed.get_rank() == 0 else "CartPole-v0"
+    model = PPG("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), n_steps=16, n_aux_epochs=0, seed=0)
+    try:
+        model.learn(64)
+    except ValueError as error:
+        return dict(error=str(error))
+    return dict(error=None)
+
+
 def resync() -> dict[str, Any]:
     """
     A second learn() after rank 1's parameters, Adam state and reward statistics were changed: every rank starts it
@@ -328,6 +339,7 @@ def main() -> None:
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
         result["mismatch"] = mismatch()
+        result["env_mismatch"] = env_mismatch()
         result["resync"] = resync()
     else:
         raise ValueError(scenario)

@@ -461,7 +461,8 @@ def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
     assert model.aux_buffer.nbytes == 4 * 2 * 16 * (16 + 12)
     line = (
         "Auxiliary buffer: n_policy_iters * n_envs * n_steps = 4 * 2 * 16 steps of 28 bytes (16 of observations), "
-        "3.6 kB, taken as rollouts arrive; next auxiliary phase at step 128."
+        "3.6 kB, taken as rollouts arrive; next auxiliary phase at step 128. It lives in CPU memory "
+        "(aux_buffer_device='cpu')."
     )
     assert line in (tmp_path / "log.txt").read_text().splitlines()
 

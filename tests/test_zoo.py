@@ -17,7 +17,7 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
-from sb3_ppg import PPG
+from sb3_ppg import PPG, PPGCheckpointCallback
 from sb3_ppg.cli import enjoy, train, vec_env, zoo
 from sb3_ppg.cli import experiment_manager as zoo_manager
 from sb3_ppg.common.envs import DICT_CARTPOLE_ID
@@ -556,3 +556,36 @@ def test_enjoy_errors_are_one_line(tmp_path: Path, make_model):
     )
     with pytest.raises(AssertionError, match="CartPole-v1_5 folder was not found"):
         enjoy.main(enjoy_argv(tmp_path, "--exp-id", "5", "--traceback"))
+
+
+def test_enjoy_plays_the_runs_own_checkpoints(tmp_path: Path, make_model, capsys):
+    """
+    --load-checkpoint N and --load-last-checkpoint play the run's own checkpoints (checkpoints/ppg_<N>_steps/): on
+    main enjoy looked for the zoo's rl_model_<N>_steps.zip only and never found them. A missing one names those there.
+    """
+    algo_folder = make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip",), 2: ()})
+    run_folder = algo_folder / "CartPole-v1_1"
+    model = make_model("CartPole-v1")
+    model.learn(32, callback=PPGCheckpointCallback(16, str(run_folder / "checkpoints"), name_prefix="ppg"))
+    (run_folder / "checkpoints" / "ppg_48_steps").mkdir()  # an incomplete checkpoint (no manifest): not played
+    for options, steps in ((("--load-checkpoint", "16"), 16), (("--load-last-checkpoint",), 32)):
+        enjoy.main(enjoy_argv(tmp_path, *options))
+        model_path = run_folder / "checkpoints" / f"ppg_{steps}_steps" / "model.zip"
+        assert capsys.readouterr().out.splitlines()[:2] == [
+            f"Playing run {run_folder}, model {Path('checkpoints', f'ppg_{steps}_steps', 'model.zip')}; skipped the "
+            f"newer CartPole-v1_2: no {'checkpoint 16' if steps == 16 else 'checkpoint'} (failed or unfinished runs?)",
+            f"Loading {model_path}",
+        ]
+    with pytest.raises(SystemExit) as error:
+        enjoy.main(enjoy_argv(tmp_path, "--load-checkpoint", "192"))
+    assert error.value.code == (
+        f"error: no run of ppg on CartPole-v1 in {algo_folder}{os.sep} has a checkpoint 192 (CartPole-v1_1: checkpoints "
+        "at steps 16, 32; CartPole-v1_2: no checkpoint); train with --save-freq N to write checkpoints into "
+        "<run folder>/checkpoints/"
+    )
+    with pytest.raises(SystemExit) as error:  # a run given by --exp-id: the zoo's lookup, with the same list
+        enjoy.main(enjoy_argv(tmp_path, "--load-checkpoint", "192", "--exp-id", "1"))
+    assert error.value.code == (
+        f"error: ValueError: The run {run_folder} has no checkpoint 192 (checkpoints at steps 16, 32) "
+        "(--traceback shows where)"
+    )

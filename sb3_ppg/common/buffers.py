@@ -259,7 +259,7 @@ class AuxiliaryBuffer:
         # pinned buffer gathered into reused page-locked staging arrays (on CUDA) before their non-blocking copy
         self.pinned = storage == "pinned"
         self._staged = storage == "pinned" and self.device.type == "cuda"
-        self._staging: list[dict[str, np.ndarray]] = [{}, {}]
+        self._staging: list[dict[str, th.Tensor]] = [{}, {}]
         self._staging_events: list[Any] = [None, None]
         # Same per-step shapes as SB3's rollout buffer (a Discrete observation is stored with shape (1,))
         obs_shape = get_obs_shape(observation_space)
@@ -516,14 +516,16 @@ class AuxiliaryBuffer:
         staging = self._staging[slot]
         tensors = {}
         for name, source in self._rows_arrays(slice(0, self.pos), with_old_distributions=True).items():
-            if name not in staging or staging[name].dtype != source.dtype or len(staging[name]) < len(rows):
+            dtype = _torch_dtype(source.dtype)
+            if name not in staging or staging[name].dtype != dtype or len(staging[name]) < len(rows):
                 shape = (len(rows), *source.shape[1:])
-                staging[name] = pinned_zeros(shape, source.dtype)  # type: ignore[assignment]
-                if staging[name] is None:
-                    staging[name] = np.zeros(shape, dtype=source.dtype)
+                try:
+                    staging[name] = th.zeros(shape, dtype=dtype, pin_memory=True)
+                except RuntimeError:  # pinning refused: pageable (the copy then waits)
+                    staging[name] = th.zeros(shape, dtype=dtype)
             target = staging[name][: len(rows)]
-            np.take(source, rows, axis=0, out=target)
-            tensors[name] = th.from_numpy(target).reshape(-1, *source.shape[2:]).to(self.device, non_blocking=True)
+            np.take(source, rows, axis=0, out=target.numpy())
+            tensors[name] = target.reshape(-1, *source.shape[2:]).to(self.device, non_blocking=True)
         if self.device.type == "cuda":
             self._staging_events[slot] = th.cuda.Event()
             self._staging_events[slot].record()

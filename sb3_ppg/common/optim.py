@@ -200,3 +200,46 @@ def step(optimizer: th.optim.Optimizer, module: th.nn.Module, max_grad_norm: flo
     clip_gradients(module, max_grad_norm, phase, timestep)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+#: The optimizers whose implementation :func:`configure_adam_implementation` chooses (torch's fused kernels exist)
+FUSABLE_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
+
+
+def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.device) -> bool:
+    """
+    Whether PPG steps an optimizer with torch's fused kernel: an Adam or AdamW on a CUDA device, unless its
+    ``optimizer_kwargs`` choose an implementation (``fused``, ``foreach``, ``capturable`` or ``differentiable``). On any
+    other device the optimizer is left as torch builds it.
+
+    :param optimizer_class: the policy's ``optimizer_class``
+    :param optimizer_kwargs: the policy's ``optimizer_kwargs``
+    :param device: the model's device
+    """
+    chosen = any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
+    return device.type == "cuda" and issubclass(optimizer_class, FUSABLE_OPTIMIZERS) and not chosen
+
+
+def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) -> None:
+    """
+    Step an Adam (or AdamW) with torch's fused kernel (``fused=True``: one kernel for all parameters, the same update
+    up to float rounding; docs/throughput.md) or with the implementation torch picks by default (``fused=False``: what
+    a model saved with fused steps gets back on a CPU). Its state is kept; the step counts move to where each
+    implementation keeps them (fused: float32 on the parameters' device; default: float32 on the CPU).
+
+    :param optimizer: the optimizer (any other class is left alone)
+    :param fused: whether to use the fused kernel
+    """
+    if not isinstance(optimizer, FUSABLE_OPTIMIZERS):
+        return
+    for group in optimizer.param_groups:
+        group["fused"] = True if fused else None
+        if fused:
+            group["foreach"] = None
+        for parameter in group["params"]:
+            state = optimizer.state.get(parameter)
+            if state and th.is_tensor(state.get("step")):
+                device = parameter.device if fused else th.device("cpu")
+                state["step"] = state["step"].to(device=device, dtype=th.float32)
+    if fused:
+        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]

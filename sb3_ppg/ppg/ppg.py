@@ -50,7 +50,7 @@ from sb3_ppg.common.hyperparameters import (
     schedule_value,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
 from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
@@ -300,6 +300,21 @@ class PPG(OnPolicyAlgorithm):
         self.aux_optimizer = self._make_optimizer() if self.n_aux_epochs > 0 and self.separate_aux_optimizer else None
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
+        self._configure_optimizers()
+
+    def _configure_optimizers(self) -> None:
+        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
+        fused = optim.uses_fused_adam(self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        for optimizer in self._optimizers():
+            # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
+            saved_fused = any(group.get("fused") for group in optimizer.param_groups)
+            if fused or (saved_fused and not self.policy.optimizer_kwargs.get("fused")):
+                optim.configure_adam_implementation(optimizer, fused)
+
+    def set_parameters(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
+        super().set_parameters(*args, **kwargs)
+        self._configure_optimizers()
 
     def _resolve_batch_size(self, n_envs: int) -> int:
         """The policy-phase minibatch size for ``n_envs`` envs, checked (see ``resolve_batch_size``)."""
@@ -535,8 +550,9 @@ class PPG(OnPolicyAlgorithm):
                     self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
         self._n_aux_phases += 1
+        values = stats.read()
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
-            self.logger.record(f"aux/{name}", stats.mean(name))
+            self.logger.record(f"aux/{name}", values.get(name))
         self.logger.record("aux/learning_rate", learning_rate)
         self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
@@ -660,12 +676,13 @@ class PPG(OnPolicyAlgorithm):
     def _log_policy_phase(
         self, stats: PhaseStats, clip_range: float | None, clip_range_vf: float | None, continue_training: bool
     ) -> None:
-        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss."""
+        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss (read at once)."""
+        values = stats.read()
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
-            if (mean := stats.mean(name)) is not None:
+            if (mean := values.get(name)) is not None:
                 self.logger.record(f"train/{name}", mean)
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/loss", stats.last("loss"))
+        self.logger.record("train/loss", values.get("last_loss"))
         self.logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):
             self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
@@ -1009,16 +1026,20 @@ class PPG(OnPolicyAlgorithm):
         path: str | os.PathLike,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
+        allow_pickle: bool = True,
         **kwargs: Any,
     ) -> SelfPPG:
         """
         Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run with
         ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (see docs/checkpoints.md).
-        Every file is checked against the manifest first. Checkpoints hold pickles: load trusted ones.
+        Every file is checked against the manifest first. Checkpoints hold pickles, which run code when loaded: load
+        trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
 
         :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest checkpoint that verifies)
         :param env: the env to continue with, built as in the run; its envs' states are restored. ``None``: no env
         :param device: the device of the model
+        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions);
+            a checkpoint that needs pickle (``env_states.pkl``, objects without description) is a ``ValueError``
         :param kwargs: passed to :meth:`load`; ``n_steps`` and ``n_policy_iters`` cannot change
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
@@ -1027,7 +1048,7 @@ class PPG(OnPolicyAlgorithm):
             ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
-        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
         changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
         if changed:
             raise HyperparameterError(
@@ -1064,7 +1085,9 @@ class PPG(OnPolicyAlgorithm):
     @staticmethod
     def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
         """
-        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``.
+        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``. An env
+        that is not a VecEnv, with an integer Box observation space, is reset once to check its observations
+        (``check_first_observation``).
 
         :param env: the env
         :param verbose: Verbosity level: 1 prints the wrappers used
@@ -1075,6 +1098,8 @@ class PPG(OnPolicyAlgorithm):
             env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
         check_observation_space(env.observation_space)
         check_action_space(env.action_space)
+        if not isinstance(env, VecEnv):
+            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
         return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
