@@ -1,20 +1,24 @@
 """
-Trajectory-level equivalence with CleanRL's ``ppg_procgen.py`` (issue 28, docs/fidelity.md "Trajectory level"): the same
-run, not only the same updates. From the same initial weights, the same procgen level seed and the same uniform numbers
-behind every action sample, ``PPG`` with the ``"cleanrl"`` preset and its own env stack (``make_procgen_env``: procgen,
-``VecMonitor``, ``VecNormalize``) collects the rollouts CleanRL collected with its gym 0.23.1 stack, iteration by
-iteration: observations, actions, raw and normalized rewards, dones, values, the bootstrap value, advantages, returns,
-the reward normalizer's statistics, the parameters after each policy phase, pi_old and the parameters after the
-auxiliary phase, on a real game (starpilot, easy, 2 envs x 16 steps, 3 iterations and one auxiliary phase, float64).
+Trajectory-level equivalence with CleanRL's ``ppg_procgen.py`` and the original code (issue 28, docs/fidelity.md
+"Trajectory level"): the same run, not only the same updates. From the same initial weights, the same procgen level
+seed and the same uniform numbers behind every action sample, ``PPG`` with the matching preset (``"cleanrl"``,
+``"paper"``) and its own env stack (``make_procgen_env``: procgen, ``VecMonitor``, ``VecNormalize``) collects the
+rollouts the reference collected with its own, iteration by iteration: observations, actions, raw and normalized
+rewards, dones, values, the bootstrap value, advantages, returns, the reward normalizer's statistics, the parameters
+after each policy phase, pi_old and the parameters after the auxiliary phase, on a real game (starpilot, 2 envs x 16
+steps, 3 iterations and one auxiliary phase, float64).
 
-The fixture ``tests/data/fidelity/cleanrl_trajectory.*`` was recorded by running CleanRL's own script
-(``benchmarks/fidelity/record_cleanrl_trajectory.py``). The replay puts back, test-side, CleanRL's two update-level
-quirks that PPG does not copy (its Bessel-corrected advantage std and its gradient leak into the first auxiliary step:
-``tests/test_fidelity.py``), the recorded minibatch orders, and the same inverse-CDF action sampling.
+The fixtures ``tests/data/fidelity/cleanrl_trajectory.*`` and ``orig_trajectory.*`` were recorded by running each
+reference's own code (``benchmarks/fidelity/record_cleanrl_trajectory.py``, ``record_reference_trajectory.py``). The
+replays put back, test-side, what PPG does not copy: CleanRL's two update-level quirks (its Bessel-corrected advantage
+std and its gradient leak into the first auxiliary step: ``tests/test_fidelity.py``) and the original code's
+per-rollout reward normalization (``OriginalRewardNormalizer``; ``test_original_code_reward_normalization`` shows the
+preset's own), with the recorded minibatch orders and the same inverse-CDF action sampling.
 
 Tolerances: the env side (frames, actions, raw rewards, dones) is compared exactly; the normalized rewards, the reward
 statistics, values, advantages and returns to 1e-12 (float64 rounding of the same operations); the parameters to 1e-10
-(tests/test_fidelity.py's bound, from Adam's lr / eps).
+(tests/test_fidelity.py's bound, from Adam's lr / eps), but for the policy head after the auxiliary phase
+(``test_original_code_trajectory`` says why).
 """
 
 import json
