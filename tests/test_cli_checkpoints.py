@@ -16,7 +16,7 @@ import pytest
 import torch as th
 
 from sb3_ppg import PPG
-from sb3_ppg.cli import train, zoo
+from sb3_ppg.cli import arguments, train, zoo
 from sb3_ppg.common.checkpoints.lock import lock_folder
 
 pytestmark = pytest.mark.slow  # command-line runs through the zoo, some in new interpreters
@@ -268,12 +268,12 @@ def test_keep_checkpoints(tmp_path: Path):
 
 
 def test_split_argv():
-    known, rest = train.split_argv(["--resume", "--env", "x", "--keep-checkpoints", "3", "--traceback", "-n", "5"])
+    known, rest = arguments.split_argv(["--resume", "--env", "x", "--keep-checkpoints", "3", "--traceback", "-n", "5"])
     assert (known.resume, known.keep_checkpoints, known.traceback, known.n_timesteps) == ("latest", 3, True, 5)
     assert rest == ["--env", "x", "-n", "5"]
-    known, rest = train.split_argv(["--resume", "runs/x", "--seed", "1", "--resume=y"])
+    known, rest = arguments.split_argv(["--resume", "runs/x", "--seed", "1", "--resume=y"])
     assert known.resume == "y" and rest == ["--seed", "1"]
-    assert "--resume" not in train.build_zoo_argv(["--env", "CartPole-v1", "--resume", "some/run"])
+    assert "--resume" not in arguments.build_zoo_argv(["--env", "CartPole-v1", "--resume", "some/run"])
 
 
 @pytest.mark.parametrize(

@@ -210,10 +210,17 @@ def test_callbacks_do_not_import_checkpoints(graph):
     assert not any(target.startswith("sb3_ppg.common.checkpoints") for target in graph["sb3_ppg.common.callbacks"])
 
 
+def test_train_and_the_quick_start_share_their_argument_helpers(graph):
+    """The quick start does not import train (train dispatches to it); both take the arguments from a third module."""
+    assert "sb3_ppg.cli.train" not in graph["sb3_ppg.cli.quickstart"]
+    assert "sb3_ppg.cli.arguments" in graph["sb3_ppg.cli.train"] & graph["sb3_ppg.cli.quickstart"]
+    assert not {"sb3_ppg.cli.train", "sb3_ppg.cli.quickstart"} & graph["sb3_ppg.cli.arguments"]
+
+
 def test_the_graph_sees_every_layer(graph):
     """The parser finds the package's real imports (a graph without edges would pass the checks above)."""
     assert "sb3_ppg.common.buffers" in graph["sb3_ppg.ppg.ppg"]
-    assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.train"]  # from sb3_ppg.ppg import PPG: the package
+    assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.quickstart"]  # from sb3_ppg.ppg import PPG: the package
     assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
     assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
     assert "sb3_ppg.ppg.ppg" in graph["sb3_ppg.ppg_mask.ppg_mask"]
