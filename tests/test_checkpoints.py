@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-import torch as th
+from helpers import assert_identical, parameters
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
 
@@ -28,16 +28,6 @@ RUN = dict(n_policy_iters=3, n_steps=N_STEPS)
 def make_env(seed: int = 0, normalize: bool = False):
     env = make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=seed)
     return VecNormalize(env, gamma=0.99) if normalize else env
-
-
-def parameters(model: PPG) -> dict[str, th.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
-
-
-def assert_identical(params_a: dict[str, th.Tensor], params_b: dict[str, th.Tensor]) -> None:
-    assert params_a.keys() == params_b.keys()
-    for name in params_a:
-        assert th.equal(params_a[name], params_b[name]), f"{name} differs"
 
 
 def checkpoint_dir(folder: pathlib.Path, steps: int) -> pathlib.Path:

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch as th
+from helpers import hold_lock
 
 from sb3_ppg import PPG
-from sb3_ppg.cli import arguments, train, zoo
-from sb3_ppg.common.checkpoints.lock import lock_folder
+from sb3_ppg.cli import arguments, train
 
 pytestmark = pytest.mark.slow  # command-line runs through the zoo, some in new interpreters
 
@@ -78,9 +78,7 @@ PROCGEN = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
+pytestmark = pytest.mark.usefixtures("registered_zoo")
 
 
 def assert_same_run(folder_a: Path, folder_b: Path, env_name: str) -> None:
@@ -187,12 +185,6 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninte
         train.main(resume)
     assert complete_checkpoints(run) == ["ppg_2048_steps"]
     assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
-
-
-def hold_lock(folder: str, ready, release) -> None:
-    lock_folder(folder)
-    ready.set()
-    release.wait(30)
 
 
 def test_resume_while_another_run_writes_there(tmp_path: Path):

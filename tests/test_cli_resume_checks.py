@@ -55,9 +55,7 @@ PARAMS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
+pytestmark = pytest.mark.usefixtures("registered_zoo")
 
 
 @pytest.fixture(scope="module")

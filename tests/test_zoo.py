@@ -13,6 +13,7 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+from helpers import run_folder_args
 from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
@@ -29,14 +30,7 @@ CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", DIC
 TINY_PARAMS = ["n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
-
-
-def run_folder_args(folder: Path, seed: int = 0) -> list[str]:
-    """The zoo arguments every run of these tests shares: log folder, seed, CPU, quiet."""
-    return ["-f", str(folder), "--seed", str(seed), "--device", "cpu", "--verbose", "0"]
+pytestmark = pytest.mark.usefixtures("registered_zoo")
 
 
 def load_yaml(path: str) -> dict:
