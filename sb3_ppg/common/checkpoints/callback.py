@@ -23,28 +23,16 @@ from sb3_ppg.common.checkpoints.run_state import ResumableModel
 class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
     """
     Save a checkpoint every ``save_freq`` calls to ``env.step()`` (as SB3's ``CheckpointCallback``), from which
-    ``PPG.load_checkpoint()`` continues the run exactly: on CPU with a seed, a run killed at any moment and resumed
-    from its newest checkpoint ends with the same parameters, bit for bit, as one never interrupted.
+    ``PPG.load_checkpoint()`` continues the run exactly (bit for bit on CPU with a seed). The checkpoint is written at
+    the next rollout boundary into ``<save_path>/<name_prefix>_<num_timesteps>_steps/``; the auxiliary buffer's rollouts
+    go once each into ``<save_path>/<name_prefix>_rollouts/``. Under torchrun give it to every rank, with the same
+    arguments and a shared ``save_path``. Checkpoints hold pickles: load only trusted ones. The files, the lock, the
+    pruning rules and what cannot be saved are in docs/checkpoints.md.
 
-    A checkpoint is written at the first **rollout boundary** after the ``save_freq``-th call (once ``train()`` has
-    consumed the rollout, before the next one draws anything: the only point where resuming can be exact), into the
-    folder ``<save_path>/<name_prefix>_<num_timesteps>_steps/``: ``model.zip`` (the policy and every optimizer), the
-    run state (counters, last observations, random generators, episode statistics, ``VecNormalize`` / ``VecMonitor``
-    statistics, the envs' states) and, written last, ``manifest.json``, which lists every file with its SHA-256. The
-    auxiliary buffer's rollouts are stored once each in ``<save_path>/<name_prefix>_rollouts/``, shared by the
-    checkpoints. Every file is written atomically. While it trains, the run holds a lock on ``save_path``; pruning
-    (``keep_last``) deletes only this package's own files, never through a symbolic link. Under torchrun give the
-    callback to every rank, with the same arguments: each checkpoint then holds every rank's part, and ``save_path``
-    must be shared by the ranks. Checkpoints hold pickles (the model zip, the envs): load only trusted ones. The files,
-    the pruning rules and what cannot be saved (e.g. ``SubprocVecEnv`` envs) are in docs/checkpoints.md.
-
-    :param save_freq: Save a checkpoint every ``save_freq`` calls to ``env.step()`` (``n_envs`` steps each); it
-        is written at the next rollout boundary. The count follows ``model.num_timesteps``, so a resumed run
-        writes its checkpoints at the same steps as an uninterrupted one.
+    :param save_freq: Save a checkpoint every ``save_freq`` calls to ``env.step()``, counted from ``model.num_timesteps``
     :param save_path: Folder of the checkpoints
     :param name_prefix: Common prefix of the checkpoint folders (a name, not a path)
-    :param save_replay_buffer: Accepted for compatibility with SB3; the auxiliary buffer is always saved (an exact
-        resume needs it)
+    :param save_replay_buffer: Accepted for compatibility with SB3; the auxiliary buffer is always saved
     :param save_vecnormalize: Accepted for compatibility with SB3; ``VecNormalize`` statistics are always saved
     :param verbose: Verbosity level: 0 for no output, 2 for a line per checkpoint
     :param keep_last: Number of complete checkpoints kept (older ones are deleted); ``None`` (default) keeps all
