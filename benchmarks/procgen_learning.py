@@ -23,6 +23,7 @@ Usage: ``python benchmarks/procgen_learning.py --game starpilot --seeds 0,1 --to
 
 import argparse
 import datetime
+import glob
 import os
 import pathlib
 import time
@@ -273,6 +274,8 @@ def cut_logs(folder: str, steps: int, run: str) -> None:
     :param run: The run's name, for the errors
     :raises DamagedLogError: When a damaged line may hide rows up to ``steps``
     """
+    for stale in glob.glob(os.path.join(folder, "*.csv.*.tmp")):  # a cut-back killed before its os.replace
+        os.remove(stale)
     curve_path = os.path.join(folder, "curve.csv")
     curve, damage, _ = read_log_rows(curve_path)
     if damage is not None and steps > 0 and not (len(curve) and curve[-1, 0] >= steps):

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch as th
 from double_precision import run_in_float64  # tests/ is on sys.path: this script's folder, or added by the test
+from helpers import parameters, small_ppg
 from sb3_contrib.common.wrappers import ActionMasker
-from small_model import small_ppg
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
@@ -119,10 +119,6 @@ def allow_all(env: Any) -> np.ndarray:
     return np.ones(2, dtype=bool)
 
 
-def parameters(model: PPG) -> dict[str, th.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
-
-
 def equality(config_name: str) -> dict[str, Any]:
     """Two iterations (one policy phase each, then an aux phase) on the synthetic rollouts."""
     config = dict(n_steps=N_STEPS, batch_size=None, n_policy_iters=2, **EQUALITY_CONFIGS[config_name])
@@ -194,6 +190,17 @@ def overlapped_rollouts(n_envs: int) -> dict[str, Any]:
 def mismatch() -> dict[str, Any]:
     """Rank 1 uses another n_epochs: every rank must raise the same ValueError."""
     model = PPG("MlpPolicy", "CartPole-v1", n_steps=16, n_epochs=1 + int(os.environ["RANK"]), n_aux_epochs=0, seed=0)
+    try:
+        model.learn(64)
+    except ValueError as error:
+        return dict(error=str(error))
+    return dict(error=None)
+
+
+def env_mismatch() -> dict[str, Any]:
+    """Rank 0 trains on CartPole-v1, rank 1 on CartPole-v0 (the same spaces): every rank must raise the same error."""
+    env_id = "CartPole-v1" if distributed.get_rank() == 0 else "CartPole-v0"
+    model = PPG("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), n_steps=16, n_aux_epochs=0, seed=0)
     try:
         model.learn(64)
     except ValueError as error:
@@ -328,6 +335,7 @@ def main() -> None:
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
         result["mismatch"] = mismatch()
+        result["env_mismatch"] = env_mismatch()
         result["resync"] = resync()
     else:
         raise ValueError(scenario)

@@ -11,11 +11,11 @@ import shutil
 
 import pytest
 import torch as th
+from helpers import assert_identical, hold_lock, parameters
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.common.checkpoints.lock import lock_folder
 
 N_ENVS, N_STEPS = 2, 16
 ITERATION = N_ENVS * N_STEPS  # env steps per iteration
@@ -25,16 +25,6 @@ RUN = dict(n_policy_iters=3, n_steps=N_STEPS)
 
 def make_env():
     return make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=0)
-
-
-def parameters(model: PPG) -> dict[str, th.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
-
-
-def assert_identical(params_a: dict[str, th.Tensor], params_b: dict[str, th.Tensor]) -> None:
-    assert params_a.keys() == params_b.keys()
-    for name in params_a:
-        assert th.equal(params_a[name], params_b[name]), f"{name} differs"
 
 
 def callback(folder: pathlib.Path, keep_last: int | None = None) -> PPGCheckpointCallback:
@@ -210,12 +200,6 @@ def test_interrupted_train_writes_no_checkpoint(tmp_path, monkeypatch, make_mode
     assert checkpoint_names(tmp_path) == [f"ppg_{ITERATION}_steps", f"ppg_{2 * ITERATION}_steps"]
 
 
-def hold_lock(folder: str, ready, release) -> None:
-    lock_folder(folder)
-    ready.set()
-    release.wait(30)
-
-
 def test_another_process_writing_here(tmp_path, make_model):
     """A second run writing into a folder a live process has locked stops at its start, naming that process; the lock
     of a process that ended does not block."""
@@ -262,3 +246,15 @@ def test_a_kill_while_model_zip_is_written_leaves_nothing_pruning_keeps(run, mon
     model.learn(0, reset_num_timesteps=False, callback=callback(run, keep_last=3))
     assert not killed.exists()
     assert checkpoint_names(run) == [f"ppg_{steps}_steps" for steps in (TOTAL - 2 * ITERATION, TOTAL, TOTAL + ITERATION)]
+
+
+def test_save_path_in_the_home_folder(tmp_path, monkeypatch, make_model):
+    """save_path="~/runs" is the home folder's runs, not a folder named "~" (issue 29); load_checkpoint reads it back."""
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    model = make_model(make_env(), **RUN)
+    model.learn(ITERATION, callback=PPGCheckpointCallback(N_STEPS, "~/runs", name_prefix="ppg"))
+    assert checkpoint_names(tmp_path / "home" / "runs") == [f"ppg_{ITERATION}_steps"]
+    assert not (tmp_path / "~").exists()
+    assert PPG.load_checkpoint("~/runs", env=make_env()).num_timesteps == ITERATION

@@ -15,8 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch as th
+from gymnasium.envs.classic_control import CartPoleEnv
+from helpers import assert_identical
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppg import PPG
 from sb3_ppg.common import data_parallel, distributed
@@ -73,12 +76,6 @@ def wait_all(processes: list[subprocess.Popen], out_dir: Path, timeout: float = 
 
 def results(out_dir: Path) -> list[dict[str, Any]]:
     return [th.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
-
-
-def assert_identical(first: dict[str, th.Tensor], second: dict[str, th.Tensor]) -> None:
-    assert first.keys() == second.keys()
-    for name in first:
-        assert th.equal(first[name], second[name]), name
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -200,6 +197,20 @@ def test_mismatched_hyperparameters(equality_runs):
     errors = [result["mismatch"]["error"] for result in equality_runs[0]]
     assert errors[0] == errors[1]
     assert "the ranks disagree" in errors[0] and "n_epochs: rank 0 has 1, rank 1 has 2" in errors[0]
+
+
+def test_ranks_on_other_envs(equality_runs):
+    """Ranks on CartPole-v1 and CartPole-v0 (same spaces) stop at learn() with the same error naming both ids."""
+    errors = [result["env_mismatch"]["error"] for result in equality_runs[0]]
+    assert errors[0] is not None and errors[0] == errors[1]
+    assert "the ranks disagree" in errors[0]
+    assert "env_ids: rank 0 has ['CartPole-v1', 'CartPole-v1'], rank 1 has ['CartPole-v0', 'CartPole-v0']" in errors[0]
+
+
+def test_env_ids(make_model):
+    """The ids the ranks compare: gymnasium's spec id, or the class of an env made without gymnasium.make."""
+    assert data_parallel.env_ids(make_model(n_envs=2).env) == ["CartPole-v1", "CartPole-v1"]
+    assert data_parallel.env_ids(DummyVecEnv([CartPoleEnv])) == ["CartPoleEnv"]
 
 
 def test_learn_starts_from_rank_0(equality_runs):

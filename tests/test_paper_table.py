@@ -263,10 +263,16 @@ def test_a_kill_while_logs_are_cut_back_leaves_them_whole(tmp_path, monkeypatch)
     def killed(*_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(learning.os, "replace", killed)
-    with pytest.raises(KeyboardInterrupt):
-        learning.cut_logs(str(tmp_path), 128, "starpilot ppg seed 0")
+    with monkeypatch.context() as patch:
+        patch.setattr(learning.os, "replace", killed)
+        with pytest.raises(KeyboardInterrupt):
+            learning.cut_logs(str(tmp_path), 128, "starpilot ppg seed 0")
     assert (tmp_path / "curve.csv").read_text() == CURVE and (tmp_path / "episodes.csv").read_text() == EPISODES
+    # The next resume cuts them, and removes the temporary file the kill left
+    learning.cut_logs(str(tmp_path), 128, "starpilot ppg seed 0")
+    assert (tmp_path / "curve.csv").read_text() == "128,1.5,2\n"
+    assert (tmp_path / "episodes.csv").read_text() == "100,1,10\n120,2,20\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["curve.csv", "episodes.csv"]
 
 
 def test_paper_table_damaged_logs(paper, tmp_path):

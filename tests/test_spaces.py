@@ -16,9 +16,10 @@ from stable_baselines3.common.envs import (
 )
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import VecTransposeImage
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecTransposeImage
 
 from sb3_ppg import PPG, MlpPolicy
+from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 
 # One aux phase every 2 iterations; a step's reward does not depend on the past actions, so a short horizon helps
@@ -383,3 +384,72 @@ def test_predict_box_observation_errors(make_model):
     # SB3's own message for a wrong shape
     with pytest.raises(ValueError, match=r"Unexpected observation shape \(3,\) for Box environment, please use \(4,\)"):
         model.predict(np.zeros(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "observation_space",
+    [
+        spaces.Graph(spaces.Box(0.0, 1.0, (2,)), None),
+        spaces.Sequence(spaces.Box(0.0, 1.0, (2,))),
+        spaces.Text(5),
+    ],
+    ids=["graph", "sequence", "text"],
+)
+@pytest.mark.parametrize("vec_env_cls", [DummyVecEnv, SubprocVecEnv])
+def test_command_line_vec_env_refuses_unsupported_space_before_wrapping(observation_space, vec_env_cls):
+    """
+    The command line's VecEnv factory checks the probe's space before the VecEnv is built: on main SB3's DummyVecEnv
+    failed with "'NoneType' object is not iterable" and PPG's message was never reached.
+    """
+    factory = ProcgenVecEnvFactory(vec_env_cls)
+    with pytest.raises(ValueError, match=r"PPG does not support the observation space .*ObservationWrapper"):
+        factory([lambda: SpacesEnv(observation_space)] * 2)
+
+
+class UnitIntervalImageEnv(SpacesEnv):
+    """Declares ``Box(0, 255, uint8)`` images (or a Dict holding them) and returns float64 values given by ``make``."""
+
+    def __init__(self, make, dict_observation: bool = False):
+        image_space = spaces.Box(0, 255, (8, 8, 1), dtype=np.uint8)
+        super().__init__(spaces.Dict({"image": image_space}) if dict_observation else image_space)
+        self.make = make
+        self.dict_observation = dict_observation
+
+    def _observation(self):
+        image = self.make(self.np_random)
+        return {"image": image} if self.dict_observation else image
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        gym.Env.reset(self, seed=seed)
+        return self._observation(), {}
+
+    def step(self, action):
+        return self._observation(), 0.0, False, False, {}
+
+
+def unit_floats(rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(0.0, 1.0, (8, 8, 1))
+
+
+@pytest.mark.parametrize("dict_observation", [False, True])
+def test_float_observations_of_a_uint8_space_are_refused(dict_observation):
+    """
+    Floats in [0, 1) from an env declaring Box(0, 255, uint8): DummyVecEnv's cast made every observation 0 and PPG
+    trained on them without a word on main. Now the model and the command line's VecEnv factory refuse the env.
+    """
+    policy = "MultiInputPolicy" if dict_observation else "MlpPolicy"
+    match = r"are float64 .* is uint8: SB3's VecEnv casts them to uint8, which changes them"
+    with pytest.raises(ValueError, match=match) as error:
+        PPG(policy, UnitIntervalImageEnv(unit_floats, dict_observation), **SMALL)
+    assert "(obs * 255).astype(np.uint8)" in str(error.value) and "Box(0.0, 1.0, shape, np.float32)" in str(error.value)
+    assert ("key 'image'" in str(error.value)) == dict_observation
+    with pytest.raises(ValueError, match=match):
+        ProcgenVecEnvFactory(DummyVecEnv)([lambda: UnitIntervalImageEnv(unit_floats, dict_observation)])
+
+
+def test_observations_that_survive_the_cast_are_accepted():
+    """Whole numbers within 0-255 in float64 are stored unchanged as uint8: accepted. Out of range ones wrap: refused."""
+    model = PPG("MlpPolicy", UnitIntervalImageEnv(lambda rng: rng.integers(0, 256, (8, 8, 1)).astype(np.float64)), **SMALL)
+    assert model.observation_space.dtype == np.uint8
+    with pytest.raises(ValueError, match=r"are int64 \(values from 0 to 300\)"):
+        PPG("MlpPolicy", UnitIntervalImageEnv(lambda rng: np.array([0, 300] * 32, dtype=np.int64).reshape(8, 8, 1)), **SMALL)

@@ -13,31 +13,24 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+from helpers import run_folder_args
 from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
-from sb3_ppg import PPG
-from sb3_ppg.cli import enjoy, train, vec_env, zoo
-from sb3_ppg.cli import experiment_manager as zoo_manager
+from sb3_ppg import PPG, PPGCheckpointCallback
+from sb3_ppg.cli import arguments, enjoy, run_folders, train, vec_env, zoo
 from sb3_ppg.common.envs import DICT_CARTPOLE_ID
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
 
-PAPER_FILE = train.hyperparams_file("paper")
-EASY_FILE = train.hyperparams_file("easy")
+PAPER_FILE = arguments.hyperparams_file("paper")
+EASY_FILE = arguments.hyperparams_file("easy")
 CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", DICT_CARTPOLE_ID)
 # Tiny PPG settings with at least one auxiliary phase (zoo -params syntax)
 TINY_PARAMS = ["n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
-
-
-def run_folder_args(folder: Path, seed: int = 0) -> list[str]:
-    """The zoo arguments every run of these tests shares: log folder, seed, CPU, quiet."""
-    return ["-f", str(folder), "--seed", str(seed), "--device", "cpu", "--verbose", "0"]
+pytestmark = pytest.mark.usefixtures("registered_zoo")
 
 
 def load_yaml(path: str) -> dict:
@@ -156,17 +149,33 @@ def test_entries_finish_with_a_total_that_is_not_a_multiple_of_the_rollout(confi
 # Zoo plumbing
 
 
+def test_folders_in_the_home_folder(monkeypatch):
+    """
+    A folder the run writes to may start with "~", which the shell leaves in "--log-folder=~/logs": the home folder,
+    not a folder named "~" (issue 29); so may --resume's.
+    """
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, "/home/someone")
+    argv = arguments.build_zoo_argv(["--env", "CartPole-v1", "--log-folder=~/logs", "-tb", "~/tb", "--seed", "1"])
+    assert "--log-folder=/home/someone/logs" in argv and argv[argv.index("-tb") + 1] == "/home/someone/tb"
+    assert arguments.build_zoo_argv(["-f", "~/logs"])[2:4] == ["-f", "/home/someone/logs"]
+    started = {}
+    monkeypatch.setattr(train, "run_zoo", lambda command, argv, **kwargs: started.update(kwargs))
+    train.main(["--env", "CartPole-v1", "--resume=~/logs/ppg/CartPole-v1_1"])
+    assert started == dict(resume="/home/someone/logs/ppg/CartPole-v1_1")
+
+
 def test_build_zoo_argv():
-    argv = train.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
+    argv = arguments.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
     assert argv[:2] == ["--algo", "ppg"] and argv[-2:] == ["-conf", PAPER_FILE]
-    argv = train.build_zoo_argv(["--env", "procgen/coinrun-v0", "--preset", "easy", "--seed", "3"])
+    argv = arguments.build_zoo_argv(["--env", "procgen/coinrun-v0", "--preset", "easy", "--seed", "3"])
     assert "--preset" not in argv and "easy" not in argv and argv[-2:] == ["-conf", EASY_FILE]
-    argv = train.build_zoo_argv(["-conf", "my.yml"])
+    argv = arguments.build_zoo_argv(["-conf", "my.yml"])
     assert argv == ["--algo", "ppg", "-conf", "my.yml"]
     with pytest.raises(ValueError, match="only one"):
-        train.build_zoo_argv(["--preset", "easy", "-conf", "my.yml"])
+        arguments.build_zoo_argv(["--preset", "easy", "-conf", "my.yml"])
     # Another algorithm keeps the zoo's own hyperparameters
-    assert train.build_zoo_argv(["--algo", "ppo"]) == ["--algo", "ppo"]
+    assert arguments.build_zoo_argv(["--algo", "ppo"]) == ["--algo", "ppo"]
 
     argv = enjoy.build_zoo_argv(["--env", "procgen/coinrun-v0"])
     assert {"--stochastic", "--no-render"} <= set(argv) and argv[argv.index("-f") + 1] == "logs"
@@ -367,7 +376,7 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
     assert [path.name for path in run_folder.glob("*monitor.csv")] == ["0.monitor.csv"]
     # --env-kwargs set over the preset's env_kwargs, recorded where enjoy reads them
     for name in ("config.yml", "args.yml"):
-        saved = zoo_manager.read_run_file(run_folder / "procgen-starpilot-v0" / name)
+        saved = run_folders.read_run_file(run_folder / "procgen-starpilot-v0" / name)
         assert saved["env_kwargs"] == {"distribution_mode": "easy", "num_levels": 10, "start_level": 0}
 
     capsys.readouterr()
@@ -540,3 +549,36 @@ def test_enjoy_errors_are_one_line(tmp_path: Path, make_model):
     )
     with pytest.raises(AssertionError, match="CartPole-v1_5 folder was not found"):
         enjoy.main(enjoy_argv(tmp_path, "--exp-id", "5", "--traceback"))
+
+
+def test_enjoy_plays_the_runs_own_checkpoints(tmp_path: Path, make_model, capsys):
+    """
+    --load-checkpoint N and --load-last-checkpoint play the run's own checkpoints (checkpoints/ppg_<N>_steps/): on
+    main enjoy looked for the zoo's rl_model_<N>_steps.zip only and never found them. A missing one names those there.
+    """
+    algo_folder = make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip",), 2: ()})
+    run_folder = algo_folder / "CartPole-v1_1"
+    model = make_model("CartPole-v1")
+    model.learn(32, callback=PPGCheckpointCallback(16, str(run_folder / "checkpoints"), name_prefix="ppg"))
+    (run_folder / "checkpoints" / "ppg_48_steps").mkdir()  # an incomplete checkpoint (no manifest): not played
+    for options, steps in ((("--load-checkpoint", "16"), 16), (("--load-last-checkpoint",), 32)):
+        enjoy.main(enjoy_argv(tmp_path, *options))
+        model_path = run_folder / "checkpoints" / f"ppg_{steps}_steps" / "model.zip"
+        assert capsys.readouterr().out.splitlines()[:2] == [
+            f"Playing run {run_folder}, model {Path('checkpoints', f'ppg_{steps}_steps', 'model.zip')}; skipped the "
+            f"newer CartPole-v1_2: no {'checkpoint 16' if steps == 16 else 'checkpoint'} (failed or unfinished runs?)",
+            f"Loading {model_path}",
+        ]
+    with pytest.raises(SystemExit) as error:
+        enjoy.main(enjoy_argv(tmp_path, "--load-checkpoint", "192"))
+    assert error.value.code == (
+        f"error: no run of ppg on CartPole-v1 in {algo_folder}{os.sep} has a checkpoint 192 (CartPole-v1_1: checkpoints "
+        "at steps 16, 32; CartPole-v1_2: no checkpoint); train with --save-freq N to write checkpoints into "
+        "<run folder>/checkpoints/"
+    )
+    with pytest.raises(SystemExit) as error:  # a run given by --exp-id: the zoo's lookup, with the same list
+        enjoy.main(enjoy_argv(tmp_path, "--load-checkpoint", "192", "--exp-id", "1"))
+    assert error.value.code == (
+        f"error: ValueError: The run {run_folder} has no checkpoint 192 (checkpoints at steps 16, 32) "
+        "(--traceback shows where)"
+    )

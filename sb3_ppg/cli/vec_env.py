@@ -12,6 +12,7 @@ import gymnasium as gym
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
+from sb3_ppg.common.preprocessing import check_first_observation, check_observation_space
 from sb3_ppg.procgen import ProcgenGymnasiumEnv
 from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
 
@@ -44,7 +45,10 @@ class ProcgenVecEnvFactory:
     training env. All games then run in one C++ env, stepped by procgen's worker threads.
 
     Any other env (and a Procgen env with extra gymnasium wrappers from ``env_wrapper``) is built with the fallback
-    ``VecEnv`` class.
+    ``VecEnv`` class, after its observation space and first observation are checked on the probe (see
+    :func:`~sb3_ppg.common.preprocessing.check_observation_space` and
+    :func:`~sb3_ppg.common.preprocessing.check_first_observation`): a space SB3's VecEnvs cannot hold, or observations
+    their cast would change, is a ``ValueError`` before any VecEnv is built.
 
     :param fallback_vec_env_cls: ``VecEnv`` class for non-Procgen envs. None: ``DummyVecEnv`` for one env,
         ``SubprocVecEnv`` for several (what ``rl_zoo3.utils.create_test_env`` does by default)
@@ -72,7 +76,12 @@ class ProcgenVecEnvFactory:
         """
         probe = env_fns[0]()
         if not isinstance(probe.unwrapped, ProcgenGymnasiumEnv):
-            probe.close()
+            try:
+                # Before the VecEnv: SB3's fails on a Graph, Sequence or Text space, and casts observations silently
+                check_observation_space(probe.observation_space)
+                check_first_observation(probe)
+            finally:
+                probe.close()
             return self._fallback(env_fns, **vec_env_kwargs)
 
         monitor = None

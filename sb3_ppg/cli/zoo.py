@@ -252,7 +252,7 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     (:func:`zoo_registered`): the zoo's registries and ``sys.argv`` (which the zoo's ``train()`` / ``enjoy()`` read)
     are put back after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's
     own command line errors exit. The zoo's ``enjoy`` reads the run folder's ``config.yml`` and ``args.yml`` with
-    :class:`sb3_ppg.cli.experiment_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``, and plays
+    :class:`sb3_ppg.cli.run_folders.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``, and plays
     MaskablePPG models with the masks of its env (:func:`sb3_ppg.cli.masked_play.zoo_plays_with_masks`).
 
     :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
@@ -268,8 +268,8 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
         import_zoo()
     except ZooNotInstalledError as error:
         sys.exit(str(error))
-    from sb3_ppg.cli.experiment_manager import zoo_reads_run_files_safely
     from sb3_ppg.cli.masked_play import zoo_plays_with_masks
+    from sb3_ppg.cli.run_folders import zoo_reads_run_files_safely
 
     saved_argv = sys.argv
     sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]

@@ -38,7 +38,7 @@ from sb3_ppg.common.buffers import (
     resolve_aux_buffer_storage,
 )
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
-from sb3_ppg.common.checkpoints import checkpoint
+from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 from sb3_ppg.common.hyperparameters import (
@@ -50,9 +50,8 @@ from sb3_ppg.common.hyperparameters import (
     schedule_value,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
-from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
@@ -901,7 +900,7 @@ class PPG(OnPolicyAlgorithm):
 
     def get_run_state(self) -> RunState:
         """
-        Where the run is, beyond its weights and optimizers (see :class:`~sb3_ppg.common.run_state.RunState`): what
+        Where the run is, beyond its weights and optimizers (see :class:`~sb3_ppg.common.checkpoints.RunState`): what
         ``PPGCheckpointCallback`` saves, with the auxiliary buffer, the envs and the random generators.
 
         :return: the run state (the last observations are the model's arrays, not copies)
@@ -1026,16 +1025,20 @@ class PPG(OnPolicyAlgorithm):
         path: str | os.PathLike,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
+        allow_pickle: bool = True,
         **kwargs: Any,
     ) -> SelfPPG:
         """
         Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run with
         ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (see docs/checkpoints.md).
-        Every file is checked against the manifest first. Checkpoints hold pickles: load trusted ones.
+        Every file is checked against the manifest first. Checkpoints hold pickles, which run code when loaded: load
+        trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
 
         :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest checkpoint that verifies)
         :param env: the env to continue with, built as in the run; its envs' states are restored. ``None``: no env
         :param device: the device of the model
+        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions);
+            a checkpoint that needs pickle (``env_states.pkl``, objects without description) is a ``ValueError``
         :param kwargs: passed to :meth:`load`; ``n_steps`` and ``n_policy_iters`` cannot change
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
@@ -1044,7 +1047,7 @@ class PPG(OnPolicyAlgorithm):
             ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
-        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        model = load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
         changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
         if changed:
             raise HyperparameterError(
@@ -1081,7 +1084,9 @@ class PPG(OnPolicyAlgorithm):
     @staticmethod
     def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
         """
-        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``.
+        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``. An env
+        that is not a VecEnv, with an integer Box observation space, is reset once to check its observations
+        (``check_first_observation``).
 
         :param env: the env
         :param verbose: Verbosity level: 1 prints the wrappers used
@@ -1092,6 +1097,8 @@ class PPG(OnPolicyAlgorithm):
             env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
         check_observation_space(env.observation_space)
         check_action_space(env.action_space)
+        if not isinstance(env, VecEnv):
+            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
         return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:

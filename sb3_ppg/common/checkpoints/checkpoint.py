@@ -35,17 +35,25 @@ from sb3_ppg.common.checkpoints.manifest import (
     read_manifest,
     write_manifest,
 )
+from sb3_ppg.common.checkpoints.model_objects import rebuild
 from sb3_ppg.common.checkpoints.rollouts import check_rollout, read_rollouts, write_rollouts
-from sb3_ppg.common.checkpoints.run_state import read_run_state, restore_run_state, write_run_state
+from sb3_ppg.common.checkpoints.run_state import ResumableModel, read_run_state, restore_run_state, write_run_state
 from sb3_ppg.common.hyperparameters import HyperparameterError
-from sb3_ppg.common.run_state import ResumableModel
+from sb3_ppg.common.save_util import read_model_zip
 
 Model = TypeVar("Model", bound=ResumableModel)
 
 #: The files of a checkpoint folder (and of its ``rank_<r>/`` folders) that ``write_checkpoint`` writes
 CHECKPOINT_FILES = (MANIFEST, "model.zip", "run_state.npz", "env_states.pkl")
-#: Errors of the arguments (hyperparameters, the env), not of the checkpoint: an older checkpoint would not fit either
-ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError)
+
+
+class PickleRefusedError(ValueError):
+    """``load_checkpoint(..., allow_pickle=False)`` of a checkpoint that cannot be loaded without unpickling."""
+
+
+#: Errors of the arguments (hyperparameters, the env, ``allow_pickle``), not of the checkpoint: an older checkpoint
+#: would not fit either
+ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError, PickleRefusedError)
 
 
 def write_checkpoint(
@@ -233,6 +241,32 @@ def newest_verified(
     return None, skipped
 
 
+def find_checkpoint(
+    path: str | os.PathLike, verify_named: bool = True
+) -> tuple[tuple[pathlib.Path, dict[str, Any]] | None, list[str]]:
+    """
+    The checkpoint ``path`` names, verified completely (every file against the manifest, every stored rollout read):
+    ``path`` itself when it is a checkpoint, else the newest checkpoint of the folder ``path`` that verifies (see
+    :func:`newest_verified`). ``load_checkpoint`` and the command line's ``--resume`` both choose with it.
+
+    :param path: a checkpoint, or a folder of checkpoints
+    :param verify_named: verify the checkpoint ``path`` when it is one (under torchrun each rank verifies its part)
+    :return: (the checkpoint and its manifest, or None when none verifies; the damaged newer ones skipped, each with
+        the reason)
+    :raises CheckpointDamagedError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies)
+    """
+    path = pathlib.Path(path)
+    if not (path / MANIFEST).is_file():
+        return newest_verified(path)
+    try:
+        manifest = read_manifest(path)
+        if verify_named:
+            verify_files(path, manifest, full=True)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise damaged_error(path, str(error)) from error
+    return (path, manifest), []  # type: ignore[return-value]
+
+
 def check_world_size(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
     """
     Check that a checkpoint was written with this run's world size (1 for a single process): every rank's envs,
@@ -279,7 +313,12 @@ def restore_run(model: ResumableModel, directory: pathlib.Path, manifest: dict[s
 
 
 def load_checkpoint(
-    cls: type[Model], path: str | os.PathLike, env: Any = None, device: th.device | str = "auto", **kwargs: Any
+    cls: type[Model],
+    path: str | os.PathLike,
+    env: Any = None,
+    device: th.device | str = "auto",
+    allow_pickle: bool = True,
+    **kwargs: Any,
 ) -> Model:
     """
     Load a checkpoint: verify it, load its model with ``cls.load`` and restore the run (see ``PPG.load_checkpoint``).
@@ -288,51 +327,43 @@ def load_checkpoint(
     :param path: a checkpoint folder, or a folder of checkpoints (the newest that verifies is loaded)
     :param env: the env to continue with
     :param device: the model's device
+    :param allow_pickle: False: unpickle nothing (see :func:`pickle_free_objects`), refuse a checkpoint that needs it
     :param kwargs: passed to ``cls.load``
     :return: the model
     """
     device = distributed.auto_init(device)  # a process started by torchrun joins the job before anything is read
+    path = os.path.expanduser(path)  # as PPGCheckpointCallback's save_path
+    if not allow_pickle:
+        kwargs["allow_pickle"] = False  # read by _load_one
     if distributed.is_active():
         return _load_distributed(cls, path, env, device, **kwargs)
-    explicit, candidates = _candidates(path)
-    skipped: list[str] = []
-    for directory, manifest in candidates:
-        check_world_size(directory, manifest)
-        try:
-            model = _load_one(cls, directory, manifest, env, device, kwargs)
-        except CheckpointDamagedError as error:
-            if explicit:
-                raise damaged_error(directory, str(error)) from error
-            skipped.append(f"{str(directory)!r} ({error})")
-            continue
-        except ARGUMENT_ERRORS:
-            raise
-        except (ValueError, KeyError, TypeError, OSError) as error:
-            raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded: {error}") from error
-        _warn_skipped(directory, skipped)
-        return model
-    raise _none_loads(path, skipped)
+    directory, manifest, skipped = _chosen(path)
+    check_world_size(directory, manifest)
+    try:
+        model = _load_one(cls, directory, manifest, env, device, kwargs)
+    except CheckpointDamagedError as error:  # changed since it was verified
+        raise damaged_error(directory, str(error)) from error
+    except ARGUMENT_ERRORS:
+        raise
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded: {error}") from error
+    _warn_skipped(directory, skipped)
+    return model
 
 
-def _candidates(path: str | os.PathLike) -> tuple[bool, list[tuple[pathlib.Path, dict[str, Any]]]]:
+def _chosen(path: str | os.PathLike, verify_named: bool = True) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
     """
-    What ``load_checkpoint(path)`` tries, in order: the checkpoint ``path`` (explicit: True), or the complete
-    checkpoints of the folder ``path``, newest first.
+    The checkpoint ``load_checkpoint(path)`` loads (:func:`find_checkpoint`), with the damaged ones skipped.
 
     :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-    :raises ValueError: when the manifest of the checkpoint ``path`` is damaged (naming one that verifies)
+    :raises ValueError: when the checkpoint ``path`` is damaged (naming one that verifies), or every one is damaged
     """
-    path = pathlib.Path(path)
-    if (path / MANIFEST).is_file():
-        try:
-            manifest = read_manifest(path)
-        except ValueError as error:
-            raise damaged_error(path, str(error)) from error
-        return True, [(path, manifest)]  # type: ignore[list-item]
-    candidates = list_checkpoints(path)
-    if not candidates:
+    found, skipped = find_checkpoint(path, verify_named)
+    if found is None and not skipped:
         raise FileNotFoundError(f"No complete PPG checkpoint (a folder with a {MANIFEST}) in {str(path)!r}.")
-    return False, candidates[::-1]
+    if found is None:
+        raise _none_loads(path, skipped)
+    return found[0], found[1], skipped
 
 
 def _load_one(
@@ -346,9 +377,54 @@ def _load_one(
 ) -> Model:
     """Verify a checkpoint (this rank's part under torchrun), load its model and restore its run state."""
     verify_files(directory, manifest, rank)
+    kwargs = dict(kwargs)
+    if not kwargs.pop("allow_pickle", True):
+        part = rank_folder(rank) if rank is not None else ""
+        kwargs["custom_objects"] = pickle_free_objects(directory, manifest, part, kwargs.get("custom_objects"))
     model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
     restore_run(model, directory, manifest, rank_folder(rank) if rank is not None else "")
     return model
+
+
+def pickle_free_objects(
+    directory: pathlib.Path, manifest: dict[str, Any], part: str, custom_objects: dict[str, Any] | None
+) -> dict[str, Any]:
+    """
+    The ``custom_objects`` that load a checkpoint's ``model.zip`` without unpickling anything: the objects SB3 pickled
+    into the zip's ``data``, rebuilt from their plain description in the run state (see
+    :mod:`.model_objects`), with those given by the caller taking precedence.
+
+    :param directory: the checkpoint (files verified)
+    :param manifest: its manifest
+    :param part: this rank's folder under torchrun, else ""
+    :param custom_objects: the caller's ``custom_objects``
+    :return: ``custom_objects`` covering every pickled object of the zip
+    :raises PickleRefusedError: when the checkpoint holds pickled envs (``env_states.pkl``), or a pickled object of
+        the zip has no plain description (a checkpoint written before sb3_ppg described them, a lambda schedule, ...)
+    """
+    where = f"Checkpoint {str(directory)!r}"
+    fix = "Load it with allow_pickle=True only if you trust where it comes from (pickles run code when loaded)"
+    pickled_envs = f"{part}/env_states.pkl" if part else "env_states.pkl"
+    if pickled_envs in manifest["files"]:
+        raise PickleRefusedError(
+            f"{where} holds the pickled envs of a DummyVecEnv ({pickled_envs}), which allow_pickle=False refuses. {fix}; "
+            "checkpoints of envs whose states are arrays (Procgen's ProcgenVecEnv) need no pickle."
+        )
+    metadata, _ = read_run_state(directory / part / "run_state.npz", os.path.join(part, "run_state.npz"))
+    given = dict(custom_objects or {})
+    described = metadata.get("model_objects", {"objects": {}, "not_described": {}})
+    objects = {name: rebuild(value) for name, value in described["objects"].items()}
+    saved = read_model_zip(directory / "model.zip")
+    pickled = [name for name, item in (saved[0] if saved else {}).items() if isinstance(item, dict) and ":serialized:" in item]
+    missing = [name for name in pickled if name not in given and name not in objects]
+    if saved is None or missing:
+        why = {name: described["not_described"].get(name, "not described in its run state") for name in missing}
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "model.zip cannot be read"
+        raise PickleRefusedError(
+            f"{where} cannot be loaded without unpickling objects of its model.zip ({reasons}). {fix}, or pass those "
+            "objects in custom_objects (checkpoints of earlier sb3_ppg versions describe none of them)."
+        )
+    return {**{name: objects[name] for name in pickled if name not in given}, **given}
 
 
 def damaged_error(directory: pathlib.Path, reason: str) -> CheckpointDamagedError:
@@ -390,15 +466,15 @@ def _none_loads(path: str | os.PathLike, skipped: list[str]) -> ValueError:
 
 def _load_distributed(cls: type[Model], path: str | os.PathLike, env: Any, device: th.device | str, **kwargs: Any) -> Model:
     """
-    ``load_checkpoint`` under torchrun (collective: every rank calls it): rank 0 finds the checkpoints to try and reads
-    their manifests, then each rank verifies and restores its own part; an error on any rank is raised on every rank,
-    and a checkpoint damaged on any rank is skipped by every rank (given a folder).
+    ``load_checkpoint`` under torchrun (collective: every rank calls it): rank 0 chooses the checkpoint
+    (:func:`find_checkpoint`), then each rank verifies and restores its own part; an error on any rank is raised on
+    every rank.
     """
     rank = distributed.get_rank()
     found: tuple[Any, ...] | None = None
     if rank == 0:
         try:
-            found = ("found", *_candidates(path))
+            found = ("found", *_chosen(path, verify_named=False))
         except FileNotFoundError as error:
             found = ("missing", str(error))
         except Exception as error:
@@ -408,27 +484,22 @@ def _load_distributed(cls: type[Model], path: str | os.PathLike, env: Any, devic
         raise FileNotFoundError(found[1])
     if found[0] == "invalid":
         raise ValueError(found[1])
-    _, explicit, candidates = found
-    skipped: list[str] = []
-    for directory, manifest in candidates:
-        check_world_size(directory, manifest)  # the same manifest and world size on every rank: no rank goes on alone
-        model, error = None, None
-        try:
-            model = _load_one(cls, directory, manifest, env, device, kwargs, rank)
-        except Exception as caught:
-            error = caught
-        outcome = None if error is None else (isinstance(error, CheckpointDamagedError), f"{type(error).__name__}: {error}")
-        failures = {failed: item for failed, item in enumerate(distributed.all_gather_object(outcome)) if item is not None}
-        if not failures:
-            _warn_skipped(directory, skipped)
-            return model  # type: ignore[return-value]
-        if isinstance(error, ARGUMENT_ERRORS):
-            raise error
-        reasons = "; ".join(f"rank {failed}: {message}" for failed, (_, message) in failures.items())
-        if not all(damaged for damaged, _ in failures.values()):
-            raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded ({reasons})") from error
-        if explicit:
-            message = distributed.broadcast_object(str(damaged_error(directory, reasons)) if rank == 0 else None)
-            raise CheckpointDamagedError(message) from error
-        skipped.append(f"{str(directory)!r} ({reasons})")
-    raise _none_loads(path, skipped)
+    _, directory, manifest, skipped = found
+    check_world_size(directory, manifest)  # the same manifest and world size on every rank: no rank goes on alone
+    model, error = None, None
+    try:
+        model = _load_one(cls, directory, manifest, env, device, kwargs, rank)
+    except Exception as caught:
+        error = caught
+    outcome = None if error is None else (isinstance(error, CheckpointDamagedError), f"{type(error).__name__}: {error}")
+    failures = {failed: item for failed, item in enumerate(distributed.all_gather_object(outcome)) if item is not None}
+    if not failures:
+        _warn_skipped(directory, skipped)
+        return model  # type: ignore[return-value]
+    if isinstance(error, ARGUMENT_ERRORS):
+        raise error
+    reasons = "; ".join(f"rank {failed}: {message}" for failed, (_, message) in failures.items())
+    if not all(damaged for damaged, _ in failures.values()):
+        raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded ({reasons})") from error
+    message = distributed.broadcast_object(str(damaged_error(directory, reasons)) if rank == 0 else None)
+    raise CheckpointDamagedError(message) from error
