@@ -22,7 +22,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
 from sb3_ppg.common import distributed
-from sb3_ppg.common.checkpoints.checkpoint import write_checkpoint
+from sb3_ppg.common.checkpoints import write_checkpoint
 
 th.set_num_threads(1)
 
