@@ -317,7 +317,7 @@ def test_aux_buffer_memory_estimate_is_exact(observation_space, action_space):
 
 
 def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
-    from sb3_ppg.common.precision import memory_info
+    from sb3_ppg.common.buffers import memory_info
 
     if memory_info()[1] is None:
         pytest.skip("the machine's memory is unknown here (no /proc/meminfo)")
@@ -353,7 +353,7 @@ def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
 
 
 def test_memory_info_reads_this_machine():
-    from sb3_ppg.common.precision import memory_info
+    from sb3_ppg.common.buffers import memory_info
 
     if not os.path.isfile("/proc/meminfo"):
         pytest.skip("no /proc/meminfo here: memory_info() knows nothing")

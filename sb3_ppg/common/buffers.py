@@ -17,7 +17,6 @@ from stable_baselines3.common.utils import get_device, obs_as_tensor
 from sb3_ppg.common.array_files import read_array_file, space_from_json, space_to_json, write_array_file
 from sb3_ppg.common.distributions import distribution_param_dim
 from sb3_ppg.common.hyperparameters import AUX_BUFFER_DEVICES
-from sb3_ppg.common.precision import memory_info
 
 AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
 #: The versions of the auxiliary buffer's files: 1 without action masks, 2 with them (MaskablePPG's)
@@ -96,6 +95,30 @@ def env_minibatches(
     for start in range(0, n_envs, envs_per_minibatch):
         envs = env_order[start : start + envs_per_minibatch]
         yield rollout_buffer._get_samples((envs[:, None] * n_steps + steps).reshape(-1))
+
+
+def memory_info() -> tuple[int | None, int | None]:
+    """
+    The memory available now and the memory this process can have in all, in bytes (None where unknown):
+    ``MemAvailable`` and ``MemTotal`` of ``/proc/meminfo``, the total capped by a cgroup memory limit.
+    """
+    values = {}
+    try:
+        with open("/proc/meminfo") as file:
+            for line in file:
+                name, _, rest = line.partition(":")
+                values[name] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    total = values.get("MemTotal")
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as file:
+                limit = int(file.read().strip())
+        except (OSError, ValueError):  # absent, or "max" (no limit)
+            continue
+        total = limit if total is None else min(total, limit)
+    return values.get("MemAvailable"), total
 
 
 def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_steps: int) -> None:
@@ -707,3 +730,71 @@ class AuxiliaryBuffer:
         if verbose >= 2:
             print(f"Loaded an auxiliary buffer ({buffer.n_iterations} policy iterations) from {path}")
         return buffer
+
+
+def aux_buffer_storage(
+    n_policy_iters: int,
+    n_steps: int,
+    n_envs: int,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    aux_buffer_device: str,
+    device: th.device,
+    **buffer_kwargs: Any,
+) -> tuple[str, str]:
+    """
+    Where an auxiliary buffer lives and why (``resolve_aux_buffer_storage``), its fit in host memory checked
+    (``check_aux_buffer_memory``) before it is allocated there.
+
+    :param buffer_kwargs: the buffer's arguments beyond its layout and spaces
+    :return: the storage and the reason
+    """
+    layout = dict(n_policy_iters=n_policy_iters, n_steps=n_steps, n_envs=n_envs)
+    nbytes = AuxiliaryBuffer.estimate_nbytes(
+        **layout, observation_space=observation_space, action_space=action_space, **buffer_kwargs
+    )
+    storage, reason = resolve_aux_buffer_storage(aux_buffer_device, device, nbytes)
+    if storage != "device":
+        check_aux_buffer_memory(nbytes, **layout)
+    return storage, reason
+
+
+def make_aux_buffer(
+    n_policy_iters: int,
+    n_steps: int,
+    n_envs: int,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    device: th.device,
+    storage: tuple[str, str],
+    **buffer_kwargs: Any,
+) -> tuple["AuxiliaryBuffer", tuple[str, str]]:
+    """
+    A new auxiliary buffer, and where it lives and why: pageable memory where page-locking failed.
+
+    :param storage: the storage and the reason (``aux_buffer_storage``)
+    :param buffer_kwargs: the buffer's arguments beyond its layout and spaces
+    """
+    where, reason = storage
+    layout = (n_policy_iters, n_steps, n_envs, observation_space, action_space)
+    buffer = AuxiliaryBuffer(*layout, device=device, storage=where, **buffer_kwargs)
+    if where == "pinned" and not buffer.pinned:
+        # Its minibatches are still prepared ahead, from pageable memory
+        where, reason = "host", f"{reason}; page-locking failed, so pageable memory"
+    return buffer, (where, reason)
+
+
+def aux_buffer_summary(buffer: "AuxiliaryBuffer", next_aux_step: int, storage: str, reason: str, device: th.device) -> str:
+    """The auxiliary buffer's size, the step of its next phase and where it lives, for the log."""
+    n_buffer_steps = buffer.n_policy_iters * buffer.n_envs * buffer.n_steps
+    nbytes = buffer.nbytes
+    size = f"{nbytes / 1e6:,.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:,.1f} kB"
+    observations = buffer.observations
+    obs_nbytes = sum(array.nbytes for array in (observations.values() if isinstance(observations, dict) else [observations]))
+    places = {"host": "CPU memory", "pinned": "page-locked CPU memory", "device": f"{device} memory"}
+    return (
+        f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {buffer.n_policy_iters} * {buffer.n_envs} * "
+        f"{buffer.n_steps} steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of "
+        f"observations), {size}, taken as rollouts arrive; next auxiliary phase at step {next_aux_step:,}. "
+        f"It lives in {places[storage]} ({reason})."
+    )

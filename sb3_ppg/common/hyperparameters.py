@@ -307,3 +307,39 @@ def resolve_batch_size(
                 "a batch_size that divides n_steps * n_envs."
             )
     return batch_size
+
+
+def warn_if_no_aux_phase(model: Any, given_timesteps: int, total_timesteps: int, aux_step: int, world_size: int) -> None:
+    """
+    Warn when ``learn()`` ends before the run's first auxiliary phase, so trains as PPO (see docs/ppg.md); rollouts
+    already in the auxiliary buffer count, and an auxiliary phase already run silences it.
+
+    :param model: the PPG model
+    :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
+    :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start
+    :param aux_step: the step of the next auxiliary phase
+    :param world_size: the number of data-parallel ranks
+    """
+    steps_per_rollout = model.n_steps * model.n_envs * world_size
+    # SB3 collects whole rollouts while num_timesteps < total_timesteps
+    n_rollouts = max(0, -(-(total_timesteps - model.num_timesteps) // steps_per_rollout))
+    stop_step = model.num_timesteps + n_rollouts * steps_per_rollout
+    if model.n_aux_phases > 0 or n_rollouts == 0 or stop_step >= aux_step:
+        return
+    rollout = f"{model.n_steps} steps x {model.n_envs} envs"
+    if world_size > 1:
+        rollout += f" x {world_size} ranks"
+    stored = model.aux_buffer.n_iterations
+    if stored > 0:
+        held = f"; the auxiliary buffer holds {stored} of them"
+        fix = ""
+    else:
+        held = ""
+        fix = f"Lower n_policy_iters (to at most {n_rollouts} for this budget) or n_steps, or "
+    warnings.warn(
+        f"learn(total_timesteps={given_timesteps:,}) stops at step {stop_step:,}, before PPG's first auxiliary "
+        f"phase at step {aux_step:,} (after n_policy_iters={model.n_policy_iters} rollouts of {rollout}{held}): "
+        "this learn() trains as plain PPO. "
+        f"{fix}{'r' if fix else 'R'}aise total_timesteps to at least {aux_step - total_timesteps + given_timesteps:,}.",
+        stacklevel=5,
+    )

@@ -243,3 +243,15 @@ def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) ->
                 state["step"] = state["step"].to(device=device, dtype=th.float32)
     if fused:
         optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+
+
+def configure_optimizers(
+    optimizers: Iterable[th.optim.Optimizer], optimizer_class: type, optimizer_kwargs: dict, device: th.device
+) -> None:
+    """Step Adam with torch's fused kernel on CUDA (``uses_fused_adam``); on a CPU, as torch's default."""
+    fused = uses_fused_adam(optimizer_class, optimizer_kwargs, device)
+    for optimizer in optimizers:
+        # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
+        saved_fused = any(group.get("fused") for group in optimizer.param_groups)
+        if fused or (saved_fused and not optimizer_kwargs.get("fused")):
+            configure_adam_implementation(optimizer, fused)

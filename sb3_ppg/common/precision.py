@@ -73,27 +73,3 @@ def resolve_micro_batch_size(micro_batch_size: int | str | None, device: th.devi
     if micro_batch_size == "auto":
         return AUTO_CPU_MICRO_BATCH_SIZE if th.device(device).type == "cpu" and convolutional else None
     return micro_batch_size  # type: ignore[return-value]
-
-
-def memory_info() -> tuple[int | None, int | None]:
-    """
-    The memory available now and the memory this process can have in all, in bytes (None where unknown):
-    ``MemAvailable`` and ``MemTotal`` of ``/proc/meminfo``, the total capped by a cgroup memory limit.
-    """
-    values = {}
-    try:
-        with open("/proc/meminfo") as file:
-            for line in file:
-                name, _, rest = line.partition(":")
-                values[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    total = values.get("MemTotal")
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(limit_file) as file:
-                limit = int(file.read().strip())
-        except (OSError, ValueError):  # absent, or "max" (no limit)
-            continue
-        total = limit if total is None else min(total, limit)
-    return values.get("MemAvailable"), total

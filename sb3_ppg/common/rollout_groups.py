@@ -6,7 +6,7 @@ C++ threads, which run without the GIL) the network acts on the next group's obs
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -205,3 +205,25 @@ def overlapped_forward(policy: BasePolicy, venv: GroupedVecEnv, action_space: sp
             policy.forward = forward  # type: ignore[method-assign]
         else:
             del policy.forward  # the class's forward again
+
+
+def overlapped_rollout(
+    policy: BasePolicy, env: VecEnv, action_space: spaces.Space, overlap_rollouts: bool, use_sde: bool
+) -> AbstractContextManager:
+    """
+    The context of a rollout's collection: with ``overlap_rollouts``, ``overlapped_forward`` on the env's groups;
+    otherwise nothing.
+
+    :raises ValueError: when the env has no groups, or with gSDE (its noise is drawn for all envs at once)
+    """
+    if not overlap_rollouts:
+        return nullcontext()
+    grouped = find_grouped_vec_env(env)
+    if grouped is None:
+        raise ValueError(
+            "overlap_rollouts=True needs an env made of groups (a GroupedVecEnv at the bottom of its VecEnv chain): "
+            "make_procgen_env(..., n_groups=2), or GroupedVecEnv([venv_1, venv_2]); or set overlap_rollouts=False."
+        )
+    if use_sde:
+        raise ValueError("overlap_rollouts=True does not support gSDE (use_sde=True): set overlap_rollouts=False.")
+    return overlapped_forward(policy, grouped, action_space)

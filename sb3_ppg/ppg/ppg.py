@@ -7,7 +7,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
@@ -33,9 +33,10 @@ from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
-    check_aux_buffer_memory,
+    aux_buffer_storage,
+    aux_buffer_summary,
     env_minibatches,
-    resolve_aux_buffer_storage,
+    make_aux_buffer,
 )
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
@@ -48,10 +49,11 @@ from sb3_ppg.common.hyperparameters import (
     resolve_batch_size,
     resolve_normalize_advantage,
     schedule_value,
+    warn_if_no_aux_phase,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
-from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
+from sb3_ppg.common.rollout_groups import overlapped_rollout
 from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
@@ -71,73 +73,47 @@ class PPG(OnPolicyAlgorithm):
     Code: https://github.com/openai/phasic-policy-gradient
     Introduction and parameters: docs/ppg.md (the presets of the paper and CleanRL: docs/hyperparams.md)
 
-    Each rollout trains a PPO update (the policy phase) and is stored in an ``AuxiliaryBuffer``; every
-    ``n_policy_iters`` rollouts an auxiliary phase trains the policy network's value head and the value network on
-    the buffer, with a behaviour-cloning KL that keeps the policy in place. ``n_aux_epochs=0`` is PPO.
-
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ProcgenCnn, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
-    :param learning_rate: The learning rate, a constant or a function of the remaining progress (from 1 to 0);
-        default 5e-4 (the paper's)
-    :param n_steps: The number of steps to run for each environment per update; default 256 (the paper's)
-    :param batch_size: Policy-phase minibatch size; ``None`` (default): 8 minibatches per rollout (the paper's)
-    :param policy_minibatches: ``"transitions"`` (default, SB3's PPO) or ``"envs"`` (whole env rollouts, the paper's
-        code; ``batch_size`` must be a multiple of ``n_steps``)
-    :param n_epochs: Policy epochs per iteration (E_pi); default 1 (the paper's)
-    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default): ``n_epochs``, joint with the policy
-        epochs (the paper's). Another value runs value-only epochs first, with their own optimizer
-    :param gamma: Discount factor; default 0.999 (the paper's)
-    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator; default 0.95
-        (the paper's)
-    :param clip_range: Clipping parameter of the surrogate objective (constant or schedule); default 0.2 (the
-        paper's); ``None``: no clipping (the KL-penalty variant, with ``kl_coef > 0``)
-    :param clip_range_vf: Clipping parameter of the policy phase's value function; ``None`` (default, the paper's):
-        no value clipping
-    :param value_clipping: The form of the clipped value loss: ``"sb3"`` (default, SB3's PPO) or ``"max"``
-        (baselines and CleanRL; see :func:`~sb3_ppg.ppg.losses.value_loss`)
-    :param normalize_advantage: ``"batch"`` (default, the paper's), ``"minibatch"`` (SB3's PPO) or ``"none"``;
-        ``True`` means ``"batch"``, ``False`` ``"none"``
-    :param ent_coef: Entropy coefficient of the policy loss; default 0.01 (the paper's)
-    :param vf_coef: Value function coefficient of the policy phase; default 0.5 (the paper's)
-    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's): no
-        clipping
-    :param kl_coef: Coefficient of the KL penalty of the policy loss; default 0 (the paper's "ppgkl": 1.0)
-    :param n_policy_iters: Policy iterations (rollouts) per auxiliary phase (N_pi); default 32 (the paper's)
-    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); default 6 (the paper's); 0: no auxiliary phase (PPO)
-    :param aux_batch_rollouts: Whole env rollouts per auxiliary minibatch; default 4 (CleanRL's)
-    :param beta_clone: Weight of the behaviour-cloning KL of the auxiliary phase; default 1 (the paper's)
-    :param vf_true_coef: Weight of the value network's loss in the auxiliary phase; default 1 (the paper's)
-    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` (default):
-        ``learning_rate``
-    :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (default, the paper's code) or
-        shares the policy phase's (CleanRL)
-    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1
-    :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"`` (default), ``"pinned"`` (page-locked CPU
-        memory: non-blocking copies, the next minibatch prepared ahead), ``"device"`` or ``"auto"`` (on CUDA, the
-        device when the buffer takes at most half its free memory, else pinned); the same updates whatever the choice
-    :param overlap_rollouts: With an env made of groups (``make_procgen_env(..., n_groups=2)``, a
-        :class:`~sb3_ppg.common.rollout_groups.GroupedVecEnv`), run the rollout's forward pass group by group, each
-        group stepping while the network acts on the next (default ``False``)
-    :param micro_batch_size: The most samples per forward and backward pass (the same update up to float rounding);
-        ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, else ``None`` (whole minibatches)
-    :param precision: The features extractors' precision: ``"auto"`` (default: bfloat16 in the policy and auxiliary
-        phases for a convolutional features extractor on a CPU with AMX, float32 otherwise), ``"fp32"``, ``"bf16"``,
-        or a dict per phase (``"rollout"``, ``"policy"``, ``"aux"``); see ``phase_precision``
+    :param learning_rate: The learning rate, a constant or a function of the remaining progress (from 1 to 0)
+    :param n_steps: The number of steps to run for each environment per update
+    :param batch_size: Policy-phase minibatch size; ``None``: 8 minibatches per rollout (the paper's)
+    :param policy_minibatches: ``"transitions"`` (SB3's PPO) or ``"envs"`` (whole env rollouts, the paper's code)
+    :param n_epochs: Policy epochs per iteration (E_pi)
+    :param n_value_epochs: Value epochs per iteration (E_V); ``None``: ``n_epochs``, joint with the policy epochs
+    :param gamma: Discount factor
+    :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator
+    :param clip_range: Clipping parameter of the surrogate objective (constant or schedule); ``None``: no clipping
+    :param clip_range_vf: Clipping parameter of the policy phase's value function; ``None``: no value clipping
+    :param value_clipping: The form of the clipped value loss: ``"sb3"`` (SB3's PPO) or ``"max"`` (CleanRL's)
+    :param normalize_advantage: ``"batch"`` (the paper's), ``"minibatch"`` (SB3's PPO) or ``"none"``
+    :param ent_coef: Entropy coefficient of the policy loss
+    :param vf_coef: Value function coefficient of the policy phase
+    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None``: no clipping
+    :param kl_coef: Coefficient of the KL penalty of the policy loss (the paper's "ppgkl": 1.0)
+    :param n_policy_iters: Policy iterations (rollouts) per auxiliary phase (N_pi)
+    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); 0: no auxiliary phase (PPO)
+    :param aux_batch_rollouts: Whole env rollouts per auxiliary minibatch
+    :param beta_clone: Weight of the behaviour-cloning KL of the auxiliary phase
+    :param vf_true_coef: Weight of the value network's loss in the auxiliary phase
+    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None``: ``learning_rate``
+    :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (the paper's code)
+    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step
+    :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
+    :param overlap_rollouts: Step each group of a ``GroupedVecEnv`` while the network acts on the next
+    :param micro_batch_size: The most samples per forward and backward pass; ``"auto"``: 256 for a CNN on a CPU
+    :param precision: The features extractors' precision: ``"auto"``, ``"fp32"``, ``"bf16"`` or a dict per phase
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: only at rollout start)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
     :param rollout_buffer_kwargs: Keyword arguments to pass to the rollout buffer on creation.
-    :param target_kl: Limit the KL divergence between updates of the policy phase (early stopping, as SB3's PPO);
-        ``None`` (default, the paper's): no limit
-    :param stats_window_size: Window size for the rollout logging, specifying the number of episodes to average
-        the reported success rate, mean episode length, and mean reward over
+    :param target_kl: Limit the KL divergence between updates of the policy phase (early stopping, as SB3's PPO)
+    :param stats_window_size: Window size for the rollout logging (episodes averaged)
     :param tensorboard_log: the log location for tensorboard (if None, no logging)
     :param policy_kwargs: additional arguments to be passed to the policy on creation (e.g. ``arch``)
-    :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
-        debug messages
+    :param verbose: Verbosity level: 0 for no output, 1 for info messages, 2 for debug messages
     :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run (the auxiliary buffer lives where
-        ``aux_buffer_device`` says)
+    :param device: Device (cpu, cuda, ...) on which the code should be run
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
@@ -301,93 +277,12 @@ class PPG(OnPolicyAlgorithm):
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
         self._configure_optimizers()
 
-    def _configure_optimizers(self) -> None:
-        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
-        fused = optim.uses_fused_adam(self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
-        for optimizer in self._optimizers():
-            # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
-            saved_fused = any(group.get("fused") for group in optimizer.param_groups)
-            if fused or (saved_fused and not self.policy.optimizer_kwargs.get("fused")):
-                optim.configure_adam_implementation(optimizer, fused)
-
-    def set_parameters(self, *args: Any, **kwargs: Any) -> None:
-        """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
-        super().set_parameters(*args, **kwargs)
-        self._configure_optimizers()
-
-    def _resolve_batch_size(self, n_envs: int) -> int:
-        """The policy-phase minibatch size for ``n_envs`` envs, checked (see ``resolve_batch_size``)."""
-        return resolve_batch_size(
-            None if self._auto_batch_size else self.batch_size,
-            self.n_steps,
-            n_envs,
-            self.normalize_advantage,  # type: ignore[arg-type]
-            self.n_aux_epochs,
-            self.n_policy_iters,
-            self.aux_batch_rollouts,
-            self.policy_minibatches,
-        )
-
-    def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
-        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
-        storage, reason = self._check_aux_buffer_memory(self.n_envs) if check_memory else self._aux_buffer_storage
-        if self.n_aux_epochs == 0:
-            return None
-        buffer = AuxiliaryBuffer(
-            self.n_policy_iters,
-            self.n_steps,
-            self.n_envs,
-            self.observation_space,
-            self.action_space,
-            device=self.device,
-            storage=storage,
-            **self._aux_buffer_kwargs(),
-        )
-        if storage == "pinned" and not buffer.pinned:
-            # Its minibatches are still prepared ahead, from pageable memory
-            storage, reason = "host", f"{reason}; page-locking failed, so pageable memory"
-        self._aux_buffer_storage = (storage, reason)
-        return buffer
-
-    def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
-        """
-        Decide where the auxiliary buffer for ``n_envs`` envs lives (``aux_buffer_device``) and check that it fits in
-        host memory when it lives there, before allocating it.
-
-        :return: the buffer's storage and the reason (see ``resolve_aux_buffer_storage``)
-        """
-        if self.n_aux_epochs == 0:
-            return "host", ""
-        args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
-        spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-        nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
-        storage, reason = resolve_aux_buffer_storage(self.aux_buffer_device, self.device, nbytes)
-        if storage != "device":
-            check_aux_buffer_memory(nbytes, **args)
-        return storage, reason
-
-    def _aux_buffer_kwargs(self) -> dict[str, Any]:
-        """
-        The auxiliary buffer's arguments beyond its layout and spaces (a subclass's hook: ``MaskablePPG`` stores the
-        action masks and its distributions' parameters); PPG's are the buffer's defaults.
-        """
-        return {}
-
-    def _make_optimizer(self) -> th.optim.Optimizer:
-        """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
-        return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
-
     # ------------------------------------------------------------------------------------------------------------
     # Training: one iteration of Algorithm 1 per rollout
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self) -> None:
-        """
-        One PPG iteration on the rollout just collected (the paper's Algorithm 1, inner loop): normalize the
-        advantages, run the policy phase, store the rollout in the auxiliary buffer and, every ``n_policy_iters``
-        iterations (when the buffer is full), compute the old policy on the buffer, run the auxiliary phase and empty
-        the buffer.
-        """
+        """One PPG iteration on the rollout just collected (Algorithm 1's inner loop; see docs/ppg.md)."""
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
             self._normalize_advantages()
@@ -413,10 +308,8 @@ class PPG(OnPolicyAlgorithm):
 
     def _policy_phase(self) -> None:
         """
-        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` each minibatch of the ``n_epochs``
-        epochs minimizes the joint loss with the policy optimizer; otherwise ``n_value_epochs`` value-only epochs with
-        the value optimizer run first, then ``n_epochs`` policy-only epochs. With ``target_kl``, the policy epochs stop
-        at the first minibatch whose approx KL exceeds ``1.5 * target_kl`` (SB3's PPO), without its update.
+        The policy phase: PPO on the rollout, joint value epochs or ``n_value_epochs`` value-only epochs first; stopped by
+        ``target_kl`` as SB3's PPO.
         """
         progress = self._current_progress_remaining
         self._update_learning_rate(self.policy.optimizer)
@@ -512,13 +405,7 @@ class PPG(OnPolicyAlgorithm):
                 self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
 
     def _distribution_params(self, distribution: Distribution) -> th.Tensor:
-        """
-        pi_old's parameters as the auxiliary buffer stores them (a subclass's hook: ``MaskablePPG`` stores its
-        maskable distributions' logits).
-
-        :param distribution: the policy's distribution on some states
-        :return: tensor of shape (batch, n_distribution_params)
-        """
+        """pi_old's parameters as the auxiliary buffer stores them (a subclass's hook: ``MaskablePPG``'s logits)."""
         return get_distribution_params(distribution)
 
     def _train_aux_phase(self) -> None:
@@ -632,15 +519,61 @@ class PPG(OnPolicyAlgorithm):
         return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
 
     def _behaviour_cloning_kl(self, batch: AuxiliaryBufferSamples, distribution: Distribution) -> th.Tensor:
-        """
-        ``KL(pi_old || pi)`` of each state of an auxiliary minibatch (a subclass's hook: ``MaskablePPG`` computes it
-        over the valid actions only).
-
-        :param batch: the minibatch (pi_old's stored parameters)
-        :param distribution: pi on its states
-        :return: tensor of shape (batch,)
-        """
+        """``KL(pi_old || pi)`` per state (a subclass's hook: ``MaskablePPG``'s over the valid actions only)."""
         return kl_divergence_from_params(batch.old_distribution_params, distribution)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Construction helpers: optimizers, auxiliary buffer, batch size
+    # ------------------------------------------------------------------------------------------------------------
+
+    def _configure_optimizers(self) -> None:
+        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
+        optim.configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+
+    def set_parameters(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
+        super().set_parameters(*args, **kwargs)
+        self._configure_optimizers()
+
+    def _resolve_batch_size(self, n_envs: int) -> int:
+        """The policy-phase minibatch size for ``n_envs`` envs, checked (see ``resolve_batch_size``)."""
+        return resolve_batch_size(
+            None if self._auto_batch_size else self.batch_size,
+            self.n_steps,
+            n_envs,
+            self.normalize_advantage,  # type: ignore[arg-type]
+            self.n_aux_epochs,
+            self.n_policy_iters,
+            self.aux_batch_rollouts,
+            self.policy_minibatches,
+        )
+
+    def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
+        """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
+        storage = self._check_aux_buffer_memory(self.n_envs) if check_memory else self._aux_buffer_storage
+        if self.n_aux_epochs == 0:
+            return None
+        layout = (self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space)
+        buffer, self._aux_buffer_storage = make_aux_buffer(*layout, self.device, storage, **self._aux_buffer_kwargs())
+        return buffer
+
+    def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
+        """Where the auxiliary buffer for ``n_envs`` envs lives and why (see ``aux_buffer_storage``)."""
+        if self.n_aux_epochs == 0:
+            return "host", ""
+        layout = (self.n_policy_iters, self.n_steps, n_envs, self.observation_space, self.action_space)
+        return aux_buffer_storage(*layout, self.aux_buffer_device, self.device, **self._aux_buffer_kwargs())
+
+    def _aux_buffer_kwargs(self) -> dict[str, Any]:
+        """
+        The auxiliary buffer's arguments beyond its layout and spaces (a subclass's hook: ``MaskablePPG`` stores the
+        action masks and its distributions' parameters); PPG's are the buffer's defaults.
+        """
+        return {}
+
+    def _make_optimizer(self) -> th.optim.Optimizer:
+        """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
+        return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
 
     # ------------------------------------------------------------------------------------------------------------
     # Schedules and logging
@@ -657,14 +590,7 @@ class PPG(OnPolicyAlgorithm):
         return None if schedule is None else schedule_value(schedule, name, progress_remaining)
 
     def _update_current_progress_remaining(self, num_timesteps: int, total_timesteps: int) -> None:
-        """
-        SB3's remaining progress (``1 - num_timesteps / total_timesteps``), kept at 0 once the total is reached:
-        the last rollout may end beyond ``total_timesteps`` (its length is ``n_steps * n_envs``), and schedules are
-        functions of a progress from 1 to 0 (a linear schedule would otherwise give a negative learning rate).
-
-        :param num_timesteps: current number of timesteps
-        :param total_timesteps: the total number of timesteps of this ``learn()``
-        """
+        """SB3's remaining progress, kept at 0 once the total is reached (the last rollout may end beyond it)."""
         self._current_progress_remaining = max(0.0, 1.0 - float(num_timesteps) / float(total_timesteps))
 
     def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
@@ -737,8 +663,11 @@ class PPG(OnPolicyAlgorithm):
         )
         if self.aux_buffer is not None and distributed.get_rank() == 0:
             if reset_num_timesteps:
-                self._log_aux_buffer_size()
-            self._warn_if_no_aux_phase(total_timesteps - start_timesteps, total_timesteps)
+                self.logger.info(
+                    aux_buffer_summary(self.aux_buffer, self._next_aux_phase_step(), *self._aux_buffer_storage, self.device)
+                )
+            given_timesteps, world_size = total_timesteps - start_timesteps, distributed.get_world_size()
+            warn_if_no_aux_phase(self, given_timesteps, total_timesteps, self._next_aux_phase_step(), world_size)
         return total_timesteps, callback
 
     def _next_aux_phase_step(self) -> int:
@@ -746,64 +675,6 @@ class PPG(OnPolicyAlgorithm):
         assert self.aux_buffer is not None
         n_rollouts = max(1, self.n_policy_iters - self.aux_buffer.n_iterations)
         return self.num_timesteps + n_rollouts * self.n_steps * self.n_envs * distributed.get_world_size()
-
-    def _log_aux_buffer_size(self) -> None:
-        """State the auxiliary buffer's size and when its next phase runs in the log (printed with ``verbose >= 1``)."""
-        assert self.aux_buffer is not None
-        n_buffer_steps = self.n_policy_iters * self.n_envs * self.n_steps
-        observations = self.aux_buffer.observations
-        nbytes = self.aux_buffer.nbytes
-        size = f"{nbytes / 1e6:,.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:,.1f} kB"
-        obs_arrays = observations.values() if isinstance(observations, dict) else [observations]
-        obs_nbytes = sum(array.nbytes for array in obs_arrays)
-        self.logger.info(
-            f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {self.n_policy_iters} * {self.n_envs} * {self.n_steps} "
-            f"steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of observations), {size}, "
-            "taken as rollouts arrive; next auxiliary phase at step "
-            f"{self._next_aux_phase_step():,}. {self._aux_buffer_location()}"
-        )
-
-    def _aux_buffer_location(self) -> str:
-        """Where the auxiliary buffer lives and why, for the log."""
-        storage, reason = self._aux_buffer_storage
-        places = {"host": "CPU memory", "pinned": "page-locked CPU memory", "device": f"{self.device} memory"}
-        return f"It lives in {places[storage]} ({reason})."
-
-    def _warn_if_no_aux_phase(self, given_timesteps: int, total_timesteps: int) -> None:
-        """
-        Warn when ``learn()`` ends before the run's first auxiliary phase: it then trains as PPO (the paper's N_pi 32
-        rollouts of 256 steps take 8,192 steps per env before the first phase). Rollouts already in the auxiliary
-        buffer (a resumed run) count; no warning once an auxiliary phase has run.
-
-        :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
-        :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start (it stops at the first
-            rollout boundary at or beyond it)
-        """
-        assert self.aux_buffer is not None
-        aux_step = self._next_aux_phase_step()
-        steps_per_rollout = self.n_steps * self.n_envs * distributed.get_world_size()
-        # SB3 collects whole rollouts while num_timesteps < total_timesteps
-        n_rollouts = max(0, -(-(total_timesteps - self.num_timesteps) // steps_per_rollout))
-        stop_step = self.num_timesteps + n_rollouts * steps_per_rollout
-        if self._n_aux_phases > 0 or n_rollouts == 0 or stop_step >= aux_step:
-            return
-        rollout = f"{self.n_steps} steps x {self.n_envs} envs"
-        if distributed.get_world_size() > 1:
-            rollout += f" x {distributed.get_world_size()} ranks"
-        stored = self.aux_buffer.n_iterations
-        if stored > 0:
-            held = f"; the auxiliary buffer holds {stored} of them"
-            fix = ""
-        else:
-            held = ""
-            fix = f"Lower n_policy_iters (to at most {n_rollouts} for this budget) or n_steps, or "
-        warnings.warn(
-            f"learn(total_timesteps={given_timesteps:,}) stops at step {stop_step:,}, before PPG's first auxiliary "
-            f"phase at step {aux_step:,} (after n_policy_iters={self.n_policy_iters} rollouts of {rollout}{held}): "
-            "this learn() trains as plain PPO. "
-            f"{fix}{'r' if fix else 'R'}aise total_timesteps to at least {aux_step - total_timesteps + given_timesteps:,}.",
-            stacklevel=5,
-        )
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
         """SB3's; in data-parallel training with the callbacks that count every rank's steps."""
@@ -821,15 +692,13 @@ class PPG(OnPolicyAlgorithm):
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
-        SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``RolloutBoundaryCallback`` s,
-        such as ``PPGCheckpointCallback``) that this is a rollout boundary: ``train()`` has consumed the previous
-        rollout and nothing of the next one has been drawn yet. In data-parallel training, the ranks then share its
-        outcome (steps, statistics).
+        SB3's ``collect_rollouts()``, after calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks
+        then share its outcome.
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        with self._overlapped_rollout(env):
+        with overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde):
             if not distributed.is_active():
                 return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
             complete, self._data_parallel_stats = data_parallel.collect_rollouts(
@@ -839,34 +708,10 @@ class PPG(OnPolicyAlgorithm):
             )
         return complete
 
-    def _overlapped_rollout(self, env: VecEnv) -> AbstractContextManager:
-        """
-        The context of a rollout's collection: with ``overlap_rollouts``, the policy's forward pass runs group by group
-        and starts each group's step (``overlapped_forward``); otherwise nothing.
-
-        :raises ValueError: when the env has no groups, or with gSDE (its noise is drawn for all envs at once)
-        """
-        if not self.overlap_rollouts:
-            return nullcontext()
-        grouped = find_grouped_vec_env(env)
-        if grouped is None:
-            raise ValueError(
-                "overlap_rollouts=True needs an env made of groups (a GroupedVecEnv at the bottom of its VecEnv chain): "
-                "make_procgen_env(..., n_groups=2), or GroupedVecEnv([venv_1, venv_2]); or set overlap_rollouts=False."
-            )
-        if self.use_sde:
-            raise ValueError("overlap_rollouts=True does not support gSDE (use_sde=True): set overlap_rollouts=False.")
-        return overlapped_forward(self.policy, grouped, self.action_space)
-
     def _collect_rollout(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
-        """
-        Collect one rollout into ``rollout_buffer``: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG``
-        collects the action masks with it).
-
-        :return: whether the rollout is complete (False when a callback stopped training)
-        """
+        """Collect one rollout: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG`` adds the masks)."""
         return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     def _optimizers(self) -> list[th.optim.Optimizer]:
@@ -899,12 +744,7 @@ class PPG(OnPolicyAlgorithm):
         return self._at_rollout_boundary
 
     def get_run_state(self) -> RunState:
-        """
-        Where the run is, beyond its weights and optimizers (see :class:`~sb3_ppg.common.checkpoints.RunState`): what
-        ``PPGCheckpointCallback`` saves, with the auxiliary buffer, the envs and the random generators.
-
-        :return: the run state (the last observations are the model's arrays, not copies)
-        """
+        """Where the run is, beyond its weights and optimizers (the model's arrays, not copies)."""
         return RunState(
             num_timesteps=self.num_timesteps,
             total_timesteps=self._total_timesteps,
@@ -922,11 +762,7 @@ class PPG(OnPolicyAlgorithm):
         )
 
     def set_run_state(self, state: RunState) -> None:
-        """
-        Put back a run state from :meth:`get_run_state` (``PPG.load_checkpoint`` does, after loading the model zip).
-
-        :param state: the run state
-        """
+        """Put back a run state from :meth:`get_run_state` (``PPG.load_checkpoint`` does)."""
         self.num_timesteps = state.num_timesteps
         self._total_timesteps = state.total_timesteps
         self._num_timesteps_at_start = state.num_timesteps_at_start
@@ -952,8 +788,7 @@ class PPG(OnPolicyAlgorithm):
         include: Iterable[str] | None = None,
     ) -> None:
         """
-        SB3's ``save``, atomic for a path (a failure leaves the previous file intact); the zip stores the policy class
-        wrapped in a :class:`SavedPolicyClass`, which other algorithms' ``load()`` refuse. Only rank 0 writes.
+        SB3's ``save``, atomic for a path; the policy class is wrapped in a :class:`SavedPolicyClass`. Only rank 0 writes.
 
         :param path: path to the file where the model should be saved, or a writable binary file object
         :param exclude: name of parameters that should be excluded in addition to the default ones
@@ -991,9 +826,7 @@ class PPG(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> SelfPPG:
         """
-        Load the model from a zip file (SB3's ``load``). The hyperparameters it is loaded with (the file's, replaced by
-        ``custom_objects`` and the keyword arguments) are checked as the constructor's, and keyword arguments mean what
-        they mean there; a change that would add or drop an optimizer is refused (see docs/differences_from_ppo.md).
+        SB3's ``load``, its hyperparameters checked as the constructor's (see docs/differences_from_ppo.md).
 
         :param path: path to the file (".zip" is tried after the path as given), or a readable binary file object
         :param env: the environment to run the loaded model on (None: prediction only)
@@ -1003,9 +836,6 @@ class PPG(OnPolicyAlgorithm):
         :param force_reset: reset the env before training (SB3's default) rather than continuing its last observation
         :param kwargs: hyperparameters (or other attributes) that replace the file's
         :return: the model
-        :raises HyperparameterError: (a ``ValueError``) naming each invalid, missing or unknown hyperparameter and where
-            it came from, or a change that would add or drop an optimizer
-        :raises ValueError: when the file holds a model of another algorithm (naming it) or is truncated or corrupt
         """
         arguments = check_model_zip(path, cls, PPGPolicy, custom_objects, kwargs)
         with load_errors(path, kwargs, custom_objects):
@@ -1029,22 +859,15 @@ class PPG(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> SelfPPG:
         """
-        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run with
-        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (see docs/checkpoints.md).
-        Every file is checked against the manifest first. Checkpoints hold pickles, which run code when loaded: load
-        trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
+        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, every file checked against its manifest first,
+        ready to continue the run (see docs/checkpoints.md, also on pickles).
 
         :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest checkpoint that verifies)
         :param env: the env to continue with, built as in the run; its envs' states are restored. ``None``: no env
         :param device: the device of the model
-        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions);
-            a checkpoint that needs pickle (``env_states.pkl``, objects without description) is a ``ValueError``
+        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions)
         :param kwargs: passed to :meth:`load`; ``n_steps`` and ``n_policy_iters`` cannot change
         :return: the model
-        :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-        :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), every
-            checkpoint of the folder ``path`` is damaged, or the checkpoint does not fit ``env`` or the world size;
-            ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
         model = load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
@@ -1083,16 +906,7 @@ class PPG(OnPolicyAlgorithm):
 
     @staticmethod
     def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
-        """
-        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``. An env
-        that is not a VecEnv, with an integer Box observation space, is reset once to check its observations
-        (``check_first_observation``).
-
-        :param env: the env
-        :param verbose: Verbosity level: 1 prints the wrappers used
-        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
-        :return: the wrapped env
-        """
+        """SB3's wrapping of the env, after checking its spaces (and an integer Box env's first observation)."""
         if not isinstance(env, VecEnv):
             env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
         check_observation_space(env.observation_space)
@@ -1103,9 +917,7 @@ class PPG(OnPolicyAlgorithm):
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """
-        Set a new environment. Unlike SB3's PPO, the number of environments may change: the rollout and auxiliary
-        buffers are then rebuilt (rollouts already in the auxiliary buffer are dropped, with a warning) and the env
-        is reset.
+        Set a new environment; unlike SB3's PPO, the number of envs may change (the buffers are then rebuilt, empty).
 
         :param env: The environment for learning a policy
         :param force_reset: Force call to ``reset()`` before training
@@ -1140,11 +952,9 @@ class PPG(OnPolicyAlgorithm):
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
-        Save the auxiliary buffer (not part of the model zip: it can be many GB) as plain arrays, checksummed, written
-        atomically. For resuming a run exactly, prefer the checkpoints of :class:`~sb3_ppg.PPGCheckpointCallback`.
+        Save the auxiliary buffer (not part of the model zip) as plain arrays, checksummed, written atomically.
 
-        :param path: Path to the file where the buffer should be saved; ".npz" is appended to a str path without
-            a suffix
+        :param path: Path to the file; ".npz" is appended to a str path without a suffix
         """
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): there is nothing to save.")
@@ -1152,8 +962,7 @@ class PPG(OnPolicyAlgorithm):
 
     def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
-        Load an auxiliary buffer saved by ``save_aux_buffer``, checked completely first (a pickle is refused); its
-        rollouts count toward the next auxiliary phase.
+        Load an auxiliary buffer saved by ``save_aux_buffer``, checked completely first (a pickle is refused).
 
         :param path: Path to the saved buffer
         """
