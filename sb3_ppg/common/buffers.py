@@ -33,11 +33,10 @@ class AuxiliaryBufferSamples(NamedTuple):
     One auxiliary-phase minibatch: ``n`` whole rollouts of ``n_steps`` consecutive steps, flattened rollout-major.
 
     :param observations: observations, shape ``(n * n_steps, *obs_shape)`` (a dict of those for Dict spaces)
-    :param returns: value targets (the GAE returns computed when the rollout was collected), shape (n * n_steps,)
+    :param returns: value targets, shape (n * n_steps,)
     :param old_distribution_params: old-policy distribution parameters, shape (n * n_steps, n_params)
     :param rollout_indices: the buffer rows the rollouts came from, shape (n,)
-    :param action_masks: the valid actions of each state, booleans of shape (n * n_steps, mask_dims), for a buffer
-        that stores action masks (``MaskablePPG``'s); ``None`` otherwise
+    :param action_masks: the valid actions of each state, shape (n * n_steps, mask_dims); ``None`` without masks
     """
 
     observations: TensorObs
@@ -54,11 +53,8 @@ FLATTENED_ROLLOUT_ARRAYS = ("observations", "actions", "values", "log_probs", "a
 
 def flatten_rollout_buffer(rollout_buffer: RolloutBuffer) -> None:
     """
-    Flatten a full rollout buffer's per-step arrays (:data:`FLATTENED_ROLLOUT_ARRAYS`) from ``(n_steps, n_envs, ...)``
-    to ``(n_envs * n_steps, ...)`` as its ``get()`` does before its first minibatch (once: then ``generator_ready``
-    is set), so that sample ``env * n_steps + step`` is step ``step`` of env ``env``.
-
-    :param rollout_buffer: SB3's rollout buffer (or a subclass), full
+    Flatten a full rollout buffer's per-step arrays to ``(n_envs * n_steps, ...)`` as its ``get()`` does (once), so
+    that sample ``env * n_steps + step`` is step ``step`` of env ``env``.
     """
     if rollout_buffer.generator_ready:
         return
@@ -75,16 +71,12 @@ def env_minibatches(
     rollout_buffer: RolloutBuffer, batch_size: int, generator: np.random.Generator | None = None
 ) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
     """
-    One epoch of policy-phase minibatches made of whole env rollouts, as the paper's code makes them
-    (``policy_minibatches="envs"``): one permutation of the envs, cut into consecutive groups of
-    ``batch_size // n_steps`` envs (the last group may be smaller, as ``torch.chunk`` makes it); a minibatch holds
-    all ``n_steps`` steps of its envs, env by env, in time order. SB3's ``get()`` instead draws one permutation of
-    all ``n_steps * n_envs`` transitions.
+    One epoch of policy-phase minibatches of whole env rollouts (``policy_minibatches="envs"``, the paper's code): one
+    permutation of the envs cut into groups of ``batch_size // n_steps`` envs, each env's steps in time order.
 
     :param rollout_buffer: SB3's rollout buffer (or a subclass: its ``_get_samples`` makes the minibatches), full
-    :param batch_size: the minibatch size, a multiple of ``n_steps`` (``resolve_batch_size`` checks it)
-    :param generator: the generator of the permutation; ``None``: NumPy's global one (which SB3 seeds), as SB3's
-        ``get()`` draws its permutation from, one ``permutation(n_envs)`` per epoch
+    :param batch_size: the minibatch size, a multiple of ``n_steps``
+    :param generator: the generator of the permutation; ``None``: NumPy's global one (which SB3 seeds)
     :return: a generator of the rollout buffer's samples
     """
     n_steps, n_envs = rollout_buffer.buffer_size, rollout_buffer.n_envs
@@ -123,14 +115,10 @@ def memory_info() -> tuple[int | None, int | None]:
 
 def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_steps: int) -> None:
     """
-    Check, before allocating it, that the auxiliary buffer fits in memory: warn when it exceeds the memory
-    available now, raise when it exceeds the memory this process can have in all.
+    Check that the auxiliary buffer fits in memory before allocating it: a warning above the memory available now, a
+    ``ValueError`` above the memory this process can have (see docs/ppg.md, Memory).
 
-    :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``)
-    :param n_policy_iters: N_pi, for the message
-    :param n_envs: the number of envs, for the message
-    :param n_steps: the rollout length, for the message
-    :raises ValueError: when the buffer cannot fit
+    :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``); the other parameters are for the message
     """
     available, total = memory_info()
     gib = 1024**3
@@ -160,16 +148,14 @@ def resolve_aux_buffer_storage(
     device_memory_info: Callable[[th.device], tuple[int, int]] | None = None,
 ) -> tuple[str, str]:
     """
-    Where the auxiliary buffer's arrays live: ``"host"`` (pageable CPU memory, NumPy arrays), ``"pinned"`` (page-locked
-    CPU memory, minibatches copied without blocking and the next one prepared while the current one trains) or
-    ``"device"`` (tensors on the model's device), and why, for the log.
+    Where the auxiliary buffer's arrays live (``"host"``, ``"pinned"`` or ``"device"``, see docs/ppg.md, Memory) and
+    why, for the log.
 
-    :param aux_buffer_device: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"`` (see :data:`AUX_BUFFER_DEVICES`)
+    :param aux_buffer_device: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
     :param device: the model's device
     :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``)
     :param device_memory_info: ``(free, total)`` bytes of a CUDA device; ``None``: ``torch.cuda.mem_get_info``
     :return: the storage and the reason
-    :raises ValueError: for an unknown ``aux_buffer_device``, or ``"device"`` when the buffer exceeds the free memory
     """
     if aux_buffer_device not in AUX_BUFFER_DEVICES:
         raise ValueError(f"aux_buffer_device must be one of {AUX_BUFFER_DEVICES}, got {aux_buffer_device!r}.")
@@ -198,13 +184,7 @@ def resolve_aux_buffer_storage(
 
 
 def pinned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-    """
-    A zero array in page-locked (pinned) CPU memory, a NumPy view of a pinned tensor; ``None`` when memory cannot be
-    pinned (no CUDA, or the system refuses to lock that much).
-
-    :param shape: the array's shape
-    :param dtype: its NumPy dtype
-    """
+    """A zero array in page-locked CPU memory (a NumPy view of a pinned tensor); ``None`` where it cannot be pinned."""
     try:
         tensor = th.zeros(shape, dtype=_torch_dtype(dtype), pin_memory=True)
     except RuntimeError:
@@ -219,17 +199,8 @@ def _torch_dtype(dtype: np.dtype) -> th.dtype:
 
 class AuxiliaryBuffer:
     """
-    Storage for PPG's auxiliary phase. Each row is one env's rollout of one policy iteration: ``n_steps``
-    consecutive observations with their value targets (the GAE returns of that iteration, which are not
-    recomputed, as in the paper). Rows of ``n_policy_iters`` iterations are kept, ``n_envs`` per iteration.
-
-    Observations are stored in the observation space's dtype (uint8 for images), so the buffer costs the raw
-    observation bytes plus ``4 * (1 + n_params)`` bytes per step; ``storage`` says where (CPU memory by default).
-    The old-policy distribution parameters are filled by the algorithm (``store_old_distribution_params``) right
-    before the auxiliary phase; the buffer itself runs no network. The value targets and the distribution parameters
-    are kept at the precision they come in: float32, or float64 for a model trained in float64
-    (``model.policy.to(th.float64)``, whose old-policy parameters are float64; the value targets are float64 where the
-    rollout buffer's are).
+    Storage for PPG's auxiliary phase: each row is one env's rollout of one policy iteration, ``n_steps`` observations
+    (in the space's dtype) with their value targets and old-policy distribution parameters (see docs/ppg.md, Memory).
 
     :param n_policy_iters: policy iterations per auxiliary phase (N_pi)
     :param n_steps: steps per rollout
@@ -237,14 +208,9 @@ class AuxiliaryBuffer:
     :param observation_space: observation space
     :param action_space: action space (sets the number of distribution parameters per step)
     :param device: where minibatches are sent
-    :param n_distribution_params: floats per step of the old policy's distribution; ``None`` (default): PPG's for
-        ``action_space`` (``distribution_param_dim``)
-    :param mask_dims: booleans per step of the action masks to store with each sample (``MaskablePPG``: one per
-        action, ``sum(nvec)`` for MultiDiscrete, 2 per binary action for MultiBinary); 0 (default): no masks
-    :param storage: where the arrays live (see :func:`resolve_aux_buffer_storage`): ``"host"`` (default: NumPy arrays
-        in CPU memory), ``"pinned"`` (NumPy views of page-locked CPU memory, pageable where it cannot be pinned;
-        minibatches are copied without blocking, the next one prepared while the current one trains) or ``"device"``
-        (tensors on ``device``); saved files are the same whatever the storage
+    :param n_distribution_params: floats per step of the old policy's distribution; ``None``: PPG's for ``action_space``
+    :param mask_dims: booleans per step of the action masks to store (``MaskablePPG``'s); 0: no masks
+    :param storage: where the arrays live: ``"host"``, ``"pinned"`` or ``"device"`` (see :func:`resolve_aux_buffer_storage`)
     """
 
     observations: ObsArray | dict[str, th.Tensor] | th.Tensor
@@ -395,25 +361,14 @@ class AuxiliaryBuffer:
 
     def _env_major(self, array: np.ndarray, flattened: bool, step_shape: tuple[int, ...]) -> np.ndarray:
         """
-        View a rollout-buffer array as (n_envs, n_steps, ...).
-
-        :param array: an array of SB3's rollout buffer, (n_steps, n_envs, ...) or, once its ``get()`` has run,
-            flattened env-major to (n_envs * n_steps, ...)
-        :param flattened: whether the rollout buffer has flattened its arrays
-        :param step_shape: the shape of one step's entry (SB3's ``get()`` gives entries of shape ``()`` a trailing 1)
+        View a rollout-buffer array, ``(n_steps, n_envs, ...)`` or flattened by its ``get()``, as ``(n_envs, n_steps, ...)``.
         """
         if flattened:
             return array.reshape(self.n_envs, self.n_steps, *step_shape)
         return array.swapaxes(0, 1)
 
     def add(self, rollout_buffer: RolloutBuffer) -> None:
-        """
-        Copy the observations and value targets of a full rollout buffer into the next ``n_envs`` rows, and its
-        action masks when this buffer stores masks.
-
-        :param rollout_buffer: SB3's rollout buffer after ``compute_returns_and_advantage`` (with an
-            ``action_masks`` array, as sb3-contrib's maskable rollout buffers, when this buffer stores masks)
-        """
+        """Copy a full rollout buffer's observations, value targets (and action masks) into the next ``n_envs`` rows."""
         if self.full():
             raise RuntimeError("The auxiliary buffer is full: run the auxiliary phase and reset() it before adding more.")
         if rollout_buffer.buffer_size != self.n_steps or rollout_buffer.n_envs != self.n_envs:
@@ -449,35 +404,23 @@ class AuxiliaryBuffer:
         return obs_as_tensor(obs, self.device)  # type: ignore[arg-type]
 
     def action_masks_to_tensor(self, rows: np.ndarray | slice) -> th.Tensor | None:
-        """
-        The action masks of some rows, flattened to (n_rows * n_steps, mask_dims), as a boolean tensor on
-        ``self.device``; None when the buffer stores no masks.
-
-        :param rows: the rows (e.g. as yielded by ``iter_rollout_chunks``)
-        """
+        """The action masks of some rows as a flat boolean tensor on ``self.device``; None without masks."""
         if self.action_masks is None:
             return None
         return th.as_tensor(self._take(self.action_masks, rows).reshape(-1, self.mask_dims), device=self.device)
 
     def iter_rollout_chunks(self, batch_rollouts: int) -> Generator[tuple[slice, TensorObs], None, None]:
-        """
-        The stored observations in order, ``batch_rollouts`` rollouts at a time (for the old-policy pass that
-        fills ``old_distribution_params`` right before the auxiliary phase).
-
-        :param batch_rollouts: rollouts per chunk (the last chunk may hold fewer)
-        :return: a generator of (rows, observations flattened to (n_rows * n_steps, ...) on ``self.device``)
-        """
+        """The stored observations in order, ``batch_rollouts`` rollouts at a time, as (rows, observations)."""
         for start in range(0, self.pos, batch_rollouts):
             rows = slice(start, min(start + batch_rollouts, self.pos))
             yield rows, self._observations_to_tensor(rows)
 
     def store_old_distribution_params(self, rows: slice, params: th.Tensor) -> None:
         """
-        Store the old policy's distribution parameters of some rows.
+        Store the old policy's distribution parameters of some rows (float64 ones in float64, others in float32).
 
         :param rows: the rows, as yielded by ``iter_rollout_chunks``
-        :param params: tensor of shape (n_rows * n_steps, n_distribution_params), on any device: float64 ones are
-            stored in float64 (a float64 model), any other in float32
+        :param params: tensor of shape (n_rows * n_steps, n_distribution_params), on any device
         """
         params = params.to(th.float64 if params.dtype == th.float64 else th.float32)
         if rows.start == 0:
@@ -497,7 +440,6 @@ class AuxiliaryBuffer:
 
         :param batch_rollouts: rollouts per minibatch (the last minibatch may hold fewer)
         :param generator: random generator for the shuffle (NumPy's global one if None, which SB3 seeds)
-        :return: a generator of ``AuxiliaryBufferSamples``
         """
         permutation = generator.permutation(self.pos) if generator is not None else np.random.permutation(self.pos)
         batches = (permutation[start : start + batch_rollouts] for start in range(0, self.pos, batch_rollouts))
@@ -588,9 +530,7 @@ class AuxiliaryBuffer:
         """
         The arrays of one stored policy iteration (its ``n_envs`` rows), as plain arrays by name.
 
-        :param iteration: index of the iteration in the buffer, below ``n_iterations``
-        :param with_old_distributions: include the old-policy distribution parameters (only meaningful during an
-            auxiliary phase: they are recomputed right before each one)
+        :param with_old_distributions: include the old-policy distribution parameters (meaningful during a phase only)
         """
         return self._rows_arrays(slice(iteration * self.n_envs, (iteration + 1) * self.n_envs), with_old_distributions)
 
@@ -636,24 +576,14 @@ class AuxiliaryBuffer:
         return n_rows
 
     def copy_from(self, other: "AuxiliaryBuffer", source: object) -> None:
-        """
-        Replace the stored rollouts with those of ``other`` (e.g. a loaded buffer, in another storage), checked first.
-
-        :param other: a buffer of the same layout (``check_compatible``)
-        :param source: where it came from, for error messages
-        """
+        """Replace the stored rollouts with those of ``other`` (a buffer of the same layout), checked first."""
         other.check_compatible(self, source)
         self.reset()
         self._set_rows_arrays(0, other._rows_arrays(slice(0, other.pos), with_old_distributions=True), source)
         self.pos = other.pos
 
     def add_iteration_arrays(self, arrays: dict[str, np.ndarray], source: object) -> None:
-        """
-        Add one policy iteration saved from ``iteration_arrays`` after the stored ones (the arrays are checked first).
-
-        :param arrays: the arrays
-        :param source: where they came from, for error messages
-        """
+        """Add one policy iteration saved from ``iteration_arrays`` after the stored ones, checked first."""
         if self.full():
             raise ValueError(f"{source!r}: the auxiliary buffer is full already.")
         if self._set_rows_arrays(self.pos, arrays, source) != self.n_envs:
@@ -662,8 +592,7 @@ class AuxiliaryBuffer:
 
     def save(self, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> None:
         """
-        Save the stored rollouts as plain arrays: an ``.npz`` archive with JSON metadata (layout, spaces, position,
-        the checksum of every array), written atomically. Nothing is pickled.
+        Save the stored rollouts as plain arrays (``.npz`` with JSON metadata and checksums), atomically; nothing is pickled.
 
         :param path: Path to the file; ".npz" is appended to a str path without a suffix
         :param verbose: print where the buffer was saved when >= 2
@@ -676,12 +605,7 @@ class AuxiliaryBuffer:
             print(f"Saved the auxiliary buffer ({self.n_iterations} policy iterations) to {path}")
 
     def check_compatible(self, other: "AuxiliaryBuffer", source: object) -> None:
-        """
-        Raise a ``ValueError`` naming every difference in layout or spaces between this buffer and ``other``.
-
-        :param other: the buffer that is expected to fit (e.g. the model's own)
-        :param source: where this buffer came from, for the message
-        """
+        """Raise a ``ValueError`` naming every difference in layout or spaces from ``other``."""
         names = ("n_policy_iters", "n_steps", "n_envs", "observation_space", "action_space", "mask_dims")
         mismatches = [
             f"{name}: buffer {getattr(self, name)} != model {getattr(other, name)}"
@@ -694,8 +618,7 @@ class AuxiliaryBuffer:
     @classmethod
     def load(cls, path: str | pathlib.Path | io.BufferedIOBase, verbose: int = 0) -> "AuxiliaryBuffer":
         """
-        Load a buffer saved by ``save``. Every array is checked against its checksum and the layout; a pickle or any
-        other file is refused with a ``ValueError`` (nothing in it is executed).
+        Load a buffer saved by ``save``, every array checked against its checksum and the layout (a pickle is refused).
 
         :param path: Path to the file
         :param verbose: print where the buffer was loaded from when >= 2
@@ -742,13 +665,7 @@ def aux_buffer_storage(
     device: th.device,
     **buffer_kwargs: Any,
 ) -> tuple[str, str]:
-    """
-    Where an auxiliary buffer lives and why (``resolve_aux_buffer_storage``), its fit in host memory checked
-    (``check_aux_buffer_memory``) before it is allocated there.
-
-    :param buffer_kwargs: the buffer's arguments beyond its layout and spaces
-    :return: the storage and the reason
-    """
+    """Where an auxiliary buffer lives and why, its fit in host memory checked before it is allocated there."""
     layout = dict(n_policy_iters=n_policy_iters, n_steps=n_steps, n_envs=n_envs)
     nbytes = AuxiliaryBuffer.estimate_nbytes(
         **layout, observation_space=observation_space, action_space=action_space, **buffer_kwargs
@@ -769,12 +686,7 @@ def make_aux_buffer(
     storage: tuple[str, str],
     **buffer_kwargs: Any,
 ) -> tuple["AuxiliaryBuffer", tuple[str, str]]:
-    """
-    A new auxiliary buffer, and where it lives and why: pageable memory where page-locking failed.
-
-    :param storage: the storage and the reason (``aux_buffer_storage``)
-    :param buffer_kwargs: the buffer's arguments beyond its layout and spaces
-    """
+    """A new auxiliary buffer, and where it lives and why (pageable memory where page-locking failed)."""
     where, reason = storage
     layout = (n_policy_iters, n_steps, n_envs, observation_space, action_space)
     buffer = AuxiliaryBuffer(*layout, device=device, storage=where, **buffer_kwargs)

@@ -49,32 +49,17 @@ def rollout_boundary_callbacks(callback: BaseCallback | None) -> list[RolloutBou
 
 
 def env_step_calls(model: BaseAlgorithm) -> int:
-    """
-    The calls to ``env.step()`` this process has made since the run's start, from ``model.num_timesteps`` (which
-    counts the env steps of all ranks under torchrun): what callbacks count their frequencies in, so that a resumed
-    run saves and evaluates at the same steps as an uninterrupted one.
-
-    :param model: The model being trained
-    :return: The number of calls
-    """
+    """The calls to ``env.step()`` this process has made since the run's start (callbacks' frequencies count them)."""
     return model.num_timesteps // (model.n_envs * distributed.get_world_size())
 
 
 class PPGEvalCallback(EvalCallback):
     """
-    SB3's ``EvalCallback`` (same arguments) for runs that are checkpointed and resumed: an evaluation draws from its
-    own random streams (training's torch, numpy and Python generators are saved before it and put back after it), it
-    happens every ``eval_freq`` calls counted from the run's start (``model.num_timesteps``), a resumed run keeps the
-    evaluations of ``<log_path>/evaluations.npz`` up to its ``num_timesteps`` (a log that cannot be read is moved
-    aside to ``evaluations.npz.damaged``, with a warning), and the log is replaced atomically. So a run trains exactly
-    as it would without evaluations, and a resumed run evaluates at the same steps as an uninterrupted one. The RL Zoo
-    command line uses it, with the run's ``--seed``, for every PPG run with ``--eval-freq``.
+    SB3's ``EvalCallback`` (same arguments) for runs that are checkpointed and resumed: evaluations draw from their own
+    random streams, every ``eval_freq`` calls from the run's start, and a resumed run keeps its evaluation log (see
+    docs/command_line.md).
 
-    :param args: The arguments of SB3's ``EvalCallback``
-    :param seed: Seed the evaluation env with ``seed + num_timesteps`` before each evaluation, so that an evaluation
-        depends only on the policy and the step; ``None`` (default): as ``EvalCallback``, the evaluation env continues
-        from where the previous evaluation left it
-    :param kwargs: The keyword arguments of SB3's ``EvalCallback``
+    :param seed: Seed the evaluation env with ``seed + num_timesteps`` before each evaluation; ``None``: as SB3's
     """
 
     def __init__(self, *args: Any, seed: int | None = None, **kwargs: Any):
@@ -137,13 +122,7 @@ class PPGEvalCallback(EvalCallback):
                 random.setstate(python_state)
 
     def _evaluate(self) -> bool:
-        """
-        SB3's evaluation (``EvalCallback._on_step``), its log written atomically: SB3 writes it to a temporary file
-        in the same folder (its ``log_path`` is pointed there for the call), which is fsynced and renamed over
-        ``<log_path>.npz`` once the evaluation has completed (and deleted if it fails).
-
-        :return: Whether training continues
-        """
+        """SB3's evaluation, its log written to a temporary file and renamed over ``<log_path>.npz`` once complete."""
         if self.log_path is None:
             return super()._on_step()
         log_path = pathlib.Path(self.log_path)

@@ -1,8 +1,6 @@
 """
-Data-parallel training's hooks into an on-policy algorithm: the start-of-``learn()`` checks and broadcasts, the callback
-wrappers and the rollout-end merges that ``PPG`` calls when :func:`sb3_ppg.common.distributed.is_active` (see
-:mod:`sb3_ppg.common.distributed`). They take what they read (the model's public attributes, its optimizers, the
-VecNormalize statistics the ranks started the rollout from) and return what the model keeps.
+Data-parallel training's hooks that ``PPG`` calls when :func:`sb3_ppg.common.distributed.is_active`: the start of
+``learn()``, the callback wrappers and the rollout-end merges (see docs/scaling_out.md).
 """
 
 import inspect
@@ -89,15 +87,9 @@ def fingerprint(
     callback: MaybeCallback = None,
 ) -> dict[str, str]:
     """
-    What must be equal on every rank for the ranks to run the same number of identical updates, and to call the same
-    collectives (the callbacks acting at rollout boundaries, ``PPGCheckpointCallback``: checkpoints are collective).
+    What must be equal on every rank for the ranks to run identical updates and the same collectives.
 
-    :param model: this rank's model
-    :param optimizers: its optimizers
-    :param aux_buffer_rollouts: the rollouts in its auxiliary buffer (None: it has none)
-    :param total_timesteps: ``learn()``'s argument
-    :param reset_num_timesteps: ``learn()``'s argument
-    :param callback: ``learn()``'s argument
+    :param aux_buffer_rollouts: the rollouts in the auxiliary buffer (None: it has none)
     :return: a description of each setting, by name
     """
     hyperparameters = [name for name in inspect.signature(type(model).__init__).parameters if name not in _PER_RANK_ARGUMENTS]
@@ -124,13 +116,7 @@ def fingerprint(
 
 
 def env_ids(venv: VecEnv) -> list[str]:
-    """
-    The ids of a VecEnv's envs (gymnasium's ``spec.id``; the game of a native Procgen VecEnv; the class of an env made
-    without ``gymnasium.make``): ranks on other envs with the same spaces would otherwise train together silently.
-
-    :param venv: the model's env
-    :return: one id per env
-    """
+    """The ids of a VecEnv's envs (``spec.id``, a native Procgen env's game, else the class), compared across ranks."""
     base = venv.unwrapped  # the innermost VecEnv, under every VecEnvWrapper
     get_env_settings = getattr(base, "get_env_settings", None)
     if callable(get_env_settings):
@@ -202,13 +188,7 @@ def check_consistency(fingerprint_of_rank: dict[str, str]) -> None:
 
 
 def broadcast_training_state(model: OnPolicyAlgorithm, optimizers: list[th.optim.Optimizer]) -> dict[str, RunningStats]:
-    """
-    Give every rank rank 0's parameters, optimizer states and VecNormalize statistics.
-
-    :param model: this rank's model
-    :param optimizers: its optimizers
-    :return: the VecNormalize statistics every rank now holds (what the next rollout's merge starts from)
-    """
+    """Give every rank rank 0's parameters, optimizer states and VecNormalize statistics (returned)."""
     tensors = list(model.policy.state_dict().values())
     for optimizer in optimizers:
         tensors.extend(_optimizer_state_tensors(optimizer))
@@ -223,13 +203,9 @@ def prepare_learn(
     model: OnPolicyAlgorithm, optimizers: list[th.optim.Optimizer], fingerprint_of_rank: dict[str, str]
 ) -> dict[str, RunningStats]:
     """
-    At the start of ``learn()`` (before SB3 sets up the logger): check that the ranks agree, give them rank 0's state,
-    and silence the logger of every rank but 0.
+    At the start of ``learn()``: check that the ranks agree, give them rank 0's state, silence every rank's logger but 0's.
 
-    :param model: this rank's model
-    :param optimizers: its optimizers
-    :param fingerprint_of_rank: this rank's :func:`fingerprint`
-    :return: the VecNormalize statistics every rank starts from (see ``broadcast_training_state``)
+    :return: the VecNormalize statistics every rank starts from
     """
     check_consistency(fingerprint_of_rank)
     if dist.get_backend() == "nccl" and model.device.type != "cuda":
@@ -276,11 +252,7 @@ def collect_rollouts(
     """
     Run ``collect`` (SB3's rollout collection on this rank), then :func:`finish_rollout`.
 
-    :param model: this rank's model
-    :param collect: SB3's ``collect_rollouts`` on this rank
-    :param stats_base: the VecNormalize statistics every rank started the rollout from
-    :return: whether every rank collected a full rollout (False when a callback stopped training on any rank), and
-        the merged VecNormalize statistics (what the next rollout starts from)
+    :return: whether every rank collected a full rollout, and the merged VecNormalize statistics
     """
     start = model.num_timesteps
     episodes, successes = model.ep_info_buffer, model.ep_success_buffer
@@ -302,16 +274,9 @@ def finish_rollout(
     stats_base: dict[str, RunningStats],
 ) -> tuple[bool, dict[str, RunningStats]]:
     """
-    Share the rollout's outcome: ``num_timesteps`` becomes the total over the ranks, every rank's new episodes go into
-    every rank's episode statistics (in rank order), the VecNormalize statistics are merged, and training stops on
-    every rank when it stopped on one.
+    Share the rollout's outcome: the total ``num_timesteps``, every rank's new episodes, the merged VecNormalize
+    statistics, and a stop on every rank when one stopped.
 
-    :param model: this rank's model
-    :param complete: whether this rank collected a full rollout
-    :param start_timesteps: ``num_timesteps`` before the rollout
-    :param new_episodes: this rank's episodes of the rollout
-    :param new_successes: this rank's successes of the rollout
-    :param stats_base: the VecNormalize statistics every rank started the rollout from
     :return: whether every rank collected a full rollout, and the merged VecNormalize statistics
     """
     vec_normalize = model.get_vec_normalize_env()

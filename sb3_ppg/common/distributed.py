@@ -1,10 +1,6 @@
 """
-Data-parallel PPG over ``torch.distributed`` (launched with ``torchrun``): the process group (:func:`auto_init`; set
-``SB3_PPG_DISTRIBUTED=0`` to opt out), the collectives PPG uses (gradient averaging before every optimizer step,
-global advantage statistics, the ranks' mean approx KL, broadcasts), merging running statistics, and
-:class:`DistributedError` for a collective that fails. What the ranks share and when is in docs/scaling_out.md; the
-hooks that apply these to a PPG model are in :mod:`sb3_ppg.common.data_parallel`. Single-process training calls
-nothing here beyond :func:`is_active` and :func:`get_rank`.
+Data-parallel PPG over ``torch.distributed`` (launched with ``torchrun``): the process group, the collectives PPG
+uses, merging running statistics and :class:`DistributedError` (see docs/scaling_out.md).
 """
 
 import atexit
@@ -71,14 +67,11 @@ def _timeout_from_environment() -> datetime.timedelta:
 
 def init_from_torchrun(backend: str | None = None, timeout: datetime.timedelta | float | None = None) -> int:
     """
-    Initialize the default process group from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT``). With NCCL, this process's GPU becomes ``cuda:LOCAL_RANK``.
+    Initialize the default process group from torchrun's environment; with NCCL, this process's GPU is
+    ``cuda:LOCAL_RANK``.
 
     :param backend: "nccl" or "gloo"; None: NCCL when CUDA is available, else gloo
-    :param timeout: how long a collective waits for the other ranks (a ``timedelta`` or seconds) before failing, which
-        bounds how long the ranks still alive wait after one dies; None: ``$SB3_PPG_DIST_TIMEOUT`` seconds, else 600 s.
-        It must exceed the longest time between two collectives: a rollout plus whatever rank 0 does in callbacks
-        (evaluation, saving).
+    :param timeout: how long a collective waits for the other ranks; None: ``$SB3_PPG_DIST_TIMEOUT`` seconds, else 600 s
     :return: this process's rank
     """
     global _timeout
@@ -122,13 +115,7 @@ def _destroy_at_exit() -> None:
 
 
 def init_if_launched(backend: str | None = None) -> bool:
-    """
-    Initialize the default process group (:func:`init_from_torchrun`) when this process was started by torchrun
-    (more than one process), unless ``SB3_PPG_DISTRIBUTED=0`` or it is already initialized.
-
-    :param backend: as in :func:`init_from_torchrun`
-    :return: whether this call initialized it
-    """
+    """Initialize the process group when torchrun started this process, unless ``SB3_PPG_DISTRIBUTED=0`` or done."""
     if dist.is_initialized() or not launched_by_torchrun() or os.environ.get(AUTO_INIT_VARIABLE, "1") == "0":
         return False
     init_from_torchrun(backend=backend)
@@ -137,13 +124,8 @@ def init_if_launched(backend: str | None = None) -> bool:
 
 def auto_init(device: th.device | str) -> th.device | str:
     """
-    Called by PPG's constructor. In a process started by torchrun (more than one process; unless
-    ``SB3_PPG_DISTRIBUTED=0``), initialize the default process group if nobody has (:func:`init_from_torchrun`).
-    When training data-parallel on a machine with GPUs, ``device="auto"`` or ``"cuda"`` becomes this rank's GPU,
-    ``cuda:LOCAL_RANK``.
-
-    :param device: the device PPG was given
-    :return: the device to use
+    PPG's constructor's hook: in a process started by torchrun, initialize the process group (:func:`init_if_launched`);
+    data-parallel on GPUs, ``device="auto"`` or ``"cuda"`` becomes ``cuda:LOCAL_RANK``.
     """
     if not dist.is_available():
         return device
@@ -155,14 +137,7 @@ def auto_init(device: th.device | str) -> th.device | str:
 
 
 def local_n_envs(global_n_envs: int) -> int:
-    """
-    The number of envs of this rank when ``global_n_envs`` envs are split over the ranks.
-
-    :param global_n_envs: the total number of envs of the job
-    :return: ``global_n_envs // world_size``, where the world size is torchrun's when PPG has not initialized the
-        process group yet (envs are usually built before the model)
-    :raises ValueError: (on every rank) when the world size does not divide ``global_n_envs``
-    """
+    """This rank's share of ``global_n_envs`` (a ``ValueError`` on every rank when the world size does not divide it)."""
     world_size = get_world_size()
     if not dist.is_initialized() and launched_by_torchrun() and os.environ.get(AUTO_INIT_VARIABLE, "1") != "0":
         world_size = int(os.environ["WORLD_SIZE"])
@@ -209,11 +184,9 @@ def all_gather_object(obj: Any) -> list[Any]:
 
 def gather_errors(error: BaseException | None) -> dict[int, str]:
     """
-    Tell every rank which ranks failed at a step that each rank runs on its own (reading or writing its part of a
-    checkpoint), so that all of them raise together instead of the others waiting at the next collective.
+    Tell every rank which ranks failed at a step each runs on its own, so that all raise together.
 
-    :param error: this rank's exception, or None when it succeeded
-    :return: the message of each rank that failed, by rank (the same on every rank; empty when none failed)
+    :return: the message of each rank that failed, by rank (empty when none failed)
     """
     messages = all_gather_object(None if error is None else f"{type(error).__name__}: {error}")
     return {rank: message for rank, message in enumerate(messages) if message is not None}

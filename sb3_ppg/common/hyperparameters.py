@@ -72,13 +72,8 @@ def is_number(value: object) -> bool:
 
 class HyperparameterError(ValueError):
     """
-    Invalid or missing hyperparameters (of the constructor, of ``load()``'s arguments or of a saved model). It says
-    what is wrong with each; ``problems`` holds ``(hyperparameter name, message)`` pairs, so that ``PPG.load`` can
-    tell where each value came from.
-
-    :param problems: ``(name, message)`` for each problem
-    :param header: the first line of the message
-    :param footer: what to do, after the problems (optional)
+    Invalid or missing hyperparameters (of the constructor, ``load()`` or a saved model), one message per problem;
+    ``problems`` holds ``(name, message)`` pairs so that ``PPG.load`` can tell where each value came from.
     """
 
     def __init__(
@@ -156,13 +151,11 @@ def resolve_normalize_advantage(normalize_advantage: object) -> object:
 
 def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
     """
-    Check the hyperparameters that do not depend on the env (:data:`CHECKED_HYPERPARAMETERS`). The constructor and
-    ``_setup_model`` run it, so that the values a model is loaded with (from the file, ``custom_objects`` or
-    ``load()``'s keyword arguments) are checked as the constructor's.
+    Check the hyperparameters that do not depend on the env (:data:`CHECKED_HYPERPARAMETERS`), for the constructor and
+    ``_setup_model`` (so loaded values too).
 
     :param values: the hyperparameters by name (``n_value_epochs`` and ``normalize_advantage`` resolved already)
-    :return: the same values, integers given as NumPy integers converted to Python ints
-    :raises HyperparameterError: (a ``ValueError``) listing every invalid hyperparameter
+    :return: the same values, NumPy integers converted to Python ints
     """
     checker = _Checker(values)
     checker.integer("n_steps", 1)
@@ -218,13 +211,8 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
 
 def schedule_value(schedule: Callable[[float], float], name: str, progress_remaining: float) -> float:
     """
-    Evaluate a schedule (a learning rate or a clip range), checking its value.
-
-    :param schedule: the schedule
-    :param name: the hyperparameter it was given as, for the message
-    :param progress_remaining: the remaining progress (from 1 to 0)
-    :return: the schedule's value
-    :raises ValueError: when the value is negative or not finite
+    Evaluate a schedule (a learning rate or a clip range) at ``progress_remaining``; a ``ValueError`` when negative
+    or not finite.
     """
     value = schedule(progress_remaining)
     if not (is_number(value) and math.isfinite(value) and value >= 0):
@@ -246,20 +234,8 @@ def resolve_batch_size(
     policy_minibatches: str = "transitions",
 ) -> int:
     """
-    The policy-phase minibatch size for ``n_envs`` environments, after checking that every minibatch of either phase
-    fits in what it is drawn from.
-
-    :param batch_size: the minibatch size; ``None``: 8 minibatches per rollout (with ``policy_minibatches="envs"``,
-        ``ceil(n_envs / 8)`` whole env rollouts, as the paper's code cuts the envs into 8 chunks with ``torch.chunk``)
-    :param n_steps: the rollout length
-    :param n_envs: the number of environments
-    :param normalize_advantage: ``"batch"``, ``"minibatch"`` or ``"none"``
-    :param n_aux_epochs: E_aux (0: no auxiliary phase, whose minibatches are then not checked)
-    :param n_policy_iters: N_pi
-    :param aux_batch_rollouts: rollouts per auxiliary minibatch
-    :param policy_minibatches: ``"transitions"`` or ``"envs"`` (whole env rollouts: ``batch_size`` must be a multiple
-        of ``n_steps``)
-    :return: the minibatch size
+    The policy-phase minibatch size for ``n_envs`` environments, checked so that every minibatch of either phase fits in
+    what it is drawn from; ``batch_size=None``: 8 minibatches per rollout.
     """
     rollout_size = n_steps * n_envs
     if batch_size is None:
@@ -311,14 +287,10 @@ def resolve_batch_size(
 
 def warn_if_no_aux_phase(model: Any, given_timesteps: int, total_timesteps: int, aux_step: int, world_size: int) -> None:
     """
-    Warn when ``learn()`` ends before the run's first auxiliary phase, so trains as PPO (see docs/ppg.md); rollouts
-    already in the auxiliary buffer count, and an auxiliary phase already run silences it.
+    Warn when ``learn()`` ends before the run's first auxiliary phase, so trains as PPO (see docs/ppg.md).
 
-    :param model: the PPG model
     :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
     :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start
-    :param aux_step: the step of the next auxiliary phase
-    :param world_size: the number of data-parallel ranks
     """
     steps_per_rollout = model.n_steps * model.n_envs * world_size
     # SB3 collects whole rollouts while num_timesteps < total_timesteps

@@ -29,13 +29,7 @@ def _slice_batch(values: TensorObs | None, index: slice) -> TensorObs | None:
 
 
 def split_observations(observations: TensorObs, size: int | None) -> list[TensorObs]:
-    """
-    Cut a batch of observations into consecutive parts of at most ``size`` samples (views, no copies).
-
-    :param observations: a batch of observations, a tensor or a dict of tensors
-    :param size: the most samples per part; ``None``: the whole batch is one part
-    :return: the parts, in order
-    """
+    """Cut a batch of observations (a tensor or a dict) into parts of at most ``size`` samples (views; ``None``: one)."""
     n_samples = len(next(iter(observations.values())) if isinstance(observations, dict) else observations)
     if size is None or n_samples <= size:
         return [observations]
@@ -44,13 +38,8 @@ def split_observations(observations: TensorObs, size: int | None) -> list[Tensor
 
 def split_minibatch(minibatch: Minibatch, micro_batch_size: int | None) -> list[tuple[Minibatch, float]]:
     """
-    Cut a minibatch into consecutive micro-batches of at most ``micro_batch_size`` samples (views, no copies), each
-    with its share of the minibatch's samples. A loss that is a mean over the samples is the sum of the micro-batches'
-    losses weighted by their shares, and so is its gradient.
-
-    :param minibatch: a policy-phase (SB3's ``RolloutBufferSamples``) or auxiliary-phase minibatch
-    :param micro_batch_size: the most samples per micro-batch; ``None``: the whole minibatch, with share 1
-    :return: the (micro-batch, share) pairs, in order
+    Cut a minibatch into micro-batches of at most ``micro_batch_size`` samples (views), each with its share of the
+    samples: a mean loss is the share-weighted sum of the micro-batches' losses, and so is its gradient.
     """
     n_samples = len(minibatch.returns)
     if micro_batch_size is None or n_samples <= micro_batch_size:
@@ -66,12 +55,7 @@ def split_minibatch(minibatch: Minibatch, micro_batch_size: int | None) -> list[
 
 
 def gradient_norm(parameters: Iterable[th.nn.Parameter]) -> th.Tensor:
-    """
-    The global L2 norm of the parameters' gradients (the norm ``clip_grad_norm_`` computes), without clipping.
-
-    :param parameters: the parameters (those without a gradient are skipped)
-    :return: a 0-d tensor (0 when no parameter has a gradient)
-    """
+    """The global L2 norm of the parameters' gradients (as ``clip_grad_norm_`` computes it), without clipping."""
     gradients = [parameter.grad for parameter in parameters if parameter.grad is not None]
     if not gradients:
         return th.zeros(())
@@ -83,14 +67,7 @@ def gradient_norm(parameters: Iterable[th.nn.Parameter]) -> th.Tensor:
 
 
 def check_finite_loss(loss: th.Tensor, phase: str, timestep: int) -> None:
-    """
-    Stop training with a clear error when a loss is NaN or infinite (before it corrupts the weights).
-
-    :param loss: the loss about to be backpropagated
-    :param phase: "policy" or "auxiliary", for the message
-    :param timestep: the model's ``num_timesteps``, for the message
-    :raises FloatingPointError: naming the common causes
-    """
+    """Stop training with a ``FloatingPointError`` naming the common causes when a loss is NaN or infinite."""
     if not th.isfinite(loss).item():
         raise FloatingPointError(
             f"PPG's {phase}-phase loss is {loss.item()} at timestep {timestep}: training stopped before "
@@ -103,13 +80,7 @@ def check_finite_loss(loss: th.Tensor, phase: str, timestep: int) -> None:
 def clip_gradients(module: th.nn.Module, max_grad_norm: float | None, phase: str, timestep: int) -> None:
     """
     Clip the global gradient norm of a module's parameters to ``max_grad_norm`` (when set), after checking that the
-    gradients are finite: a finite loss can still have inf or NaN gradients, which must not reach the weights.
-
-    :param module: the module (the policy)
-    :param max_grad_norm: the largest global norm; None: no clipping
-    :param phase: "policy" or "auxiliary", for the message
-    :param timestep: the model's ``num_timesteps``, for the message
-    :raises FloatingPointError: when the gradients' global norm is not finite (the gradients are cleared)
+    gradients are finite (a ``FloatingPointError`` otherwise, the gradients cleared).
     """
     if max_grad_norm is not None:
         total_norm = th.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
@@ -147,15 +118,12 @@ def backward(
     module: th.nn.Module | None = None,
 ) -> tuple[Diagnostics, bool]:
     """
-    Compute a minibatch's loss, check it and backpropagate ``loss / divisor`` (adding to the gradients), one
-    micro-batch at a time: their losses are weighted by their share of the samples, so the gradient is the
-    minibatch's up to float rounding.
+    Compute a minibatch's loss, check it and backpropagate ``loss / divisor``, one micro-batch at a time, weighted by
+    their shares (the minibatch's gradient up to float rounding).
 
-    :param minibatch: the minibatch
-    :param compute_loss: its loss (a mean over the samples) and diagnostics (means as well)
+    :param compute_loss: the loss (a mean over the samples) and diagnostics of a (micro-)batch
     :param micro_batch_size: the most samples per forward and backward pass; ``None``: the whole minibatch
-    :param phase: ``"policy"`` or ``"auxiliary"``, for the error message of a non-finite loss
-    :param timestep: the model's ``num_timesteps``, for that message
+    :param phase: ``"policy"`` or ``"auxiliary"``, for the error messages (with ``timestep``)
     :param divisor: what the loss is divided by (the minibatches of an accumulated gradient)
     :param target_kl: leave the minibatch out (no gradient) when its approx KL exceeds ``1.5 * target_kl``
     :param module: the module whose gradients are dropped when micro-batches exceed ``target_kl``
@@ -186,15 +154,7 @@ def backward(
 
 
 def step(optimizer: th.optim.Optimizer, module: th.nn.Module, max_grad_norm: float | None, phase: str, timestep: int) -> None:
-    """
-    Average the gradients over the ranks, check and clip them, step the optimizer and clear them.
-
-    :param optimizer: the optimizer
-    :param module: the module it trains (the policy)
-    :param max_grad_norm: the largest global gradient norm; ``None``: no clipping
-    :param phase: ``"policy"`` or ``"auxiliary"``, for the error message of a non-finite gradient
-    :param timestep: the model's ``num_timesteps``, for that message
-    """
+    """Average the gradients over the ranks, check and clip them, step the optimizer and clear them."""
     if distributed.is_active():
         distributed.average_gradients(module.parameters())
     clip_gradients(module, max_grad_norm, phase, timestep)
@@ -208,13 +168,8 @@ FUSABLE_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
 
 def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.device) -> bool:
     """
-    Whether PPG steps an optimizer with torch's fused kernel: an Adam or AdamW on a CUDA device, unless its
-    ``optimizer_kwargs`` choose an implementation (``fused``, ``foreach``, ``capturable`` or ``differentiable``). On any
-    other device the optimizer is left as torch builds it.
-
-    :param optimizer_class: the policy's ``optimizer_class``
-    :param optimizer_kwargs: the policy's ``optimizer_kwargs``
-    :param device: the model's device
+    Whether PPG steps the optimizer with torch's fused kernel: an Adam or AdamW on CUDA, unless ``optimizer_kwargs``
+    choose an implementation.
     """
     chosen = any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
     return device.type == "cuda" and issubclass(optimizer_class, FUSABLE_OPTIMIZERS) and not chosen
@@ -222,13 +177,8 @@ def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.de
 
 def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) -> None:
     """
-    Step an Adam (or AdamW) with torch's fused kernel (``fused=True``: one kernel for all parameters, the same update
-    up to float rounding; docs/throughput.md) or with the implementation torch picks by default (``fused=False``: what
-    a model saved with fused steps gets back on a CPU). Its state is kept; the step counts move to where each
-    implementation keeps them (fused: float32 on the parameters' device; default: float32 on the CPU).
-
-    :param optimizer: the optimizer (any other class is left alone)
-    :param fused: whether to use the fused kernel
+    Step an Adam (or AdamW) with torch's fused kernel or, ``fused=False``, torch's default (see docs/throughput.md),
+    keeping its state; other classes are left alone.
     """
     if not isinstance(optimizer, FUSABLE_OPTIMIZERS):
         return

@@ -28,17 +28,12 @@ def resolve_precision(
     precision: str | dict[str, str], device: th.device | str | None = None, convolutional: bool = False
 ) -> dict[str, th.dtype]:
     """
-    The compute dtype of the features extractors in each phase.
+    The compute dtype of the features extractors in each phase; ``"auto"``: :data:`AUTO_BF16` for a CNN on an AMX CPU,
+    float32 elsewhere (see docs/ppg.md, Precision and speed).
 
-    ``"auto"`` is :data:`AUTO_BF16` (bfloat16 autocast in the policy and auxiliary phases, float32 rollouts) for a
-    convolutional features extractor on a CPU with AMX, where it trains faster with the same learning curves (the
-    measurements are in docs/throughput.md and docs/bf16_parity.md); float32 everywhere else.
-
-    :param precision: ``"auto"``, ``"fp32"`` / ``"bf16"`` for every phase, or a dict from phase (``"rollout"``,
-        ``"policy"``, ``"aux"``) to ``"fp32"`` / ``"bf16"`` (missing phases: ``"fp32"``)
+    :param precision: ``"auto"``, ``"fp32"``, ``"bf16"``, or a dict per phase (missing phases: ``"fp32"``)
     :param device: the model's device (for ``"auto"``; None: float32)
-    :param convolutional: whether the policy's features extractors hold convolutions (for ``"auto"``)
-    :return: a dtype for each phase
+    :param convolutional: whether the policy's features extractors hold convolutions
     """
     if precision == "auto":
         fast_bf16 = device is not None and th.device(device).type == "cpu" and convolutional and cpu_has_amx()
@@ -59,16 +54,8 @@ def resolve_precision(
 
 def resolve_micro_batch_size(micro_batch_size: int | str | None, device: th.device | str, convolutional: bool) -> int | None:
     """
-    The most samples per forward and backward pass of training (``None``: whole minibatches).
-
-    ``"auto"`` is :data:`AUTO_CPU_MICRO_BATCH_SIZE` for a convolutional features extractor on a CPU, where the
-    activations of the backward pass live in host memory and smaller passes run faster with less memory (measured in
-    docs/throughput.md); whole minibatches elsewhere (MLP extractors; GPUs, where larger batches use the device better).
-
-    :param micro_batch_size: ``"auto"``, a positive integer, or ``None``
-    :param device: the model's device
-    :param convolutional: whether the policy's features extractors hold convolutions
-    :return: the micro-batch size, or ``None``
+    The most samples per forward and backward pass (``None``: whole minibatches); ``"auto"``:
+    :data:`AUTO_CPU_MICRO_BATCH_SIZE` for a CNN on a CPU, else ``None`` (see docs/ppg.md, Memory).
     """
     if micro_batch_size == "auto":
         return AUTO_CPU_MICRO_BATCH_SIZE if th.device(device).type == "cpu" and convolutional else None

@@ -28,13 +28,8 @@ def class_name(cls: Any) -> str:
 
 class SavedPolicyClass:
     """
-    The policy class as a PPG model zip stores it. ``PPG.load`` unwraps it. Any other algorithm's ``load()`` (SB3's
-    ``PPO.load``, ...) takes it for the policy class, and building the policy with it raises a ``ValueError`` saying
-    that the file holds a PPG model, instead of a cryptic error or a PPG model trained by another algorithm. Model
-    zips name this class by its import path (``sb3_ppg.common.save_util.SavedPolicyClass``): it must stay importable
-    there.
-
-    :param policy_class: the model's policy class
+    The policy class as a PPG model zip stores it: ``PPG.load`` unwraps it, and other algorithms' ``load()`` fail on it
+    with a ``ValueError`` naming PPG. Zips name it by its import path, which must stay.
     """
 
     def __init__(self, policy_class: type) -> None:
@@ -109,14 +104,7 @@ def saved_policy_class(data: dict[str, Any], custom_objects: dict[str, Any] | No
 
 
 def check_policy_class(where: str, data: dict[str, Any], policy_class: Any, expected: type) -> None:
-    """
-    Refuse a model zip of another algorithm (its policy is not an ``expected`` one), naming the algorithm when known.
-
-    :param where: the file, for the message
-    :param data: the zip's ``data`` (plain JSON)
-    :param policy_class: the policy class it names (``saved_policy_class``); None: unknown, not refused here
-    :param expected: the policy base class of the algorithm loading it
-    """
+    """Refuse a model zip whose policy is not an ``expected`` one, naming its algorithm when known."""
     if policy_class is None or (isinstance(policy_class, type) and issubclass(policy_class, expected)):
         return
     name = class_name(policy_class)
@@ -139,17 +127,12 @@ def check_model_zip(
     kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """
-    The checks of ``PPG.load`` before SB3's ``load``, on the zip read as plain JSON: its policy is one of
-    ``algorithm``'s, ``load()``'s arguments are known, and the saved optimizers are the ones the model needs.
+    ``PPG.load``'s checks before SB3's ``load``, on the zip read as plain JSON: the algorithm, ``load()``'s arguments and
+    the saved optimizers.
 
-    :param path: the model file, as given to ``load()``
     :param algorithm: the class loading it (``PPG``, ``MaskablePPG``)
     :param policy_base: the policy base class of PPG (``PPGPolicy``)
-    :param custom_objects: as given to ``load()``
-    :param kwargs: the keyword arguments given to ``load()``
     :return: the keyword arguments to pass on to SB3's ``load`` (see :func:`load_arguments`)
-    :raises HyperparameterError: naming each unknown argument, missing hyperparameter or optimizer change
-    :raises ValueError: when the file holds a model of another algorithm
     """
     saved = read_model_zip(path)
     if saved is None:
@@ -180,12 +163,8 @@ def load_errors(
     path: str | pathlib.Path | io.BufferedIOBase, kwargs: dict[str, Any], custom_objects: dict[str, Any] | None
 ) -> Iterator[None]:
     """
-    Around SB3's ``load``: a ``HyperparameterError`` says where each value came from (:func:`with_sources`), and SB3's
-    assertion on a truncated zip becomes a ``ValueError``.
-
-    :param path: the model file, as given to ``load()``
-    :param kwargs: the keyword arguments given to ``load()``
-    :param custom_objects: as given to ``load()``
+    Around SB3's ``load``: a ``HyperparameterError`` says where each value came from, and a truncated zip is a
+    ``ValueError``.
     """
     where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
     try:
@@ -201,14 +180,8 @@ def load_errors(
 
 def load_arguments(kwargs: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
     """
-    ``load()``'s keyword arguments with the meaning the constructor gives them: ``batch_size=None`` follows the number
-    of envs again (and a number stops following it); ``n_value_epochs=None`` is ``n_epochs``, and a new ``n_epochs``
-    alone keeps the value epochs joint with the policy epochs when they were (``n_value_epochs == n_epochs`` in the
-    file), as ``n_value_epochs=None`` does in the constructor.
-
-    :param kwargs: the keyword arguments given to ``load()``
-    :param saved: the hyperparameters stored in the file (its plain JSON values)
-    :return: the keyword arguments to set on the model (a new dict)
+    ``load()``'s keyword arguments with the constructor's meaning (``batch_size=None`` follows ``n_envs``; a new
+    ``n_epochs`` alone keeps joint value epochs joint); a new dict.
     """
     kwargs = dict(kwargs)
     if "batch_size" in kwargs:
@@ -224,15 +197,8 @@ def load_arguments(kwargs: dict[str, Any], saved: dict[str, Any]) -> dict[str, A
 
 def check_load_arguments(kwargs: dict[str, Any], saved: dict[str, Any], parameters: Iterable[str], where: str) -> None:
     """
-    Refuse keyword arguments of ``load()`` that are neither constructor parameters nor attributes stored in the file
-    (SB3's ``load`` would set a misspelled name as a new attribute, silently), and a file that lacks one of the
-    :data:`SAVED_HYPERPARAMETERS` (loading would silently use the constructor's default) unless ``load()`` is given it.
-
-    :param kwargs: the keyword arguments given to ``load()``
-    :param saved: the file's ``data`` (plain JSON)
-    :param parameters: the names of the constructor's parameters
-    :param where: the file, for the messages
-    :raises HyperparameterError: naming each unknown argument (with the closest valid name) or missing hyperparameter
+    Refuse ``load()`` arguments that are neither constructor parameters nor saved attributes, and a file that lacks one
+    of the :data:`SAVED_HYPERPARAMETERS` unless given (a ``HyperparameterError`` naming each).
     """
     known = set(parameters) | set(saved)
     unknown = [name for name in kwargs if name not in known]
@@ -260,16 +226,13 @@ def check_load_arguments(kwargs: dict[str, Any], saved: dict[str, Any], paramete
 
 def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: Iterable[str], where: str) -> None:
     """
-    Refuse hyperparameters that need other optimizers than those a model zip holds: ``load()`` restores the saved
-    optimizers as they are, so it can neither add one (its state would be missing) nor drop one. The auxiliary phase
-    has its own optimizer when ``n_aux_epochs > 0`` and ``separate_aux_optimizer``; separate value epochs have theirs
-    when ``n_value_epochs != n_epochs``. Values of a wrong type are left to ``check_hyperparameters``.
+    Refuse hyperparameters that need other optimizers than the zip holds (``load()`` can neither add nor drop one; see
+    docs/differences_from_ppo.md).
 
-    :param values: the hyperparameters the model would be loaded with (the file's, replaced by ``load()``'s)
-    :param members: the names of the zip's members (``aux_optimizer.pth``, ``value_optimizer.pth``)
-    :param changed: the names given to ``load()`` (keyword arguments or ``custom_objects``)
+    :param values: the hyperparameters the model would be loaded with
+    :param members: the names of the zip's members
+    :param changed: the names given to ``load()``
     :param where: the file, for the message
-    :raises HyperparameterError: naming the optimizer, the values and what to do
     """
     n_aux_epochs, separate = values.get("n_aux_epochs"), values.get("separate_aux_optimizer")
     n_epochs, n_value_epochs = values.get("n_epochs"), values.get("n_value_epochs")
@@ -321,15 +284,7 @@ def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: I
 def with_sources(
     error: HyperparameterError, where: str, kwargs: dict[str, Any], custom_objects: dict[str, Any] | None
 ) -> HyperparameterError:
-    """
-    ``check_hyperparameters``' error for a model being loaded: each value says where it came from, and the fix.
-
-    :param error: the error
-    :param where: the file
-    :param kwargs: the keyword arguments given to ``load()``
-    :param custom_objects: the ``custom_objects`` given to ``load()``
-    :return: the error to raise
-    """
+    """``check_hyperparameters``' error for a model being loaded, each value saying where it came from."""
 
     def source(name: str) -> str:
         if name in kwargs:

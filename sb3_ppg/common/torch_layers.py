@@ -15,13 +15,8 @@ HEAD_SCALE = 0.1
 
 def normed_init_(layer: nn.Module, scale: float = 1.0) -> None:
     """
-    Rescale the weight of a linear or convolutional layer in place so that each output unit's
-    fan-in weight vector has L2 norm ``scale`` and zero its bias (the initialization of the PPG paper's code).
-
-    The direction of each weight vector is kept from PyTorch's default initialization.
-
-    :param layer: an ``nn.Linear`` or ``nn.Conv2d``
-    :param scale: the target L2 norm of every output unit's weight vector
+    Rescale a linear or convolutional layer's weight in place so that each output unit's weight vector has L2 norm
+    ``scale`` (its direction kept), and zero its bias: the paper's code's initialization.
     """
     if not isinstance(layer, (nn.Linear, nn.Conv2d)):
         raise TypeError(f"normed_init_ expects nn.Linear or nn.Conv2d, got {type(layer).__name__}")
@@ -34,12 +29,7 @@ def normed_init_(layer: nn.Module, scale: float = 1.0) -> None:
 
 
 class ImpalaResidualBlock(nn.Module):
-    """
-    ``y = x + conv_b(relu(conv_a(relu(x))))`` with 3x3 convolutions that keep the channel count.
-
-    :param channels: number of input (and output) channels
-    :param scale: normed-init scale of both convolutions
-    """
+    """``y = x + conv_b(relu(conv_a(relu(x))))`` with 3x3 convolutions that keep the channel count."""
 
     def __init__(self, channels: int, scale: float) -> None:
         super().__init__()
@@ -55,14 +45,7 @@ class ImpalaResidualBlock(nn.Module):
 
 
 class ImpalaDownStack(nn.Module):
-    """
-    One IMPALA stack: conv 3x3 -> max-pool 3x3 stride 2 -> ``n_blocks`` residual blocks.
-
-    :param in_channels: number of input channels
-    :param out_channels: number of output channels
-    :param n_blocks: number of residual blocks
-    :param block_scale: normed-init scale of the residual convolutions
-    """
+    """One IMPALA stack: conv 3x3 -> max-pool 3x3 stride 2 -> ``n_blocks`` residual blocks."""
 
     def __init__(self, in_channels: int, out_channels: int, n_blocks: int, block_scale: float) -> None:
         super().__init__()
@@ -77,24 +60,16 @@ class ImpalaDownStack(nn.Module):
 
 class ImpalaCNN(BaseFeaturesExtractor):
     """
-    The IMPALA CNN encoder used by the PPG paper (Espeholt et al. 2018, as in openai/phasic-policy-gradient):
-    three stacks with ``channels`` output channels (conv 3x3, max-pool 3x3/2, two residual blocks each),
-    then flatten -> ReLU -> Linear(features_dim) -> ReLU.
-
-    All convolution and linear weights use the normalized initialization of the paper's code:
-    stack convolutions scale 1.0, residual convolutions ``(1 / sqrt(n_stacks) / sqrt(n_blocks)) ** 0.5``
-    (``6 ** -0.25`` by default), dense layer 1.4; biases are zero.
-    It expects channel-first images (SB3 transposes channel-last envs automatically) scaled to [0, 1]
-    (SB3's ``preprocess_obs`` divides uint8 images by 255).
+    The IMPALA CNN encoder of the PPG paper: stacks of (conv 3x3, max-pool 3x3/2, residual blocks), then flatten ->
+    ReLU -> Linear(features_dim) -> ReLU, with the paper's code's normalized initialization (see docs/ppg.md). It
+    expects channel-first images scaled to [0, 1] (SB3 transposes and scales uint8 images).
 
     :param observation_space: the image observation space (channel-first)
     :param features_dim: size of the output features (256 in the paper)
     :param channels: output channels of each stack ((16, 32, 32) in the paper)
     :param n_blocks: residual blocks per stack (2 in the paper)
-    :param normalized_image: whether the image is already normalized (float in [0, 1]); set by SB3 when
-        ``normalize_images=False``
-    :param channels_last: run the convolutions in the channels-last memory layout (same results; several times
-        faster on CPUs with oneDNN and on GPUs with tensor cores)
+    :param normalized_image: whether the image is already normalized (SB3 sets it with ``normalize_images=False``)
+    :param channels_last: run the convolutions in the channels-last memory layout (same results; faster)
     """
 
     def __init__(

@@ -22,11 +22,7 @@ class PhaseStats:
         self.values: dict[str, list[th.Tensor]] = defaultdict(list)
 
     def add(self, diagnostics: Diagnostics) -> None:
-        """
-        Add one minibatch's diagnostics.
-
-        :param diagnostics: the minibatch's diagnostics
-        """
+        """Add one minibatch's diagnostics."""
         for name, value in diagnostics.items():
             self.values[name].append(value)
 
@@ -40,11 +36,8 @@ class PhaseStats:
 
     def read(self, last: tuple[str, ...] = ("loss",)) -> dict[str, float]:
         """
-        Every diagnostic's mean over the minibatches (as ``mean``), and the last minibatch's value of those in ``last``
-        under ``"last_<name>"`` (as ``last``), copied from the device at once: one host sync per phase.
-
-        :param last: the diagnostics whose last value is read too
-        :return: the values by name (diagnostics that no minibatch had are left out)
+        Every diagnostic's mean over the minibatches, and the last value of those in ``last`` (``"last_<name>"``),
+        copied from the device at once.
         """
         names = [name for name, values in self.values.items() if values]
         tensors = [th.stack(self.values[name]).mean() for name in names]
@@ -59,12 +52,7 @@ class PhaseStats:
 
 
 def normalize_advantages(advantages: th.Tensor) -> th.Tensor:
-    """
-    Advantages normalized to mean 0 and std 1 over the given samples (a single sample is left as it is).
-
-    :param advantages: the advantages of a minibatch
-    :return: the normalized advantages
-    """
+    """Advantages normalized to mean 0 and std 1 (a single sample is left as it is)."""
     if len(advantages) > 1:
         return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     return advantages
@@ -80,19 +68,17 @@ def policy_loss(
     kl_coef: float,
 ) -> tuple[th.Tensor, Diagnostics]:
     """
-    The policy phase's policy loss ``L_surrogate + ent_coef * L_entropy (+ kl_coef * L_kl)``: PPO's clipped
-    surrogate (or, with ``clip_range=None``, the unclipped one, usually with the paper's KL penalty
-    ``0.5 * mean(log_ratio ** 2)``) and the entropy bonus.
+    The policy phase's policy loss: PPO's clipped surrogate (unclipped with ``clip_range=None``), the entropy bonus and
+    the KL penalty ``0.5 * mean(log_ratio ** 2)``.
 
-    :param advantages: the minibatch's advantages (normalized already, if they are; see ``normalize_advantages``)
+    :param advantages: the minibatch's advantages
     :param log_prob: log-probabilities of its actions under the current policy
     :param old_log_prob: log-probabilities of its actions under the behaviour policy
-    :param entropy: entropies of the current policy (``None`` when it has no closed form: ``-log_prob`` is used)
+    :param entropy: entropies of the current policy (``None``: ``-log_prob`` is used)
     :param clip_range: the surrogate's clip range, ``None`` for no clipping
     :param ent_coef: entropy coefficient
     :param kl_coef: KL-penalty coefficient (0: no penalty)
-    :return: the loss and its diagnostics (policy_gradient_loss, entropy_loss, approx_kl, and clip_fraction /
-        kl_penalty when they apply)
+    :return: the loss and its diagnostics
     """
     log_ratio = log_prob - old_log_prob
     ratio = th.exp(log_ratio)
@@ -124,20 +110,15 @@ def value_loss(
     value_clipping: str = "sb3",
 ) -> tuple[th.Tensor, Diagnostics]:
     """
-    The policy phase's value loss (not yet weighted by ``vf_coef``): ``MSE(returns, V)``, or with ``clip_range_vf``
-    set, where ``V_clipped = old_values + clamp(V - old_values, -clip_range_vf, clip_range_vf)``:
-
-    - ``value_clipping="sb3"`` (SB3's PPO): ``MSE(returns, V_clipped)``, the clipped prediction only;
-    - ``value_clipping="max"`` (OpenAI baselines, CleanRL): ``mean(max((V - returns)^2, (V_clipped - returns)^2))``,
-      the larger of the unclipped and the clipped errors. The two differ in their gradient wherever ``V`` has moved
-      beyond the clip range: there ``"sb3"`` has none, ``"max"`` has the unclipped error's when it is the larger.
+    The policy phase's value loss (not yet weighted by ``vf_coef``); with ``clip_range_vf``, SB3's clipped prediction
+    (``"sb3"``) or the larger of the clipped and unclipped errors (``"max"``, CleanRL's; see docs/differences_from_ppo.md).
 
     :param values: the value function's predictions, shape (batch,)
     :param returns: the value targets, shape (batch,)
     :param old_values: the values predicted when the rollout was collected, shape (batch,)
     :param clip_range_vf: the value clip range, ``None`` for no clipping
-    :param value_clipping: the clipped loss's form, ``"sb3"`` or ``"max"`` (used only with ``clip_range_vf``)
-    :return: the loss and its diagnostics (value_loss)
+    :param value_clipping: ``"sb3"`` or ``"max"``
+    :return: the loss and its diagnostics
     """
     if clip_range_vf is None:
         loss = F.mse_loss(returns, values)
@@ -165,12 +146,7 @@ def aux_loss(
 
     :param distribution: the current policy's distribution on the minibatch
     :param old_distribution_params: pi_old's stored parameters on the same states
-    :param values: the true value function's predictions, shape (batch, 1)
-    :param aux_values: the auxiliary value head's predictions, shape (batch, 1)
-    :param returns: the value targets, shape (batch,)
-    :param beta_clone: weight of the behaviour-cloning KL term
-    :param vf_true_coef: weight of the true value function's loss
-    :return: the loss and its diagnostics (kl_loss, aux_value_loss, real_value_loss)
+    :return: the loss and its diagnostics (see :func:`aux_loss_from_kl` for the other parameters)
     """
     kl = kl_divergence_from_params(old_distribution_params, distribution)
     return aux_loss_from_kl(kl, values, aux_values, returns, beta_clone, vf_true_coef)
@@ -185,8 +161,7 @@ def aux_loss_from_kl(
     vf_true_coef: float,
 ) -> tuple[th.Tensor, Diagnostics]:
     """
-    The auxiliary phase's joint loss (see :func:`aux_loss`) from the behaviour-cloning KL of each state, however it
-    was computed (``MaskablePPG`` computes it over the valid actions only).
+    The auxiliary phase's joint loss (see :func:`aux_loss`) from the KL of each state, however computed.
 
     :param kl: ``KL(pi_old || pi)`` of each state, shape (batch,)
     :param values: the true value function's predictions, shape (batch, 1)
@@ -194,7 +169,7 @@ def aux_loss_from_kl(
     :param returns: the value targets, shape (batch,)
     :param beta_clone: weight of the behaviour-cloning KL term
     :param vf_true_coef: weight of the true value function's loss
-    :return: the loss and its diagnostics (kl_loss, aux_value_loss, real_value_loss)
+    :return: the loss and its diagnostics
     """
     kl_loss = kl.mean()
     aux_value_loss = 0.5 * F.mse_loss(aux_values.flatten(), returns)

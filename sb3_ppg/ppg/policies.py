@@ -35,13 +35,11 @@ NET_ARCH_KEYS = ("pi", "vf")
 
 def check_net_arch(net_arch: object) -> list[int] | dict[str, list[int]] | None:
     """
-    Check a policy's ``net_arch`` and return it as a list of layer sizes or a dict with the keys ``"pi"`` and
-    ``"vf"`` (layer sizes as Python ints). SB3's old format ``[dict(pi=..., vf=...)]`` is accepted with SB3's
-    warning; any entry next to the dict (the shared layers that SB3 removed in v1.8.0) is an error, never dropped.
+    Check a policy's ``net_arch``: a list of layer sizes or a dict with ``"pi"`` and ``"vf"`` (SB3's old
+    ``[dict(pi=..., vf=...)]`` with SB3's warning; shared layers next to it are an error).
 
     :param net_arch: the ``net_arch`` given to the policy (None: the policy's default)
-    :return: the same architecture
-    :raises ValueError: naming the problem and the expected format
+    :return: the same architecture, its sizes as Python ints
     """
     if net_arch is None:
         return None
@@ -85,38 +83,28 @@ def _layer_sizes(layers: object, where: str) -> list[int]:
 class PPGPolicy(ActorCriticPolicy):
     """
     Actor-critic policy for PPG: SB3's ``ActorCriticPolicy`` plus an auxiliary value head on the policy network, in one
-    of the paper's three architectures (``arch``, see docs/ppg.md): ``"dual"`` (separate policy and value networks),
-    ``"detach"`` (one network, the value head on the policy latent with the gradient stopped) or ``"shared"`` (one
-    network trained by both losses, the paper's PPO baseline).
+    of the paper's three architectures (``arch``: ``"dual"``, ``"detach"``, ``"shared"``; see docs/ppg.md).
 
     :param observation_space: Observation space
     :param action_space: Action space
     :param lr_schedule: Learning rate schedule (could be constant)
-    :param net_arch: The specification of the policy and value networks (with ``detach`` / ``shared``: the policy
-        network's, a list or a dict whose ``vf`` entry is empty)
+    :param net_arch: The specification of the policy and value networks (one-network ``arch``: the policy network's)
     :param activation_fn: Activation function
     :param ortho_init: Whether to use SB3's orthogonal initialization (mutually exclusive with ``normed_init``)
     :param use_sde: Whether to use State Dependent Exploration or not
     :param log_std_init: Initial value for the log standard deviation
     :param full_std: Whether to use (n_features x n_actions) parameters for the std instead of only (n_features,)
-        when using gSDE
     :param use_expln: Use ``expln()`` function instead of ``exp()`` to ensure a positive standard deviation (cf paper)
     :param squash_output: Whether to squash the output using a tanh function (only with gSDE)
-    :param features_extractor_class: Features extractor to use; ``None``: the class's
-        ``default_features_extractor_class``
+    :param features_extractor_class: Features extractor to use; ``None``: ``default_features_extractor_class``
     :param features_extractor_kwargs: Keyword arguments to pass to the features extractor.
-    :param share_features_extractor: ``None`` (default): it follows from ``arch``; without ``arch``, ``True`` selects
-        ``"shared"`` and ``False`` ``"dual"``; a contradiction is a ``ValueError``
+    :param share_features_extractor: ``None``: from ``arch``; without ``arch``, ``True`` is ``"shared"``, ``False`` ``"dual"``
     :param normalize_images: Whether to normalize images or not, dividing by 255.0 (True by default)
     :param optimizer_class: The optimizer to use, ``th.optim.Adam`` by default
-    :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer;
-        default ``{"eps": 1e-8}`` for Adam (the paper's)
-    :param arch: ``"dual"``, ``"detach"`` or ``"shared"``; ``None`` (default): ``"dual"``, or ``"shared"`` with
-        ``share_features_extractor=True``
-    :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached in the auxiliary phase too (True,
-        the reference code's) or not (False, the paper's text)
-    :param normed_init: Use the paper's normalized initialization for the heads and hidden MLP layers instead of
-        PyTorch's default
+    :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer
+    :param arch: ``"dual"``, ``"detach"`` or ``"shared"``; ``None``: ``"dual"`` (``"shared"`` with a shared extractor)
+    :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached in the auxiliary phase too
+    :param normed_init: Use the paper's normalized initialization for the heads and hidden MLP layers
     """
 
     default_features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor
@@ -204,15 +192,7 @@ class PPGPolicy(ActorCriticPolicy):
         arch: str,
         features_extractor_class: type[BaseFeaturesExtractor],
     ) -> list[int] | dict[str, list[int]]:
-        """
-        Default ``net_arch`` (no hidden layers after a CNN, two layers of 64 otherwise) and, for the one-network
-        architectures, the policy network alone (the value head sits on its latent).
-
-        :param net_arch: the user's ``net_arch``
-        :param arch: the PPG architecture
-        :param features_extractor_class: the features extractor class
-        :return: the ``net_arch`` to give to SB3's ``MlpExtractor``
-        """
+        """The ``net_arch`` for SB3's ``MlpExtractor``: the default, and the policy network alone for one-network ``arch``."""
         if net_arch is None:
             cnn_extractors = (NatureCNN, ImpalaCNN)
             net_arch = [] if issubclass(features_extractor_class, cnn_extractors) else [64, 64]
@@ -232,10 +212,8 @@ class PPGPolicy(ActorCriticPolicy):
 
     def _build(self, lr_schedule: Schedule) -> None:
         """
-        Create the networks (SB3's, with the value head moved onto the policy latent for the one-network
-        architectures, plus the auxiliary value head), initialize them and create the optimizer.
-
-        :param lr_schedule: Learning rate schedule; ``lr_schedule(1)`` is the initial learning rate
+        Create the networks (the value head on the policy latent for one-network ``arch``, the auxiliary value head),
+        initialize them and create the optimizer.
         """
         super()._build(lr_schedule)
         latent_dim_pi = self.mlp_extractor.latent_dim_pi
@@ -270,26 +248,14 @@ class PPGPolicy(ActorCriticPolicy):
         return data
 
     def obs_to_tensor(self, observation: np.ndarray | dict[str, np.ndarray]) -> tuple[PyTorchObs, bool]:
-        """
-        SB3's conversion of an observation for ``predict``, after checking that a Dict observation has exactly the
-        keys of the observation space (SB3 fails with a bare ``KeyError`` otherwise).
-
-        :param observation: the observation (one, or a batch)
-        :return: the observation as tensor(s), and whether it is a batch
-        """
+        """SB3's conversion for ``predict``, after checking that a Dict observation has exactly the space's keys."""
         check_observation_keys(observation, self.observation_space)
         return super().obs_to_tensor(observation)
 
     def _features(self, obs: PyTorchObs, features_extractor: BaseFeaturesExtractor) -> th.Tensor:
         """
-        Preprocess the observation and run one features extractor, under autocast to ``compute_dtype`` when that is
-        not float32 (the heads, the distributions and the losses always stay in the parameters' dtype). The
-        observations are preprocessed in the parameters' dtype: float32, or float64 for a policy cast with
-        ``policy.to(th.float64)`` (SB3's preprocessing alone would give float32).
-
-        :param obs: Observation
-        :param features_extractor: The features extractor to run
-        :return: The features, in the parameters' dtype
+        Preprocess the observation (in the parameters' dtype) and run one features extractor, under autocast to
+        ``compute_dtype`` when that is not float32.
         """
         dtype = self.action_net.weight.dtype
         preprocessed_obs = add_scalar_feature_axis(
@@ -317,11 +283,9 @@ class PPGPolicy(ActorCriticPolicy):
 
     def _get_latents(self, obs: PyTorchObs, detach_value: bool) -> tuple[th.Tensor, th.Tensor]:
         """
-        One pass through the networks.
+        One pass through the networks: the policy latent and the latent the value head reads.
 
-        :param obs: preprocessed-ready observation tensor(s)
         :param detach_value: for the one-network architectures, stop the value head's gradient at the trunk
-        :return: the policy latent and the latent the value head reads
         """
         if self.arch == "dual":
             pi_features, vf_features = self.extract_features(obs)
@@ -330,12 +294,7 @@ class PPGPolicy(ActorCriticPolicy):
         return latent_pi, latent_pi.detach() if detach_value else latent_pi
 
     def get_distribution(self, obs: PyTorchObs) -> Distribution:
-        """
-        The current policy's action distribution for the observations (the policy network only).
-
-        :param obs: Observation (NaN or inf values raise a ``ValueError``)
-        :return: the action distribution
-        """
+        """The current policy's action distribution for the observations (the policy network only)."""
         check_finite_observations(obs)
         latent_pi = self.mlp_extractor.forward_actor(self._features(obs, self.pi_features_extractor))
         return self._get_action_dist_from_latent(latent_pi)
@@ -348,7 +307,7 @@ class PPGPolicy(ActorCriticPolicy):
         """
         Forward pass in all the networks (actor and critic).
 
-        :param obs: Observation (NaN or inf values raise a ``ValueError``)
+        :param obs: Observation
         :param deterministic: Whether to sample or use deterministic actions
         :return: action, value and log probability of the action
         """
@@ -363,10 +322,8 @@ class PPGPolicy(ActorCriticPolicy):
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         """
-        Evaluate actions according to the current policy, given the observations (one pass through the networks).
+        Evaluate actions according to the current policy, given the observations.
 
-        :param obs: Observation
-        :param actions: Actions
         :return: estimated value, log likelihood of taking those actions and entropy of the action distribution.
         """
         latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
@@ -376,24 +333,14 @@ class PPGPolicy(ActorCriticPolicy):
         return values, log_prob, distribution.entropy()
 
     def predict_values(self, obs: PyTorchObs) -> th.Tensor:
-        """
-        Get the estimated values according to the current policy given the observations.
-
-        :param obs: Observation
-        :return: the estimated values.
-        """
+        """Get the estimated values according to the current policy given the observations."""
         if self.arch == "dual":
             return self.value_net(self.mlp_extractor.forward_critic(self._features(obs, self.vf_features_extractor)))
         _, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
         return self.value_net(latent_vf)
 
     def forward_aux(self, obs: PyTorchObs) -> tuple[Distribution, th.Tensor, th.Tensor]:
-        """
-        Forward pass of the auxiliary phase (one pass through the networks).
-
-        :param obs: Observation
-        :return: the action distribution, the true value and the auxiliary value (both of shape (batch, 1))
-        """
+        """The auxiliary phase's pass: the action distribution, the true value and the auxiliary value."""
         detach_value = self.arch == "detach" and self.detach_value_in_aux
         latent_pi, latent_vf = self._get_latents(obs, detach_value)
         distribution = self._get_action_dist_from_latent(latent_pi)
@@ -419,15 +366,8 @@ class PPGMultiInputPolicy(PPGPolicy):
 
 class ProcgenCnnPolicy(PPGPolicy):
     """
-    The PPG paper's Procgen network (``"ProcgenCnn"``): the IMPALA CNN (16, 32, 32 channels, 256-unit dense layer)
-    with ReLU, the heads directly on the 256-d features (``net_arch=[]``) and the paper's normalized initialization
-    (no orthogonal init). See ``PPGPolicy`` for the parameters: only these defaults differ.
-
-    :param args: ``PPGPolicy``'s positional arguments (observation space, action space, learning rate schedule, ...)
-    :param activation_fn: Activation function of the MLP layers, if any (ReLU)
-    :param ortho_init: SB3's orthogonal initialization (off: the paper's normalized initialization instead)
-    :param normed_init: The paper's normalized initialization of the heads and MLP layers (on)
-    :param kwargs: ``PPGPolicy``'s other keyword arguments
+    The PPG paper's Procgen network (``"ProcgenCnn"``): ``PPGPolicy`` with the IMPALA CNN, ReLU, the heads on its
+    256-d features and the paper's normalized initialization (see docs/ppg.md).
     """
 
     default_features_extractor_class = ImpalaCNN

@@ -18,15 +18,8 @@ from torch.distributions import Categorical, kl_divergence
 
 class PPGMaskableCategorical(MaskableCategorical):
     """
-    sb3-contrib's ``MaskableCategorical``, with the logits normalized once when nothing is masked (no masks, or masks
-    that allow every action): the distribution is then exactly SB3's ``Categorical`` (sb3-contrib normalizes the
-    logits a second time, which changes them by a rounding error), so that ``MaskablePPG`` without masks computes
-    what ``PPG`` computes, bit for bit.
-
-    :param probs: probabilities (see ``torch.distributions.Categorical``)
-    :param logits: unnormalized log-probabilities
-    :param validate_args: whether torch validates the arguments
-    :param masks: the valid actions (True), or None
+    sb3-contrib's ``MaskableCategorical``, the logits normalized once when nothing is masked, so that it is exactly SB3's
+    ``Categorical`` then (and ``MaskablePPG`` without masks computes what ``PPG`` computes, bit for bit).
     """
 
     def apply_masking(self, masks: MaybeMasks) -> None:
@@ -53,12 +46,7 @@ class PPGMaskableCategoricalDistribution(MaskableCategoricalDistribution):
     """sb3-contrib's ``MaskableCategoricalDistribution`` (Discrete actions) on :class:`PPGMaskableCategorical`."""
 
     def proba_distribution(self, action_logits: th.Tensor) -> "PPGMaskableCategoricalDistribution":
-        """
-        Set the distribution's parameters.
-
-        :param action_logits: the action network's output, (batch, n)
-        :return: the distribution
-        """
+        """Set the distribution's parameters from the action network's output, (batch, n)."""
         self.distribution = PPGMaskableCategorical(logits=action_logits.view(-1, self.action_dim))
         return self
 
@@ -77,12 +65,7 @@ class PPGMaskableMultiCategoricalDistribution(MaskableMultiCategoricalDistributi
     """sb3-contrib's ``MaskableMultiCategoricalDistribution`` (MultiDiscrete actions) on :class:`PPGMaskableCategorical`."""
 
     def proba_distribution(self, action_logits: th.Tensor) -> "PPGMaskableMultiCategoricalDistribution":
-        """
-        Set the distribution's parameters.
-
-        :param action_logits: the action network's output, (batch, sum(action_dims))
-        :return: the distribution
-        """
+        """Set the distribution's parameters from the action network's output, (batch, sum(action_dims))."""
         logits = action_logits.view(-1, sum(self.action_dims))
         self.distributions = [PPGMaskableCategorical(logits=part) for part in th.split(logits, list(self.action_dims), dim=1)]
         return self
@@ -94,25 +77,14 @@ class PPGMaskableMultiCategoricalDistribution(MaskableMultiCategoricalDistributi
 
 
 class PPGMaskableBernoulliDistribution(PPGMaskableMultiCategoricalDistribution):
-    """
-    MultiBinary actions as sb3-contrib masks them: one two-way categorical per binary action (2 logits and 2 mask
-    entries each: "0 allowed", "1 allowed").
-
-    :param action_dim: the number of binary actions
-    """
+    """MultiBinary actions as sb3-contrib masks them: one two-way categorical per binary action."""
 
     def __init__(self, action_dim: int):
         super().__init__([2] * action_dim)
 
 
 def make_maskable_distribution(action_space: spaces.Space) -> MaskableDistribution:
-    """
-    The maskable distribution of an action space.
-
-    :param action_space: Discrete, MultiDiscrete or one-dimensional MultiBinary
-    :return: the distribution
-    :raises ValueError: for another action space, naming it
-    """
+    """The maskable distribution of a Discrete, MultiDiscrete or one-dimensional MultiBinary action space."""
     if isinstance(action_space, spaces.Discrete):
         return PPGMaskableCategoricalDistribution(int(action_space.n))
     if isinstance(action_space, spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
@@ -126,28 +98,17 @@ def make_maskable_distribution(action_space: spaces.Space) -> MaskableDistributi
 
 
 def mask_dims(action_space: spaces.Space) -> int:
-    """
-    The number of mask entries per state (sb3-contrib's layout): ``n`` for Discrete, ``sum(nvec)`` for MultiDiscrete,
-    ``2 * n`` for MultiBinary (whether 0 and whether 1 are allowed).
-
-    :param action_space: the action space
-    :return: the number of booleans
-    """
+    """The number of mask entries per state (sb3-contrib's layout; see docs/maskable.md)."""
     return sum(make_maskable_distribution(action_space).action_dims)  # type: ignore[attr-defined]
 
 
 def check_action_masks(masks: object, action_space: spaces.Space, n_states: int, source: str) -> np.ndarray:
     """
-    Check action masks and return them as booleans of shape (n_states, mask_dims).
+    Check action masks (see docs/maskable.md) and return them as booleans of shape (n_states, mask_dims).
 
-    :param masks: the masks: booleans (or 0 / 1 numbers), one row per state of ``mask_dims`` entries (a single state
-        may be one row without the batch axis)
-    :param action_space: the action space
+    :param masks: booleans (or 0 / 1 numbers), one row per state (a single state may be one row without the batch axis)
     :param n_states: the number of states (envs, or observations given to ``predict``)
-    :param source: where the masks come from, for the messages (e.g. "the env's action_masks()")
-    :return: the masks, a boolean array of shape (n_states, mask_dims)
-    :raises ValueError: naming the problem and its fix, for masks of the wrong shape or dtype, or a state without any
-        valid action (for MultiDiscrete and MultiBinary: a part of the action without any valid choice)
+    :param source: where the masks come from, for the messages
     """
     dims = mask_dims(action_space)
     if isinstance(action_space, spaces.Discrete):
@@ -192,27 +153,19 @@ def _parts(action_space: spaces.Space) -> list[tuple[int, int]]:
 
 
 def get_unmasked_params(distribution: MaskableDistribution) -> th.Tensor:
-    """
-    pi's parameters as PPG stores them for the auxiliary phase: the normalized logits before masking, concatenated over
-    the parts of the action (the masks are stored beside them).
-
-    :param distribution: a distribution of :func:`make_maskable_distribution`
-    :return: tensor of shape (batch, mask_dims)
-    """
+    """pi's normalized logits before masking, concatenated over the action's parts: what the auxiliary buffer stores."""
     logits = [categorical.unmasked_logits for categorical in distribution.categoricals]  # type: ignore[attr-defined]
     return logits[0] if len(logits) == 1 else th.cat(logits, dim=1)
 
 
 def masked_kl_divergence(old_params: th.Tensor, distribution: MaskableDistribution, masks: th.Tensor | None) -> th.Tensor:
     """
-    ``KL(pi_old || pi)`` per state over the valid actions only: both distributions are renormalized on the valid
-    actions and the invalid ones contribute nothing (no ``-inf`` or ``-1e8`` logit enters the sum, so the value and
-    its gradient are finite). Without masks, or masks that allow every action, it is PPG's KL, computed as PPG does.
+    ``KL(pi_old || pi)`` per state over the valid actions only, both renormalized on them (finite value and gradient);
+    PPG's KL without masks (see docs/maskable.md).
 
     :param old_params: pi_old's unmasked logits (:func:`get_unmasked_params`), shape (batch, mask_dims)
     :param distribution: pi on the same states, unmasked (gradients flow through it)
     :param masks: the valid actions, booleans of shape (batch, mask_dims), or None
-    :return: tensor of shape (batch,), summed over the parts of the action
     """
     dims = distribution.action_dims  # type: ignore[attr-defined]
     old_parts = th.split(old_params, list(dims), dim=1)

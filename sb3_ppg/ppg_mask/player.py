@@ -10,14 +10,9 @@ from sb3_ppg.ppg_mask.ppg_mask import MaskablePPG
 
 class MaskedPlayer:
     """
-    A :class:`~sb3_ppg.MaskablePPG` model playing in a vectorized env: each ``predict()`` reads the valid actions of the
-    env's current states (``get_action_masks(env)``, through SB3's wrappers such as ``VecNormalize``), checks them and
-    acts among them. For programs that call ``model.predict(obs)`` without masks, as the RL Zoo's ``enjoy`` does
-    (``python -m sb3_ppg.enjoy --algo maskable_ppg`` plays through it). An env without ``action_masks()`` is played
-    without masks (``use_masking`` is False then), as ``MaskablePPG.predict`` without masks acts.
-
-    :param model: the trained model
-    :param env: the env it plays in, whose ``action_masks()`` give the valid actions
+    A :class:`~sb3_ppg.MaskablePPG` model playing in a vectorized env: each ``predict()`` reads, checks and acts among
+    the env's current valid actions, for programs that call ``model.predict(obs)`` without masks (the RL Zoo's
+    ``enjoy``). An env without ``action_masks()`` is played without masks.
     """
 
     def __init__(self, model: MaskablePPG, env: VecEnv) -> None:
@@ -41,7 +36,7 @@ class MaskedPlayer:
         deterministic: bool = False,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
-        The model's actions for the env's current observations, among the valid actions of the env's current states.
+        The model's actions for the env's current observations, among the valid actions of its current states.
 
         :param observation: the env's current observations (one per env)
         :param state: The last hidden states (unused: no recurrent policies)

@@ -15,12 +15,8 @@ MaybeMasks = th.Tensor | np.ndarray | None
 
 class MaskablePPGPolicy(PPGPolicy):
     """
-    PPG's actor-critic policy (``PPGPolicy``: ``arch`` ``"dual"``, ``"detach"`` or ``"shared"``, the auxiliary value
-    head) whose action distribution is sb3-contrib's maskable one, with ``action_masks`` arguments as in sb3-contrib's
-    ``MaskableActorCriticPolicy``: ``forward``, ``evaluate_actions``, ``get_distribution`` and ``predict`` give the
-    distribution over the valid actions (True in the masks) when masks are given, and PPG's otherwise. Discrete,
-    MultiDiscrete and MultiBinary actions (a MultiBinary action has 2 logits per binary action, as in sb3-contrib).
-    See ``PPGPolicy`` for the parameters.
+    ``PPGPolicy`` whose action distribution is sb3-contrib's maskable one, with ``action_masks`` arguments as in
+    sb3-contrib's ``MaskableActorCriticPolicy``; see ``PPGPolicy`` for the parameters.
     """
 
     action_dist: MaskableDistribution  # type: ignore[assignment]
@@ -28,10 +24,8 @@ class MaskablePPGPolicy(PPGPolicy):
 
     def _build(self, lr_schedule: Schedule) -> None:
         """
-        Build PPG's networks. SB3 builds the action network only for its own distributions: it is built for an SB3
-        distribution with the same logits (the same layer, initialized as PPG's), then the maskable one replaces it.
-
-        :param lr_schedule: Learning rate schedule; ``lr_schedule(1)`` is the initial learning rate
+        Build PPG's networks: the action network for an SB3 distribution with the same logits, then the maskable
+        distribution replaces SB3's.
         """
         maskable_distribution = make_maskable_distribution(self.action_space)
         self.action_dist = MultiCategoricalDistribution(maskable_distribution.action_dims)  # type: ignore[assignment,attr-defined]
@@ -48,7 +42,7 @@ class MaskablePPGPolicy(PPGPolicy):
         """
         Forward pass in all the networks (actor and critic).
 
-        :param obs: Observation (NaN or inf values raise a ``ValueError``)
+        :param obs: Observation
         :param deterministic: Whether to sample or use deterministic actions
         :param action_masks: the valid actions of each state (True), or None for no masking
         :return: action, value and log probability of the action
@@ -68,13 +62,10 @@ class MaskablePPGPolicy(PPGPolicy):
         self, obs: PyTorchObs, actions: th.Tensor, action_masks: MaybeMasks = None
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         """
-        Evaluate actions according to the current policy (one pass through the networks).
+        Evaluate actions according to the current policy (the masked distribution's when masks are given).
 
-        :param obs: Observation
-        :param actions: Actions
         :param action_masks: the valid actions of each state (True), or None for no masking
-        :return: estimated value, log likelihood of taking those actions and entropy of the action distribution,
-            both of the masked distribution when masks are given
+        :return: estimated value, log likelihood of taking those actions and entropy of the action distribution
         """
         latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
         distribution = self._get_action_dist_from_latent(latent_pi)
@@ -85,13 +76,7 @@ class MaskablePPGPolicy(PPGPolicy):
         return values, log_prob, distribution.entropy()
 
     def get_distribution(self, obs: PyTorchObs, action_masks: MaybeMasks = None) -> MaskableDistribution:  # type: ignore[override]
-        """
-        The current policy's action distribution for the observations (the policy network only).
-
-        :param obs: Observation (NaN or inf values raise a ``ValueError``)
-        :param action_masks: the valid actions of each state (True), or None for no masking
-        :return: the action distribution
-        """
+        """The current policy's action distribution for the observations, masked by ``action_masks`` (None: none)."""
         distribution: MaskableDistribution = super().get_distribution(obs)  # type: ignore[assignment]
         if action_masks is not None:
             distribution.apply_masking(action_masks)
@@ -100,14 +85,7 @@ class MaskablePPGPolicy(PPGPolicy):
     def _predict(  # type: ignore[override]
         self, observation: PyTorchObs, deterministic: bool = False, action_masks: MaybeMasks = None
     ) -> th.Tensor:
-        """
-        The policy's action for observations (tensors).
-
-        :param observation: the observations
-        :param deterministic: Whether to use stochastic or deterministic actions
-        :param action_masks: the valid actions of each state (True), or None for no masking
-        :return: the actions
-        """
+        """The policy's action for observations (tensors), masked by ``action_masks`` (None: none)."""
         return self.get_distribution(observation, action_masks).get_actions(deterministic=deterministic)
 
     def predict(  # type: ignore[override]
@@ -125,10 +103,8 @@ class MaskablePPGPolicy(PPGPolicy):
         :param state: The last states (unused: no recurrent policies), returned as given
         :param episode_start: The episode starts (unused)
         :param deterministic: Whether or not to return deterministic actions
-        :param action_masks: the valid actions (True) of each observation, as the env's ``action_masks()`` gives
-            them (``sb3_contrib.common.maskable.utils.get_action_masks(env)``); None: no masking
+        :param action_masks: the valid actions (True) of each observation (``get_action_masks(env)``); None: no masking
         :return: the action(s) and the state
-        :raises ValueError: for masks of the wrong shape or dtype, or a state without any valid action
         """
         self.set_training_mode(False)
         if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):

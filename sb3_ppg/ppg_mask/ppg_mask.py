@@ -31,22 +31,9 @@ SelfMaskablePPG = TypeVar("SelfMaskablePPG", bound="MaskablePPG")
 
 class MaskablePPG(PPG):
     """
-    Phasic Policy Gradient with invalid action masking, as sb3-contrib's ``MaskablePPO`` is PPO with it: the same
-    constructor, defaults and architectures as :class:`~sb3_ppg.PPG`, and sb3-contrib's conventions. The env gives
-    the valid actions of each state through an ``action_masks()`` method (sb3-contrib's ``ActionMasker`` wrapper adds
-    one); ``learn(..., use_masking=True)`` (default) collects them with every sample; ``predict(obs,
-    action_masks=...)`` acts among the valid actions; sb3-contrib's ``MaskableEvalCallback`` and
-    ``sb3_contrib.common.maskable.evaluation.evaluate_policy`` evaluate it. Discrete, MultiDiscrete and MultiBinary
-    actions.
-
-    The masks are stored with every sample, in the rollout buffer (sb3-contrib's maskable rollout buffers) and in the
-    auxiliary buffer (booleans). In the policy phase the log-probabilities and the entropy are those of the masked
-    distribution. In the auxiliary phase the behaviour-cloning term ``KL(pi_old || pi)`` compares pi_old and pi both
-    renormalized on the valid actions of each state (pi_old's logits are stored unmasked, with the masks beside
-    them), so that distillation moves no probability towards actions the env refuses.
-
-    With ``use_masking=False``, or masks that allow every action, the updates are PPG's (the same numbers for
-    Discrete and MultiDiscrete actions; a MultiBinary action has 2 logits per binary action here, 1 in PPG).
+    Phasic Policy Gradient with invalid action masking, as sb3-contrib's ``MaskablePPO`` is PPO with it: PPG's
+    constructor and sb3-contrib's conventions (``action_masks()`` on the env, ``learn(..., use_masking=True)``,
+    ``predict(obs, action_masks=...)``). How the masks enter both phases: docs/maskable.md.
 
     See :class:`~sb3_ppg.PPG` for the parameters.
     """
@@ -108,11 +95,9 @@ class MaskablePPG(PPG):
         :param log_interval: the number of iterations between logs
         :param tb_log_name: the name of the run for TensorBoard logging
         :param reset_num_timesteps: whether or not to reset the current timestep number (used in logging)
-        :param use_masking: collect the env's action masks with every sample and act among the valid actions (True,
-            default); False: train without masks (the env needs no ``action_masks()``)
+        :param use_masking: collect the env's action masks with every sample (the env needs ``action_masks()``)
         :param progress_bar: Display a progress bar using tqdm and rich
         :return: the trained model
-        :raises ValueError: with ``use_masking=True``, when the env has no ``action_masks()`` method
         """
         if use_masking and self.env is not None:
             self._check_masking_supported(self.env)
@@ -161,12 +146,8 @@ class MaskablePPG(PPG):
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
-        SB3's rollout collection, with the env's action masks read before every step (when ``learn()`` uses
-        masking), checked, given to the policy and stored with the sample. Without masking it runs the same steps as
-        SB3's ``collect_rollouts()`` (PPG's).
-
-        :return: whether the rollout is complete (False when a callback stopped training)
-        :raises ValueError: for masks of the wrong shape or dtype, or a state without any valid action
+        SB3's rollout collection, the env's action masks read before every step (when ``learn()`` masks), checked, given to
+        the policy and stored; without masking, SB3's ``collect_rollouts()``.
         """
         assert self._last_obs is not None, "No previous observation was provided"
         if self._use_masking:

@@ -26,26 +26,19 @@ from sb3_ppg.procgen.native import HiresRenderer, check_open, close_native_env, 
 
 class ProcgenVecEnv(VecEnv):
     """
-    Native SB3 ``VecEnv`` over procgen's vectorized C++ environment: ``num_envs`` games of the same kind stepped by
-    ``num_threads`` C++ threads, without one python object per game. Observations are ``uint8`` frames, ``(64, 64, 3)``
-    or ``(3, 64, 64)`` with ``channels_first=True``; actions ``Discrete(15)``. Seeding, resets, episode ends and infos
-    are described in docs/procgen.md.
+    Native SB3 ``VecEnv`` over procgen's vectorized C++ environment: ``num_envs`` games stepped by ``num_threads`` C++
+    threads; ``uint8`` frame observations, ``Discrete(15)`` actions (seeding, resets and infos: docs/procgen.md).
 
     :param num_envs: Number of parallel games
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
-    :param distribution_mode: Level difficulty: "easy", "hard" (procgen's default, the paper's setting), "extreme",
-        "memory" or "exploration" (see ``DISTRIBUTION_MODES`` for which games support which)
+    :param distribution_mode: Level difficulty (see ``DISTRIBUTION_MODES`` for which games support which)
     :param num_levels: Number of unique levels to sample from (0: unlimited)
     :param start_level: Seed of the first level of the range
-    :param rand_seed: Seed of the level sampler (any integer, mapped with :func:`procgen_seed`); ``None`` for a
-        random one
-    :param num_threads: Number of procgen worker threads (2 fits a 2-core machine; more threads than cores do not help)
-    :param render_mode: ``None`` or ``"rgb_array"`` (``render()``/``get_images()`` then return 512x512 frames, drawn
-        on demand)
-    :param channels_first: Observations (and terminal observations) of shape ``(3, 64, 64)`` instead of ``(64, 64, 3)``
-    :param procgen_kwargs: Other procgen options: ``center_agent``, ``use_backgrounds``, ``use_monochrome_assets``,
-        ``restrict_themes``, ``use_generated_assets``, ``paint_vel_info``, ``use_sequential_levels``, ``debug_mode``,
-        ``resource_root``
+    :param rand_seed: Seed of the level sampler (any integer, mapped with :func:`procgen_seed`); ``None``: random
+    :param num_threads: Number of procgen worker threads
+    :param render_mode: ``None`` or ``"rgb_array"`` (512x512 frames, drawn on demand)
+    :param channels_first: Observations of shape ``(3, 64, 64)`` instead of ``(64, 64, 3)``
+    :param procgen_kwargs: Other procgen options (``center_agent``, ``use_backgrounds``, ...: see docs/procgen.md)
     """
 
     def __init__(
@@ -86,12 +79,7 @@ class ProcgenVecEnv(VecEnv):
         self.reset_infos = self._env.get_info()
 
     def _build(self, rand_seed: int | None, num_envs: int | None = None) -> None:
-        """
-        (Re)build the C++ env.
-
-        :param rand_seed: Seed in procgen's range, ``None`` for a random one
-        :param num_envs: Number of games (defaults to ``self.num_envs``)
-        """
+        """(Re)build the C++ env (``rand_seed`` in procgen's range, ``None``: random)."""
         if self._env is not None:
             self._env.close()
         if rand_seed is None:
@@ -129,12 +117,7 @@ class ProcgenVecEnv(VecEnv):
         return self._last_obs.transpose(0, 3, 1, 2) if self.channels_first else self._last_obs
 
     def step_async(self, actions: np.ndarray) -> None:
-        """
-        Check the actions and start the step: procgen's threads step the games while the caller goes on, until
-        ``step_wait``.
-
-        :param actions: Integer actions in ``[0, 15)``, shape ``(num_envs,)`` or ``(num_envs, 1)``
-        """
+        """Check the actions (integers in ``[0, 15)``) and start the step on procgen's threads."""
         check_open(self)
         actions = np.asarray(actions)
         if actions.shape != self._actions.shape:
@@ -182,22 +165,12 @@ class ProcgenVecEnv(VecEnv):
         return observations, rewards, dones, infos
 
     def get_env_settings(self) -> dict[str, Any]:
-        """
-        The settings that define the games (the game and procgen's options, defaults included, but where the assets
-        are read from): the states of ``get_env_states`` only fit games built with the same settings.
-
-        :return: The settings (JSON values)
-        """
+        """The settings that define the games: ``get_env_states`` fits games with the same settings."""
         settings = {"env_name": self.env_name, **PROCGEN_OPTIONS, **self.procgen_kwargs}
         return {key: value for key, value in settings.items() if key != "resource_root"}
 
     def get_env_states(self) -> list[bytes]:
-        """
-        The games' states, through procgen's own serialization (level, positions, random generators, episode
-        statistics): what a checkpoint stores to continue the episodes exactly.
-
-        :return: One ``bytes`` per game
-        """
+        """The games' states (procgen's own serialization), one ``bytes`` per game, as checkpoints store them."""
         check_open(self)
         return [bytes(state) for state in self._env.get_state()]
 
@@ -229,38 +202,18 @@ class ProcgenVecEnv(VecEnv):
         return list(self._last_obs)
 
     def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
-        """
-        Return an attribute of this env, once per requested index.
-
-        :param attr_name: The name of the attribute
-        :param indices: Indices of envs
-        :return: ``[getattr(self, attr_name)] * n_indices``
-        """
+        """Return an attribute of this env, once per requested index."""
         value = getattr(self, attr_name)
         return [value for _ in self._get_indices(indices)]
 
     def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
-        """
-        Set an attribute of this env (shared by all indices).
-
-        :param attr_name: The name of the attribute
-        :param value: Its new value
-        :param indices: Indices of envs (all of them share the attribute)
-        """
+        """Set an attribute of this env (shared by all indices)."""
         setattr(self, attr_name, value)
 
     def env_method(
         self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any
     ) -> list[Any]:
-        """
-        Call a method of this env once, and return its result once per requested index.
-
-        :param method_name: The name of the method
-        :param method_args: Positional arguments of the call
-        :param indices: Indices of envs
-        :param method_kwargs: Keyword arguments of the call
-        :return: ``[result] * n_indices``
-        """
+        """Call a method of this env once, and return its result once per requested index."""
         result = getattr(self, method_name)(*method_args, **method_kwargs)
         return [result for _ in self._get_indices(indices)]
 

@@ -22,12 +22,9 @@ from sb3_ppg.common.checkpoints.run_state import ResumableModel
 
 class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
     """
-    Save a checkpoint every ``save_freq`` calls to ``env.step()`` (as SB3's ``CheckpointCallback``), from which
-    ``PPG.load_checkpoint()`` continues the run exactly (bit for bit on CPU with a seed). The checkpoint is written at
-    the next rollout boundary into ``<save_path>/<name_prefix>_<num_timesteps>_steps/``; the auxiliary buffer's rollouts
-    go once each into ``<save_path>/<name_prefix>_rollouts/``. Under torchrun give it to every rank, with the same
-    arguments and a shared ``save_path``. Checkpoints hold pickles: load only trusted ones. The files, the lock, the
-    pruning rules and what cannot be saved are in docs/checkpoints.md.
+    Save a checkpoint every ``save_freq`` calls to ``env.step()`` (as SB3's ``CheckpointCallback``), at the next rollout
+    boundary, from which ``PPG.load_checkpoint()`` continues the run exactly. Under torchrun give it to every rank with
+    a shared ``save_path``. Checkpoints hold pickles: load only trusted ones. Files, lock and pruning: docs/checkpoints.md.
 
     :param save_freq: Save a checkpoint every ``save_freq`` calls to ``env.step()``, counted from ``model.num_timesteps``
     :param save_path: Folder of the checkpoints
@@ -35,7 +32,7 @@ class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
     :param save_replay_buffer: Accepted for compatibility with SB3; the auxiliary buffer is always saved
     :param save_vecnormalize: Accepted for compatibility with SB3; ``VecNormalize`` statistics are always saved
     :param verbose: Verbosity level: 0 for no output, 2 for a line per checkpoint
-    :param keep_last: Number of complete checkpoints kept (older ones are deleted); ``None`` (default) keeps all
+    :param keep_last: Number of complete checkpoints kept (older ones are deleted); ``None`` keeps all
     """
 
     def __init__(

@@ -1,15 +1,7 @@
 """
-Checkpoints that resume a PPG run exactly: :func:`write_checkpoint` (called by ``PPGCheckpointCallback``) writes the
-model zip, the run state (:mod:`.run_state`), the stored rollouts (:mod:`.rollouts`) and, last, the manifest
-(:mod:`.manifest`); :func:`load_checkpoint` (``PPG.load_checkpoint``) verifies them, loads the model and restores
-the run.
-
-Under torchrun (data-parallel training, :func:`sb3_ppg.common.distributed.is_active`) a checkpoint holds every rank's
-part: rank 0 writes ``model.zip`` (parameters and optimizers are the same on every rank), each rank ``r`` writes its
-run state (random generators, last observations, envs) into ``rank_<r>/`` and its auxiliary-buffer rollouts into the
-shared rollouts folder, then rank 0 gathers every rank's checksums and writes the manifest last. The folder must be
-shared by all ranks (one machine, or a shared filesystem). When loading, every rank restores its own part; the ranks
-agree on every error, so none waits for a rank that failed.
+Checkpoints that resume a PPG run exactly: :func:`write_checkpoint` writes the model zip, the run state, the stored
+rollouts and, last, the manifest; :func:`load_checkpoint` verifies them, loads the model and restores the run. Under
+torchrun each rank writes and restores its own part (see docs/checkpoints.md).
 """
 
 import os
@@ -60,21 +52,13 @@ def write_checkpoint(
     model: ResumableModel, directory: pathlib.Path, rollouts: pathlib.Path, finish: Callable[[], None] | None = None
 ) -> None:
     """
-    Write a complete checkpoint of ``model`` into ``directory`` (see ``PPGCheckpointCallback``). The stored
-    rollouts of the auxiliary buffer go to ``rollouts`` (one file each, written once); the manifest, written last
-    and atomically, lists every file with its checksum: a folder without manifest is an incomplete checkpoint.
-    Under torchrun this is collective: every rank calls it at the same rollout boundary and writes its own part
-    (see the module's docstring).
-
-    The manifest's ``sequence`` numbers the checkpoints of a folder in the order they were written (one more than
-    the largest there): the newest checkpoint is the one written last, whatever its step count (a run resumed from
-    an older checkpoint, or a second ``learn()`` that counts its steps from 0 again, writes smaller step counts).
+    Write a complete checkpoint of ``model`` into ``directory``, the manifest last (a folder without one is incomplete);
+    collective under torchrun (see docs/checkpoints.md).
 
     :param model: the model, at a rollout boundary
     :param directory: the checkpoint's folder
     :param rollouts: the folder of the stored rollouts, shared by successive checkpoints
-    :param finish: run once the checkpoint is complete by the process that wrote the manifest (rank 0 under
-        torchrun), e.g. to prune older checkpoints; under torchrun its errors reach every rank
+    :param finish: run once the checkpoint is complete by the process that wrote the manifest (e.g. pruning)
     :raises RuntimeError: under torchrun, on every rank, when any rank failed (the message says which and why)
     """
     if distributed.is_active():
@@ -156,12 +140,7 @@ def _complete_distributed(
     parts: list[dict[str, Any]],
     finish: Callable[[], None] | None,
 ) -> tuple[str, BaseException] | None:
-    """
-    On rank 0, once every rank has written its part: check that rank 0 sees every rank's files (a shared folder), write
-    the manifest, then run ``finish``.
-
-    :return: None, or the error message for every rank and rank 0's exception
-    """
+    """On rank 0, once every rank has written its part: check that it sees them, write the manifest, run ``finish``."""
     try:
         files: dict[str, str] = {}
         for rank, part in enumerate(parts):
@@ -197,12 +176,9 @@ def _complete_distributed(
 
 def verify_files(directory: pathlib.Path, manifest: dict[str, Any], rank: int | None = None, full: bool = False) -> None:
     """
-    Check the files a manifest lists: each checkpoint file against its SHA-256, each stored rollout for its presence
-    and its checksum (read from the file's metadata; ``full``: the whole file read and checked, as loading it does).
+    Check the files a manifest lists against their checksums, and the stored rollouts' presence and checksums.
 
-    :param directory: the checkpoint's folder
-    :param manifest: its manifest
-    :param rank: for a checkpoint written under torchrun, check only the model zip and this rank's part; None: all
+    :param rank: under torchrun, check only the model zip and this rank's part; None: all
     :param full: read every stored rollout completely (a rollout damaged inside its arrays is found only so)
     :raises CheckpointDamagedError: naming the first file that does not match
     """
@@ -217,14 +193,9 @@ def newest_verified(
     folder: pathlib.Path, before: pathlib.Path | None = None
 ) -> tuple[tuple[pathlib.Path, dict[str, Any]] | None, list[str]]:
     """
-    The newest checkpoint of ``folder`` whose files all verify (``verify_files(..., full=True)``: every stored rollout
-    read), older than ``before``.
+    The newest checkpoint of ``folder`` whose files all verify completely, written before ``before`` (None: all).
 
-    :param folder: a checkpoint folder (``save_path``)
-    :param before: a checkpoint of ``folder``: only those written before it (all others when its manifest is
-        unreadable); None: all
-    :return: (the checkpoint and its manifest, or None when none verifies; what was skipped, newest first, each with
-        the reason)
+    :return: (the checkpoint and its manifest, or None; what was skipped, newest first, each with the reason)
     """
     entries = list_checkpoints(folder, quiet=before)
     directories = [directory for directory, _ in entries]
@@ -245,14 +216,11 @@ def find_checkpoint(
     path: str | os.PathLike, verify_named: bool = True
 ) -> tuple[tuple[pathlib.Path, dict[str, Any]] | None, list[str]]:
     """
-    The checkpoint ``path`` names, verified completely (every file against the manifest, every stored rollout read):
-    ``path`` itself when it is a checkpoint, else the newest checkpoint of the folder ``path`` that verifies (see
-    :func:`newest_verified`). ``load_checkpoint`` and the command line's ``--resume`` both choose with it.
+    The checkpoint ``path`` names, verified completely: ``path`` itself when it is a checkpoint, else the newest of the
+    folder ``path`` that verifies. ``load_checkpoint`` and the command line's ``--resume`` both choose with it.
 
-    :param path: a checkpoint, or a folder of checkpoints
-    :param verify_named: verify the checkpoint ``path`` when it is one (under torchrun each rank verifies its part)
-    :return: (the checkpoint and its manifest, or None when none verifies; the damaged newer ones skipped, each with
-        the reason)
+    :param verify_named: verify the checkpoint ``path`` when it is one
+    :return: (the checkpoint and its manifest, or None; the damaged newer ones skipped, each with the reason)
     :raises CheckpointDamagedError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies)
     """
     path = pathlib.Path(path)
@@ -268,12 +236,7 @@ def find_checkpoint(
 
 
 def check_world_size(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
-    """
-    Check that a checkpoint was written with this run's world size (1 for a single process): every rank's envs,
-    random generators and auxiliary buffer are in it, so a run resumes exactly only with as many ranks.
-
-    :raises ValueError: naming both world sizes and how to resume, or to start anew from the weights
-    """
+    """Check that a checkpoint was written with this run's world size (a ``ValueError`` says how to resume)."""
     saved, current = manifest.get("world_size", 1), distributed.get_world_size()
     if saved != current:
         if saved == 1:
@@ -293,12 +256,9 @@ def check_world_size(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
 
 def restore_run(model: ResumableModel, directory: pathlib.Path, manifest: dict[str, Any], part: str = "") -> None:
     """
-    Put the run state and the auxiliary buffer of a checkpoint (files already verified) into a loaded model.
+    Put the run state and the auxiliary buffer of a verified checkpoint into a loaded model.
 
-    :param model: the model loaded from the checkpoint's zip
-    :param directory: the checkpoint's folder
-    :param manifest: its manifest
-    :param part: the folder of this rank's part in a checkpoint written under torchrun (``rank_<r>``), else ""
+    :param part: this rank's folder under torchrun (``rank_<r>``), else ""
     """
     metadata, arrays = read_run_state(directory / part / "run_state.npz", os.path.join(part, "run_state.npz"))
     if metadata["n_envs"] != model.n_envs:
@@ -323,13 +283,9 @@ def load_checkpoint(
     """
     Load a checkpoint: verify it, load its model with ``cls.load`` and restore the run (see ``PPG.load_checkpoint``).
 
-    :param cls: the model's class
     :param path: a checkpoint folder, or a folder of checkpoints (the newest that verifies is loaded)
-    :param env: the env to continue with
-    :param device: the model's device
-    :param allow_pickle: False: unpickle nothing (see :func:`pickle_free_objects`), refuse a checkpoint that needs it
+    :param allow_pickle: False: unpickle nothing (see :func:`pickle_free_objects`)
     :param kwargs: passed to ``cls.load``
-    :return: the model
     """
     device = distributed.auto_init(device)  # a process started by torchrun joins the job before anything is read
     path = os.path.expanduser(path)  # as PPGCheckpointCallback's save_path
@@ -352,12 +308,7 @@ def load_checkpoint(
 
 
 def _chosen(path: str | os.PathLike, verify_named: bool = True) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
-    """
-    The checkpoint ``load_checkpoint(path)`` loads (:func:`find_checkpoint`), with the damaged ones skipped.
-
-    :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-    :raises ValueError: when the checkpoint ``path`` is damaged (naming one that verifies), or every one is damaged
-    """
+    """The checkpoint ``load_checkpoint(path)`` loads (:func:`find_checkpoint`), with the damaged ones skipped."""
     found, skipped = find_checkpoint(path, verify_named)
     if found is None and not skipped:
         raise FileNotFoundError(f"No complete PPG checkpoint (a folder with a {MANIFEST}) in {str(path)!r}.")
@@ -390,17 +341,10 @@ def pickle_free_objects(
     directory: pathlib.Path, manifest: dict[str, Any], part: str, custom_objects: dict[str, Any] | None
 ) -> dict[str, Any]:
     """
-    The ``custom_objects`` that load a checkpoint's ``model.zip`` without unpickling anything: the objects SB3 pickled
-    into the zip's ``data``, rebuilt from their plain description in the run state (see
-    :mod:`.model_objects`), with those given by the caller taking precedence.
+    The ``custom_objects`` that load a checkpoint's ``model.zip`` without unpickling: its pickled objects rebuilt from
+    their plain descriptions (:mod:`.model_objects`), the caller's taking precedence.
 
-    :param directory: the checkpoint (files verified)
-    :param manifest: its manifest
-    :param part: this rank's folder under torchrun, else ""
-    :param custom_objects: the caller's ``custom_objects``
-    :return: ``custom_objects`` covering every pickled object of the zip
-    :raises PickleRefusedError: when the checkpoint holds pickled envs (``env_states.pkl``), or a pickled object of
-        the zip has no plain description (a checkpoint written before sb3_ppg described them, a lambda schedule, ...)
+    :raises PickleRefusedError: when the checkpoint holds pickled envs, or a pickled object has no plain description
     """
     where = f"Checkpoint {str(directory)!r}"
     fix = "Load it with allow_pickle=True only if you trust where it comes from (pickles run code when loaded)"
@@ -428,13 +372,7 @@ def pickle_free_objects(
 
 
 def damaged_error(directory: pathlib.Path, reason: str) -> CheckpointDamagedError:
-    """
-    The error for a damaged checkpoint, naming the newest older one that verifies (see ``newest_verified``).
-
-    :param directory: the damaged checkpoint
-    :param reason: what is damaged
-    :return: the error
-    """
+    """The error for a damaged checkpoint, naming the newest older one that verifies."""
     found, _ = newest_verified(directory.parent, before=directory)
     if found is not None:
         fallback = f"the newest older checkpoint that verifies is {str(found[0])!r}: pass it to load_checkpoint()"

@@ -68,12 +68,8 @@ def _pickle_envs(layer: DummyVecEnv) -> bytes:
 
 def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
     """
-    The size of every episode log (``*.monitor.csv``) that the chain writes in this process: those of ``VecMonitor``
-    layers and of the ``Monitor`` wrappers of a ``DummyVecEnv``'s envs (a checkpoint records them, so that a resumed
-    run can cut the episodes logged after the checkpoint; see :mod:`sb3_ppg.cli.experiment_manager`).
-
-    :param venv: The model's VecEnv
-    :return: ``{real path of the file: bytes written so far}``
+    The size of every episode log (``*.monitor.csv``) the chain writes in this process, ``{real path: bytes}``, so that
+    a resumed run can cut the episodes logged after the checkpoint.
     """
     writers = []
     for layer in vec_env_chain(venv):
@@ -90,13 +86,7 @@ def monitor_log_sizes(venv: VecEnv) -> dict[str, int]:
 
 
 def native_env_settings(venv: VecEnv) -> dict[str, Any] | None:
-    """
-    The settings that define the games of a native VecEnv (one with ``get_env_states()``, such as ``ProcgenVecEnv``),
-    as its ``get_env_settings()`` gives them: the game states it saves only fit games built with the same settings.
-
-    :param venv: a VecEnv with ``get_env_states()``
-    :return: the settings (JSON values), or None for a VecEnv without ``get_env_settings()``
-    """
+    """A native VecEnv's ``get_env_settings()`` (JSON values), or None where it has none."""
     get_env_settings = getattr(venv, "get_env_settings", None)
     return get_env_settings() if callable(get_env_settings) else None
 
@@ -134,13 +124,9 @@ def _check_settings(saved: dict[str, Any], current: dict[str, Any], what: str) -
 
 def check_env_settings(venv: VecEnv, description: dict[str, Any]) -> None:
     """
-    Check, before anything is restored, that a VecEnv chain's games have the settings of those whose states a
-    checkpoint saved (``get_vec_env_state`` records them): restoring Procgen's states into another game ends the
-    process (a C++ assertion), into other levels it would continue silently on the wrong games, and a
-    ``DummyVecEnv``'s saved envs would replace envs made with other settings.
+    Check, before anything is restored, that a chain's games have the settings of those a checkpoint saved (see
+    docs/checkpoints.md for why).
 
-    :param venv: the env given to resume with (the same wrappers as the checkpoint's)
-    :param description: the checkpoint's description of its chain
     :raises EnvMismatchError: naming each setting that differs, with both values
     """
     for layer, saved in zip(vec_env_chain(venv), description["layers"], strict=True):
@@ -184,13 +170,9 @@ def _set_rms(prefix: str, rms: RunningMeanStd | dict[str, RunningMeanStd], array
 
 def get_vec_env_state(venv: VecEnv) -> tuple[dict[str, Any], dict[str, np.ndarray], bytes | None]:
     """
-    Everything a VecEnv chain needs to continue exactly where it is: the statistics of ``VecNormalize``,
-    ``VecMonitor`` and ``VecFrameStack`` as plain arrays, and the envs' states. A ``DummyVecEnv``'s envs are
-    pickled (with their random generators); a VecEnv with ``get_env_states()`` (e.g. Procgen's native env)
-    gives its own. Where no state can be had (``SubprocVecEnv``, an env that cannot be pickled) the description
-    says why, and resuming will restart the episodes.
+    Everything a VecEnv chain needs to continue exactly: the wrappers' statistics as plain arrays and the envs' states
+    (where none can be had, the description says why; see docs/checkpoints.md).
 
-    :param venv: the model's VecEnv
     :return: (JSON description, arrays, pickled envs or None)
     """
     layers: list[dict[str, Any]] = []
@@ -238,11 +220,9 @@ def set_vec_env_state(
     venv: VecEnv, description: dict[str, Any], arrays: dict[str, np.ndarray], pickled_envs: bytes | None
 ) -> bool:
     """
-    Put back a state from ``get_vec_env_state`` into a VecEnv chain of the same wrappers (the envs of a
-    ``DummyVecEnv`` are replaced by their saved copies).
+    Put back a state from ``get_vec_env_state`` into a VecEnv chain of the same wrappers.
 
-    :return: whether the envs' own states were restored (False: the episodes restart, the caller warns)
-    :raises EnvMismatchError: before anything is restored, when the wrappers or the games' settings differ
+    :return: whether the envs' own states were restored (False: the episodes restart)
     """
     chain = vec_env_chain(venv)
     layers = description["layers"]

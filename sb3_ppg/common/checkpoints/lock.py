@@ -21,12 +21,7 @@ _held_locks: dict[str, IO[str]] = {}
 
 
 def lock_holder(folder: str | os.PathLike) -> str | None:
-    """
-    Who holds the lock on a checkpoint folder, when another process does.
-
-    :param folder: the checkpoint folder
-    :return: ``"pid <pid> on <host>"`` (as the holder wrote it), or None when no other process holds the lock
-    """
+    """Who holds the lock on a checkpoint folder (``"pid <pid> on <host>"``), or None when no other process does."""
     path = pathlib.Path(folder) / LOCK_FILE
     if fcntl is None or os.path.realpath(folder) in _held_locks or not path.is_file():
         return None
@@ -40,11 +35,9 @@ def lock_holder(folder: str | os.PathLike) -> str | None:
 
 def lock_folder(folder: str | os.PathLike) -> None:
     """
-    Take this process's lock on a checkpoint folder (``.sb3_ppg.lock``, an exclusive ``flock``), held until
-    :func:`release_folder` or the end of the process: a lock left by a process that died is free again. Taking it
-    again in the process that holds it does nothing. Without ``fcntl`` (Windows) there is no lock.
+    Take this process's lock on a checkpoint folder (an exclusive ``flock``), held until :func:`release_folder` or the
+    end of the process; none without ``fcntl`` (Windows).
 
-    :param folder: the checkpoint folder (created if needed)
     :raises RuntimeError: when another process holds it, naming that process
     """
     key = os.path.realpath(folder)

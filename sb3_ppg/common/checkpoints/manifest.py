@@ -48,16 +48,11 @@ def build_manifest(
     rollout_digests: dict[str, str],
 ) -> dict[str, Any]:
     """
-    The manifest of a checkpoint: its files, its stored rollouts and its ``sequence`` (one more than the largest of
-    the folder: the newest checkpoint is the one written last, whatever its step count).
+    The manifest of a checkpoint: its files' and stored rollouts' checksums and its ``sequence`` (the order of writing).
 
-    :param num_timesteps: the model's timesteps
-    :param directory: the checkpoint's folder
-    :param rollouts: the rollouts folder (next to it)
     :param files: the checksum of each file of the checkpoint, by its path inside the folder
     :param rollout_files: the stored rollouts it uses, in the auxiliary buffer's order
     :param rollout_digests: their checksums, by name
-    :return: the manifest
     """
     return {
         "format": CHECKPOINT_FORMAT,
@@ -92,10 +87,7 @@ def check_files(directory: pathlib.Path, manifest: dict[str, Any], rank: int | N
     """
     Check the files a manifest lists (not the stored rollouts) against their SHA-256.
 
-    :param directory: the checkpoint's folder
-    :param manifest: its manifest
-    :param rank: for a checkpoint written under torchrun, check only the model zip and this rank's part; None: all
-    :raises CheckpointDamagedError: naming the first file that does not match
+    :param rank: under torchrun, check only the model zip and this rank's part; None: all
     """
     files = manifest["files"]
     if rank is not None and "world_size" in manifest:
@@ -116,14 +108,7 @@ def listed_rollouts(manifest: dict[str, Any], rank: int | None = None) -> list[s
 
 
 def read_manifest(directory: pathlib.Path) -> dict[str, Any] | None:
-    """
-    The manifest of a checkpoint folder, checked: every key it needs, with the right types.
-
-    :param directory: the checkpoint folder
-    :return: the manifest, or None when there is none (an incomplete checkpoint)
-    :raises ValueError: naming the file (and the key) when it cannot be read, is not a PPG checkpoint manifest, or a
-        key is missing or of the wrong type
-    """
+    """The manifest of a checkpoint folder, checked (None when there is none: an incomplete checkpoint)."""
     path = directory / MANIFEST
     try:
         manifest = json.loads(path.read_text())
@@ -151,13 +136,7 @@ def _is_relative_name(name: Any) -> bool:
 
 
 def check_manifest(manifest: dict[str, Any], path: pathlib.Path) -> None:
-    """
-    Check the keys of a checkpoint manifest and their types.
-
-    :param manifest: the manifest's content
-    :param path: the manifest's file, for messages
-    :raises ValueError: naming the file, the key, what it holds and what it should hold
-    """
+    """Check the keys of a checkpoint manifest and their types (a ``ValueError`` names the file and the key)."""
     expected = {
         "version": ("an integer >= 1", lambda value: _is_int(value, 1)),
         "num_timesteps": ("an integer >= 0", lambda value: _is_int(value, 0)),
@@ -213,13 +192,10 @@ def list_checkpoints(
     folder: pathlib.Path, prefix: str | None = None, quiet: pathlib.Path | None = None
 ) -> list[tuple[pathlib.Path, dict[str, Any]]]:
     """
-    The complete checkpoints in ``folder`` with their manifests, oldest first (see ``checkpoint_order``). A folder
-    whose ``manifest.json`` is not a readable PPG checkpoint manifest is skipped, with a warning naming it.
+    The complete checkpoints in ``folder`` with their manifests, oldest first; unreadable manifests are skipped with a
+    warning (none with ``quiet``).
 
-    :param folder: a checkpoint folder (``save_path``)
     :param prefix: only the folders ``<prefix>_<steps>_steps``; None: every sub-folder with a manifest
-    :param quiet: a folder skipped without warning (one an error already names)
-    :return: ``[(checkpoint folder, manifest)]``
     """
     found = []
     for directory in sorted(folder.iterdir()) if folder.is_dir() else []:

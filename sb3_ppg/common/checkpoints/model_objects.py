@@ -1,12 +1,7 @@
 """
-The objects of a model zip that SB3 pickles (its ``data`` holds them cloudpickled: spaces, the policy class,
-schedules, policy keyword arguments with classes, ...), described in plain JSON for a checkpoint's run state, so that
-``load_checkpoint(..., allow_pickle=False)`` can give them to ``load`` as ``custom_objects`` and nothing is unpickled.
-
-Only what can be rebuilt without running code from the file is described: JSON values, tuples, the spaces PPG takes,
-SB3's constant and linear schedules, and classes of :data:`SAFE_CLASS_MODULES` (imported by name, looked up as
-attributes, never called). Anything else (a lambda or a closure, such as the zoo's ``lin_`` schedules, an instance of
-another class) is recorded as such: such a checkpoint loads only with pickles allowed.
+The objects a model zip pickles (spaces, the policy class, schedules, ...) described in plain JSON for a checkpoint's
+run state, so that ``load_checkpoint(..., allow_pickle=False)`` unpickles nothing (what can be described:
+docs/checkpoints.md).
 """
 
 import importlib
@@ -39,13 +34,7 @@ def _is_json(value: Any) -> bool:
 
 
 def pickled_attributes(model: BaseAlgorithm) -> dict[str, Any]:
-    """
-    The attributes of a model that SB3's ``save`` writes cloudpickled into the zip's ``data`` (what it saves, less
-    the JSON values, which it writes as they are).
-
-    :param model: the model
-    :return: ``{name: value}``
-    """
+    """The attributes of a model that SB3's ``save`` cloudpickles into the zip's ``data``."""
     excluded = set(model._excluded_save_params())
     state_dicts, torch_variables = model._get_torch_save_params()
     excluded.update(name.split(".")[0] for name in [*state_dicts, *torch_variables])
@@ -66,13 +55,7 @@ def _class_name(cls: type) -> str:
 
 
 def describe(value: Any) -> Any:
-    """
-    A plain JSON description of a value, for :func:`rebuild`.
-
-    :param value: the value
-    :return: its description
-    :raises NotDescribable: naming what cannot be described
-    """
+    """A plain JSON description of a value, for :func:`rebuild` (``NotDescribable`` names what cannot be)."""
     if isinstance(value, FloatSchedule):
         return {"float_schedule": describe(value.value_schedule)}
     if isinstance(value, ConstantSchedule):
@@ -118,14 +101,7 @@ def _describe_space(space: spaces.Space) -> dict[str, Any]:
 
 
 def rebuild(description: Any) -> Any:
-    """
-    The value a :func:`describe` description stands for; nothing is unpickled, no class named in it is called but
-    the spaces and schedules above.
-
-    :param description: the description
-    :return: the value
-    :raises ValueError: for a description that :func:`describe` does not write
-    """
+    """The value a :func:`describe` description stands for; nothing is unpickled, no class in it is called."""
     if isinstance(description, list):
         return [rebuild(item) for item in description]
     if not isinstance(description, dict):
