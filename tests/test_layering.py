@@ -342,3 +342,42 @@ def test_cycle_check_fails_on_a_cycle_closed_by_a_type_only_import(tmp_path):
     )
     assert layer_violations(graph) == []
     assert import_cycles(graph) == [["pkg.common.a", "pkg.common.b", "pkg.common.c", "pkg.common.a"]]
+
+
+#: The largest share of the package's lines that docstrings may take (SB3's PPO files: 18%; issue 30): explanations
+#: belong in docs/
+MAX_DOCSTRING_SHARE = 0.21
+
+
+def docstring_lines(root: pathlib.Path) -> tuple[int, int]:
+    """The lines of module, class and function docstrings, and all lines, of every module under ``root``."""
+    docstrings = total = 0
+    for path in sorted(root.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        total += len(source.splitlines())
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if (
+                    isinstance(first, ast.Expr)
+                    and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)
+                ):
+                    docstrings += first.end_lineno - first.lineno + 1
+    return docstrings, total
+
+
+def test_docstrings_stay_in_sb3s_measure():
+    docstrings, total = docstring_lines(ROOT)
+    assert docstrings / total <= MAX_DOCSTRING_SHARE, (
+        f"docstrings are {docstrings} of sb3_ppg's {total} lines ({docstrings / total:.1%}, at most "
+        f"{MAX_DOCSTRING_SHARE:.0%}): keep them to a line or two per parameter and move explanations to docs/"
+    )
+
+
+def test_docstring_count_sees_every_kind_of_docstring(tmp_path):
+    # 3 docstring lines (module, class, method) of 9; a string that is not the first statement is no docstring
+    source = '"""Module."""\n\n\nclass A:\n    """Class."""\n\n    def f(self):\n        """Method."""\n        "not one"\n'
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(source)
+    assert docstring_lines(tmp_path / "pkg") == (3, 9)

@@ -42,11 +42,7 @@ def temporary_path(path: str | pathlib.Path) -> pathlib.Path:
 
 def atomic_write(path: str | pathlib.Path, write: Callable[[IO[bytes]], None]) -> None:
     """
-    Write a file so that it is either complete or absent, also after a kill or a power cut: ``write`` fills a
-    temporary file in the same directory, which is flushed, fsynced and renamed over ``path``.
-
-    :param path: the file to write
-    :param write: a function writing the content to the binary file object it gets
+    Write a file so that it is complete or absent, also after a kill: a temporary file, fsynced and renamed over ``path``.
     """
     path = pathlib.Path(path)
     temporary = temporary_path(path)
@@ -81,25 +77,12 @@ def _json_digest(metadata: dict[str, Any]) -> str:
 
 
 def metadata_checksum(metadata: dict[str, Any]) -> str:
-    """
-    The checksum of a file written by ``write_array_file``, from the metadata ``read_array_file`` returned: a digest of
-    the whole content (the metadata and the SHA-256 of every array), as ``array_file_checksum`` reads it.
-
-    :param metadata: the metadata returned by ``read_array_file`` (without its ``checksum``)
-    :return: the checksum, as hex
-    """
+    """The checksum of a file written by ``write_array_file``, from the metadata ``read_array_file`` returned."""
     return _json_digest({key: value for key, value in metadata.items() if key != "checksum"})
 
 
 def array_file_checksum(path: str | pathlib.Path) -> str:
-    """
-    The checksum a file written by ``write_array_file`` claims for its content, read from its metadata alone (fast:
-    the arrays are not read, nor checked; ``read_array_file`` checks them).
-
-    :param path: the file
-    :return: the checksum, as hex
-    :raises ValueError: when the file is not such a file (truncated, damaged, of another kind), naming it
-    """
+    """The checksum a file of ``write_array_file`` claims, read from its metadata alone (a ``ValueError`` for another file)."""
     try:
         with zipfile.ZipFile(path) as archive:
             metadata = json.loads(archive.read(METADATA_MEMBER))
@@ -125,12 +108,7 @@ def _json_bounds(array: np.ndarray) -> Any:
 
 
 def space_to_json(space: spaces.Space) -> dict[str, Any]:
-    """
-    Describe a gymnasium space in JSON (Box, Discrete, MultiDiscrete, MultiBinary and Dict of those).
-
-    :param space: the space
-    :return: a JSON-serializable description, read back by ``space_from_json``
-    """
+    """Describe a gymnasium space in JSON (Box, Discrete, MultiDiscrete, MultiBinary and Dict of those)."""
     if isinstance(space, spaces.Box):
         return {
             "type": "Box",
@@ -153,12 +131,7 @@ def space_to_json(space: spaces.Space) -> dict[str, Any]:
 
 
 def space_from_json(description: dict[str, Any]) -> spaces.Space:
-    """
-    The gymnasium space described by ``space_to_json``.
-
-    :param description: the JSON description
-    :return: the space
-    """
+    """The gymnasium space described by ``space_to_json``."""
     kind = description["type"]
     if kind == "Box":
         shape = tuple(description["shape"])
@@ -181,12 +154,9 @@ def write_array_file(
     path: str | pathlib.Path | IO[bytes], arrays: dict[str, np.ndarray], metadata: dict[str, Any], atomic: bool = True
 ) -> dict[str, Any]:
     """
-    Write arrays and JSON metadata as an ``.npz`` file (a zip of ``.npy`` files and ``metadata.json``). The metadata
-    gets the dtype, shape and SHA-256 of every array, and a checksum of itself.
+    Write arrays (numeric or bool: nothing is pickled) and JSON metadata as an ``.npz`` file; the metadata gets the
+    dtype, shape and SHA-256 of every array, and a checksum of itself.
 
-    :param path: the file (written atomically when ``atomic``), or an open binary file
-    :param arrays: the arrays, by name (numeric or bool dtypes only: nothing is pickled)
-    :param metadata: JSON-serializable metadata
     :param atomic: write under a temporary name and rename into place (for a path)
     :return: the metadata as written
     """
@@ -219,12 +189,8 @@ def read_array_file(
     path: str | pathlib.Path | IO[bytes], expected_format: str
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """
-    Read a file written by ``write_array_file``, checking it completely: nothing is unpickled, and a file of another
-    kind, a truncated file or a changed byte gives a ``ValueError`` that says so.
-
-    :param path: the file, or an open binary file
-    :param expected_format: the ``format`` its metadata must name
-    :return: (metadata, arrays by name)
+    Read a file written by ``write_array_file``, checked completely (a ``ValueError`` for another kind of file, a
+    truncated one or a changed byte): (metadata, arrays by name).
     """
     if isinstance(path, (str, pathlib.Path)):
         with open(path, "rb") as file:

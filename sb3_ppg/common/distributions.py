@@ -9,12 +9,7 @@ from torch.distributions import Bernoulli, Categorical, Normal, kl_divergence
 
 
 def distribution_param_dim(action_space: spaces.Space) -> int:
-    """
-    Number of floats that describe one state's action distribution (see ``get_distribution_params``).
-
-    :param action_space: the action space
-    :return: logits count for Discrete / MultiDiscrete / MultiBinary, twice the action size for Box
-    """
+    """Number of floats that describe one state's action distribution (see ``get_distribution_params``)."""
     if isinstance(action_space, spaces.Discrete):
         return int(action_space.n)
     if isinstance(action_space, spaces.MultiDiscrete):
@@ -28,12 +23,8 @@ def distribution_param_dim(action_space: spaces.Space) -> int:
 
 def get_distribution_params(distribution: Distribution) -> th.Tensor:
     """
-    The parameters of an SB3 action distribution as one tensor per state, detached from SB3's reused
-    ``Distribution`` object (which every call of the policy overwrites).
-
-    :param distribution: an SB3 distribution returned by the policy
-    :return: tensor of shape (batch, ``distribution_param_dim``): logits (Categorical, MultiCategorical,
-        Bernoulli) or the mean and log standard deviation (Gaussian, gSDE)
+    The parameters of an SB3 action distribution, one row per state (logits, or mean and log std), detached from SB3's
+    reused ``Distribution`` object.
     """
     torch_dist = distribution.distribution
     if isinstance(torch_dist, list):
@@ -47,12 +38,8 @@ def get_distribution_params(distribution: Distribution) -> th.Tensor:
 
 def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution) -> th.Tensor:
     """
-    ``KL(pi_old || pi)`` per state, summed over action dimensions, where ``pi_old`` is rebuilt from parameters
-    stored by ``get_distribution_params`` and ``pi`` is the current distribution (gradients flow through it).
-
-    :param old_params: tensor of shape (batch, ``distribution_param_dim``)
-    :param distribution: the current SB3 distribution for the same states
-    :return: tensor of shape (batch,)
+    ``KL(pi_old || pi)`` per state, summed over action dimensions, ``pi_old`` rebuilt from ``get_distribution_params``'s
+    parameters and ``pi`` the current distribution (gradients flow through it).
     """
     torch_dist = distribution.distribution
     if isinstance(torch_dist, list):

@@ -11,13 +11,7 @@ DICT_CARTPOLE_ID = "sb3_ppg/DictCartPole-v1"
 
 
 class DictObservationCartPole(gym.ObservationWrapper):
-    """
-    CartPole with a ``Dict`` observation: ``{"cart": [position, velocity], "pole": [angle, angular velocity]}``,
-    registered as ``sb3_ppg/DictCartPole-v1`` (500-step time limit, like ``CartPole-v1``) to exercise
-    ``MultiInputPolicy`` through the zoo.
-
-    :param env: A ``CartPoleEnv``
-    """
+    """CartPole with a ``Dict`` observation (``cart``, ``pole``), registered as ``sb3_ppg/DictCartPole-v1``."""
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
@@ -40,12 +34,7 @@ class DictObservationCartPole(gym.ObservationWrapper):
 
 
 def make_dict_cartpole(**kwargs: Any) -> gym.Env:
-    """
-    Entry point of ``sb3_ppg/DictCartPole-v1``.
-
-    :param kwargs: Keyword arguments of ``CartPoleEnv`` (e.g. ``render_mode``)
-    :return: The env
-    """
+    """Entry point of ``sb3_ppg/DictCartPole-v1`` (keyword arguments of ``CartPoleEnv``)."""
     return DictObservationCartPole(CartPoleEnv(**kwargs))
 
 

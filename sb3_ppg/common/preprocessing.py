@@ -19,12 +19,9 @@ OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.
 
 def check_observation_space(observation_space: spaces.Space, key: str | None = None) -> None:
     """
-    Refuse, with the space and a fix, an observation space that SB3's buffers and networks cannot take: anything but
-    Box, Discrete, MultiDiscrete and MultiBinary, or a Dict of those (a Dict inside a Dict, a Tuple, a Graph, a
-    Sequence, Text, ...), and a Discrete / MultiDiscrete space whose ``start`` is not 0 (its values would be one-hot
-    encoded as if they started at 0). A Box of shape ``()`` is accepted (one feature).
+    Refuse, with the space and a fix, an observation space that SB3's buffers and networks cannot take (see docs/ppg.md,
+    Can I use?), and a Discrete / MultiDiscrete one whose ``start`` is not 0.
 
-    :param observation_space: the observation space (of the env, or one entry of a Dict space)
     :param key: the entry's key when ``observation_space`` is inside a Dict space
     """
     where = "" if key is None else f" (key {key!r} of the Dict observation space)"
@@ -43,23 +40,12 @@ def check_observation_space(observation_space: spaces.Space, key: str | None = N
 
 
 def check_action_space(action_space: spaces.Space) -> None:
-    """
-    Refuse a Discrete / MultiDiscrete action space whose ``start`` is not 0: SB3's distributions sample actions from
-    0, so the env would receive actions outside its space. (The action space's type is checked by SB3.)
-
-    :param action_space: the action space
-    """
+    """Refuse a Discrete / MultiDiscrete action space whose ``start`` is not 0 (SB3 samples actions from 0)."""
     _check_zero_start(action_space, f"action space {action_space}", "actions")
 
 
 def _check_zero_start(space: spaces.Space, name: str, values: str) -> None:
-    """
-    Refuse a Discrete / MultiDiscrete space whose ``start`` is not 0, with the wrapper that relabels it.
-
-    :param space: a space (only Discrete and MultiDiscrete ones have a ``start``; MultiDiscrete since gymnasium 1.0)
-    :param name: the space, as the error message names it
-    :param values: ``"actions"`` or ``"observations"``
-    """
+    """Refuse a Discrete / MultiDiscrete space whose ``start`` is not 0, naming the wrapper that relabels it."""
     if not isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)) or not np.any(getattr(space, "start", 0)):
         return
     if isinstance(space, spaces.MultiDiscrete):
@@ -91,14 +77,11 @@ def has_integer_box(observation_space: spaces.Space) -> bool:
 
 def check_observation_dtype(observation: Any, observation_space: spaces.Space, key: str | None = None) -> None:
     """
-    Refuse an observation of a Box space that SB3's VecEnvs would change when they store it in the space's dtype (they
-    cast without a word): floats in [0, 1) given to a ``Box(0, 255, uint8)`` space become all zeros, values outside
-    an integer dtype's range wrap around.
+    Refuse an observation of a Box space that SB3's VecEnvs would change when they cast it to the space's dtype (floats
+    in [0, 1) in a uint8 space become zeros, out-of-range integers wrap around).
 
     :param observation: an observation the env returned (one, not a batch), before any VecEnv
-    :param observation_space: the env's observation space
     :param key: the entry's key when ``observation_space`` is inside a Dict space
-    :raises ValueError: naming the space, the observation's dtype and range, and the fix
     """
     if isinstance(observation_space, spaces.Dict) and isinstance(observation, dict) and key is None:
         for sub_key, subspace in observation_space.spaces.items():
@@ -130,26 +113,14 @@ def check_observation_dtype(observation: Any, observation_space: spaces.Space, k
 
 
 def check_first_observation(env: Any) -> None:
-    """
-    Reset a gymnasium env (not yet vectorized) and check its observation with :func:`check_observation_dtype`, for an
-    observation space that is or holds a Box of an integer dtype (the only ones where SB3's cast loses values); other
-    envs are not reset.
-
-    :param env: the env
-    """
+    """Reset a gymnasium env whose space holds an integer Box and check its observation (:func:`check_observation_dtype`)."""
     if has_integer_box(env.observation_space):
         observation, _ = env.reset()
         check_observation_dtype(observation, env.observation_space)
 
 
 def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:
-    """
-    Check that an observation given to ``predict`` is a dict with exactly the keys of a Dict observation space, each
-    of a valid shape (SB3's message, with the key), and not a dict for any other space.
-
-    :param observation: the observation (one, or a batch)
-    :param observation_space: the model's observation space
-    """
+    """Check that an observation given to ``predict`` has exactly the keys of a Dict space (and is a dict only for one)."""
     if isinstance(observation_space, spaces.Dict):
         expected = list(observation_space.spaces)
         if not isinstance(observation, dict):
@@ -190,16 +161,8 @@ def check_observation_keys(observation: Any, observation_space: spaces.Space) ->
 
 def preprocess_obs_as(obs: PyTorchObs, observation_space: spaces.Space, normalize_images: bool, dtype: th.dtype) -> PyTorchObs:
     """
-    SB3's ``preprocess_obs`` (images divided by 255, one-hot encodings), giving ``dtype``. For float32 it is SB3's
-    function itself. SB3's gives float32 whatever the network: for another dtype (a policy cast with
-    ``policy.to(th.float64)``) Box observations are converted to it before images are divided by 255, so that no
-    float32 rounding enters; one-hot and binary encodings are exact in any dtype.
-
-    :param obs: observations (a batch), a tensor or a dict of tensors
-    :param observation_space: their space
-    :param normalize_images: divide images by 255
-    :param dtype: the floating-point dtype of the result (the network's)
-    :return: the preprocessed observations
+    SB3's ``preprocess_obs`` giving ``dtype``: SB3's own for float32; for another dtype (a float64 policy) Box
+    observations are converted before images are divided by 255, so that no float32 rounding enters.
     """
     if dtype == th.float32:
         return preprocess_obs(obs, observation_space, normalize_images=normalize_images)
@@ -214,15 +177,7 @@ def preprocess_obs_as(obs: PyTorchObs, observation_space: spaces.Space, normaliz
 
 
 def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) -> PyTorchObs:
-    """
-    Give preprocessed observations of a Box of shape ``()`` (a scalar) a feature axis, ``(batch,)`` to
-    ``(batch, 1)``, as the features extractors expect (in a Dict observation too); other observations are returned
-    as they are.
-
-    :param obs: preprocessed observations (a batch)
-    :param observation_space: their space
-    :return: the observations
-    """
+    """Give preprocessed observations of a Box of shape ``()`` a feature axis, ``(batch,)`` to ``(batch, 1)``."""
     if isinstance(observation_space, spaces.Dict):
         assert isinstance(obs, dict)
         return {key: add_scalar_feature_axis(value, observation_space[key]) for key, value in obs.items()}
@@ -233,13 +188,7 @@ def add_scalar_feature_axis(obs: PyTorchObs, observation_space: spaces.Space) ->
 
 
 def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
-    """
-    Refuse observations holding NaN or inf before they reach the networks (integer observations, such as uint8
-    images, cannot hold them and are not looked at).
-
-    :param obs: an observation tensor, or a dict of them
-    :raises ValueError: naming the fix
-    """
+    """Refuse observations holding NaN or inf before they reach the networks (integer observations are not looked at)."""
     for key, tensor in obs.items() if isinstance(obs, dict) else [(None, obs)]:
         if tensor.is_floating_point() and not th.isfinite(tensor).all():
             where = f"Observation key {key!r}" if key is not None else "The observation"

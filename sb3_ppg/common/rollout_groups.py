@@ -31,10 +31,8 @@ def _chain(parts: Iterable[Iterable[Any]]) -> list[Any]:
 
 class GroupedVecEnv(VecEnv):
     """
-    One VecEnv made of several (the groups), their envs in order: env ``i`` of the whole is env ``i - start`` of the
-    group that holds it. Stepped as a whole, it is the same as one VecEnv of all those envs; a group can also start its
-    step alone (``step_group_async``) as soon as its actions are known, which ``PPG(overlap_rollouts=True)`` does
-    while the network acts on the next group.
+    One VecEnv made of several (the groups), their envs in order; a group can start its step alone
+    (``step_group_async``), as ``PPG(overlap_rollouts=True)`` does (see docs/throughput.md).
 
     :param venvs: the groups, VecEnvs with the same observation and action spaces
     """
@@ -56,12 +54,7 @@ class GroupedVecEnv(VecEnv):
         self._started: dict[int, np.ndarray] = {}
 
     def step_group_async(self, group: int, actions: np.ndarray) -> None:
-        """
-        Start the step of one group with its actions; ``step_async`` (with the same actions) and ``step_wait`` end it.
-
-        :param group: the group's index
-        :param actions: the actions of its envs
-        """
+        """Start the step of one group with its actions; ``step_async`` (same actions) and ``step_wait`` end it."""
         if group in self._started:
             raise RuntimeError(f"Group {group} of the GroupedVecEnv has started its step already.")
         self.venvs[group].step_async(actions)
@@ -169,15 +162,8 @@ def env_actions(actions: np.ndarray, policy: BasePolicy, action_space: spaces.Sp
 @contextmanager
 def overlapped_forward(policy: BasePolicy, venv: GroupedVecEnv, action_space: spaces.Space) -> Iterator[None]:
     """
-    Inside the context, the policy's forward pass on the observations of all envs (the rollout's) runs group by
-    group, and starts each group's step as soon as its actions are known, so that the group steps while the network
-    acts on the next one. The rollout collection then steps the whole env as usual (``GroupedVecEnv.step_async``
-    checks that the actions are those the groups started with), and gets the same results as a collection that samples
-    group by group and steps the envs afterwards.
-
-    :param policy: the policy (its ``forward`` returns actions, values and log-probabilities)
-    :param venv: the bottom of the model's env chain
-    :param action_space: the model's action space
+    Inside the context, the policy's forward pass on all envs runs group by group and starts each group's step as soon as
+    its actions are known; the results are those of a collection that samples group by group and steps afterwards.
     """
     forward = policy.forward
     patched = "forward" in vars(policy)
@@ -211,10 +197,8 @@ def overlapped_rollout(
     policy: BasePolicy, env: VecEnv, action_space: spaces.Space, overlap_rollouts: bool, use_sde: bool
 ) -> AbstractContextManager:
     """
-    The context of a rollout's collection: with ``overlap_rollouts``, ``overlapped_forward`` on the env's groups;
-    otherwise nothing.
-
-    :raises ValueError: when the env has no groups, or with gSDE (its noise is drawn for all envs at once)
+    The context of a rollout's collection: ``overlapped_forward`` with ``overlap_rollouts``, else nothing (a
+    ``ValueError`` for an env without groups, or with gSDE).
     """
     if not overlap_rollouts:
         return nullcontext()

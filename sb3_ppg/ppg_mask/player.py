@@ -36,12 +36,6 @@ class MaskedPlayer:
         deterministic: bool = False,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
-        The model's actions for the env's current observations, among the valid actions of its current states.
-
-        :param observation: the env's current observations (one per env)
-        :param state: The last hidden states (unused: no recurrent policies)
-        :param episode_start: The episode starts (unused)
-        :param deterministic: Whether or not to return deterministic actions
-        :return: the actions and the state
+        The model's actions for the env's current observations, among its states' valid actions (SB3's arguments).
         """
         return self.model.predict(observation, state, episode_start, deterministic, action_masks=self.action_masks())

@@ -40,11 +40,8 @@ class MaskablePPGPolicy(PPGPolicy):
         self, obs: th.Tensor, deterministic: bool = False, action_masks: MaybeMasks = None
     ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         """
-        Forward pass in all the networks (actor and critic).
+        Forward pass in all the networks (actor and critic), masked by ``action_masks`` (None: none).
 
-        :param obs: Observation
-        :param deterministic: Whether to sample or use deterministic actions
-        :param action_masks: the valid actions of each state (True), or None for no masking
         :return: action, value and log probability of the action
         """
         check_finite_observations(obs)
@@ -97,12 +94,8 @@ class MaskablePPGPolicy(PPGPolicy):
         action_masks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
-        The policy's action for an observation or a batch of them (sb3-contrib's ``predict``).
+        The policy's action for an observation or a batch of them (sb3-contrib's ``predict``; SB3's arguments).
 
-        :param observation: the observation(s)
-        :param state: The last states (unused: no recurrent policies), returned as given
-        :param episode_start: The episode starts (unused)
-        :param deterministic: Whether or not to return deterministic actions
         :param action_masks: the valid actions (True) of each observation (``get_action_masks(env)``); None: no masking
         :return: the action(s) and the state
         """

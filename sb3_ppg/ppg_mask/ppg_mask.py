@@ -131,12 +131,8 @@ class MaskablePPG(PPG):
         action_masks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, tuple[np.ndarray, ...] | None]:
         """
-        The model's action for an observation or a batch of them (sb3-contrib's ``MaskablePPO.predict``).
+        The model's action for an observation or a batch of them (sb3-contrib's ``MaskablePPO.predict``; SB3's arguments).
 
-        :param observation: the input observation(s)
-        :param state: The last hidden states (unused: no recurrent policies)
-        :param episode_start: The episode starts (unused)
-        :param deterministic: Whether or not to return deterministic actions
         :param action_masks: the valid actions (True) of each observation (``get_action_masks(env)``); None: no masking
         :return: the action(s) and the state
         """

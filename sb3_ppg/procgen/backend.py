@@ -1,16 +1,7 @@
 """
-The package that provides Procgen's C++ games, behind one interface.
-
-- ``procgen`` (OpenAI's ``procgen`` on Python 3.10, ``procgen-mirror`` on 3.11 and 3.12): built against numpy 1.x,
-  with gym3's API (``ProcgenGym3Env``) and gym 0.26 as dependencies.
-- ``procgen_gym`` (``procgen-gym``, Python 3.13): a Gymnasium port of the same C++ code, built against numpy 2, with
-  neither gym nor gym3; its vectorized env is a ``gymnasium.vector.VectorEnv``.
-
-:func:`make_native_env` builds the C++ vectorized env of whichever is installed (``procgen`` first; imported on first
-use, :func:`backend`) and returns it with the part of gym3's interface that :mod:`sb3_ppg.procgen` uses (``act``,
-``observe``, ``get_info``, ``get_state``, ``set_state``, ``close``). Both run the same C++ games: the same seed gives
-the same levels, dynamics, rewards, episode ends and states; the frames are bit-identical except for a few pixels in
-the games whose sprites the two builds' renderers draw differently (CoinRun, CaveFlyer, Jumper, Ninja).
+The package that provides Procgen's C++ games, behind one interface: ``procgen`` (procgen-mirror; gym3's API) or
+``procgen_gym`` (procgen-gym, Python 3.13; Gymnasium's). :func:`make_native_env` builds the C++ vectorized env of
+whichever is installed with the part of gym3's interface :mod:`sb3_ppg.procgen` uses (see docs/procgen.md).
 """
 
 import functools
@@ -45,14 +36,7 @@ SYSTEM_PACKAGES = ("libgl1", "libglib2.0-0", "libx11-6")
 
 
 def missing_library_error(error: OSError) -> OSError:
-    """
-    The error for procgen's C++ library failing to load (``OSError: cannot load library '.../libenv.so': libGL.so.1:
-    cannot open shared object file``): it names the system packages to install. Other ``OSError`` are returned as
-    they are.
-
-    :param error: the error of loading the library (or of importing the package)
-    :return: the error to raise
-    """
+    """The error for procgen's C++ library failing to load, naming the system packages to install."""
     message = str(error)
     if "cannot open shared object file" not in message and "cannot load library" not in message:
         return error
@@ -108,13 +92,9 @@ def __getattr__(name: str) -> Any:
 
 def check_resource_root(resource_root: str) -> str:
     """
-    Check a custom ``resource_root`` (folder of the game assets) before procgen sees it: procgen reads the assets
-    with the folder name and the file names simply joined, and a missing file makes it print "failed to load
-    image" and exit the whole Python process.
+    Check a custom ``resource_root`` before procgen sees it (a missing asset makes procgen exit the process).
 
-    :param resource_root: A folder with the same layout as procgen's own assets (``kenney/``, ``misc_assets/``, ...)
     :return: The folder, ending with a path separator (as procgen expects)
-    :raises ValueError: when the folder does not exist or lacks one of procgen's asset files
     """
     assets_dir = backend().assets_dir
     if not os.path.isdir(resource_root):
@@ -138,14 +118,8 @@ def check_resource_root(resource_root: str) -> str:
 
 class ProcgenGymAdapter:
     """
-    ``procgen_gym.ProcgenVecEnv`` with the gym3 interface of ``procgen.ProcgenGym3Env`` that sb3_ppg uses:
-    ``act(actions)``, ``observe() -> (rewards, {"rgb": frames}, firsts)``, ``get_info()`` (one dict per game),
-    ``get_state()``, ``set_state(states)``, ``close()``.
-
-    :param num: Number of games
-    :param env_name: Procgen game
-    :param render_mode: ``"rgb_array"``: 512x512 frames in ``get_info()[i]["rgb"]`` at every step
-    :param options: procgen's other options (``distribution_mode``, ``num_levels``, ``rand_seed``, ...)
+    ``procgen_gym.ProcgenVecEnv`` with the gym3 interface of ``procgen.ProcgenGym3Env`` that sb3_ppg uses (``act``,
+    ``observe``, ``get_info``, ``get_state``, ``set_state``, ``close``).
     """
 
     def __init__(self, num: int, env_name: str, render_mode: str | None = None, **options: Any):
@@ -190,15 +164,7 @@ class ProcgenGymAdapter:
 
 
 def make_native_env(num: int, env_name: str, render_mode: str | None = None, **options: Any) -> Any:
-    """
-    Build Procgen's C++ vectorized env with the installed package.
-
-    :param num: Number of games
-    :param env_name: Procgen game
-    :param render_mode: ``None`` or ``"rgb_array"``
-    :param options: procgen's other options
-    :return: a ``procgen.ProcgenGym3Env``, or a :class:`ProcgenGymAdapter` over procgen-gym
-    """
+    """Build Procgen's C++ vectorized env with the installed package (a ``ProcgenGym3Env`` or a :class:`ProcgenGymAdapter`)."""
     installed = backend()
     if installed.gym3_env_class is not None:
         # gym3 reaches the C library through cffi, which resolves each function on first use under a lock that is not

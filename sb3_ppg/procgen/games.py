@@ -61,28 +61,12 @@ MAX_INT32 = 2**31 - 1
 
 
 def procgen_seed(seed: int) -> int:
-    """
-    Map any integer seed into the range procgen accepts for ``rand_seed`` (``0 <= seed < 2**31 - 1``).
-
-    SB3 draws seeds up to ``2**32 - 1`` (``VecEnv.seed(None)``) and adds the env index, procgen asserts that its seed
-    fits in an int32.
-
-    :param seed: Any integer (numpy integers included)
-    :return: ``seed % (2**31 - 1)`` as a python int
-    """
+    """Map any integer seed into procgen's ``rand_seed`` range (``seed % (2**31 - 1)``, a python int)."""
     return int(seed) % MAX_INT32
 
 
 def check_int(name: str, value: Any, minimum: int, maximum: int = MAX_INT32) -> int:
-    """
-    Check that ``value`` is an integer (not a bool) in ``[minimum, maximum]``.
-
-    :param name: Name of the argument, for the error message
-    :param value: The value to check
-    :param minimum: Smallest valid value
-    :param maximum: Largest valid value
-    :return: The value as a python int
-    """
+    """Check that ``value`` is an integer (not a bool) in ``[minimum, maximum]``; return it as a python int."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"`{name}` must be an integer, got {value!r} of type {type(value).__name__}")
     if not minimum <= value <= maximum:
@@ -98,17 +82,10 @@ def check_procgen_options(
     procgen_kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """
-    Validate the game and the procgen options, and return them in the form stored in ``procgen_kwargs`` attributes.
+    Validate the game and the procgen options (procgen asserts or aborts the process on bad ones) and return them as
+    ``procgen_kwargs`` attributes store them.
 
-    Procgen itself reports bad options with bare assertions, or aborts the whole python process (an unsupported
-    distribution mode for a game, a negative level range), so everything is checked here first.
-
-    :param env_name: Name of the game, one of ``PROCGEN_GAMES``
-    :param distribution_mode: One of ``DISTRIBUTION_MODES`` that the game supports
-    :param num_levels: Number of unique levels (0: unlimited)
-    :param start_level: Seed of the first level
     :param procgen_kwargs: Other procgen options (keys of ``PROCGEN_OPTIONS``)
-    :return: ``{"distribution_mode": ..., "num_levels": ..., "start_level": ..., **procgen_kwargs}`` with python types
     """
     if env_name not in PROCGEN_GAMES:
         raise ValueError(f"Unknown procgen game {env_name!r}. Valid games: {', '.join(PROCGEN_GAMES)}")
@@ -161,13 +138,9 @@ def check_procgen_options(
 
 def check_argument_names(function: str, kwargs: dict[str, Any], other_names: dict[str, str]) -> None:
     """
-    Refuse a keyword argument that is another API's name for something ``function`` takes under its own name or sets
-    itself (procgen's ``rand_seed`` and ``num``, ``ProcgenVecEnv``'s ``num_envs``, ...), with what to pass instead.
-    Without this check such a name fails with Python's "got multiple values for keyword argument" deep in the call,
-    or as an unknown procgen option.
+    Refuse a keyword argument that is another API's name for something ``function`` takes or sets itself (procgen's
+    ``rand_seed``, ``num``, ...), with what to pass instead.
 
-    :param function: the function or class that received ``kwargs``, for the message
-    :param kwargs: its extra keyword arguments
     :param other_names: the names to refuse, each with the fix
     """
     for key, fix in other_names.items():
@@ -186,13 +159,7 @@ def check_render_mode(render_mode: str | None) -> None:
 
 
 def register_procgen_envs() -> None:
-    """
-    Register the gymnasium ids ``procgen/<game>-v0`` of the 16 games (entry point
-    :class:`~sb3_ppg.procgen.ProcgenGymnasiumEnv`).
-
-    Calling it again does nothing. Procgen options are passed to ``gymnasium.make``:
-    ``gymnasium.make("procgen/coinrun-v0", distribution_mode="easy", num_levels=200)``.
-    """
+    """Register the gymnasium ids ``procgen/<game>-v0`` of the 16 games (once; procgen options go to ``gymnasium.make``)."""
     for game in PROCGEN_GAMES:
         env_id = f"procgen/{game}-v0"
         if env_id not in gymnasium.registry:

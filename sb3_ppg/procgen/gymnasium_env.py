@@ -24,14 +24,11 @@ from sb3_ppg.procgen.native import HiresRenderer, check_open, close_native_env, 
 
 class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
     """
-    One procgen game as a ``gymnasium.Env`` (built on ``ProcgenGym3Env(num=1, num_threads=0)``), registered as
-    ``procgen/<game>-v0`` by :func:`~sb3_ppg.procgen.register_procgen_envs`, for where SB3 wants single envs. Seeding,
-    resets and episode ends are described in docs/procgen.md.
+    One procgen game as a ``gymnasium.Env``, registered as ``procgen/<game>-v0`` (seeding, resets: docs/procgen.md).
 
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
     :param render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns 512x512 frames)
-    :param distribution_mode: Level difficulty: "easy", "hard" (procgen's default), "extreme", "memory" or
-        "exploration" (see ``DISTRIBUTION_MODES``)
+    :param distribution_mode: Level difficulty (see ``DISTRIBUTION_MODES``)
     :param num_levels: Number of unique levels to sample from (0: unlimited)
     :param start_level: Seed of the first level of the range
     :param procgen_kwargs: Other procgen options (see :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
@@ -93,13 +90,7 @@ class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
         return {key: int(value) for key, value in self._env.get_info()[0].items()}
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        """
-        Start a new episode.
-
-        :param seed: Seed of the level sampler (any integer); rebuilds the C++ env
-        :param options: Ignored (procgen has no reset options)
-        :return: The first frame of the episode and the info dict
-        """
+        """Start a new episode; a ``seed`` seeds the level sampler and rebuilds the C++ env."""
         check_open(self)
         super().reset(seed=seed)
         if seed is not None:
@@ -182,18 +173,8 @@ def _find_procgen_gym3_env(env: Any) -> Any:
 
 def convert_legacy_procgen_env(env: Any) -> ProcgenGymnasiumEnv:
     """
-    Build the gymnasium-native :class:`ProcgenGymnasiumEnv` with the settings of a legacy gym procgen env.
-
-    ``gym.make("procgen:procgen-<game>-v0", ...)`` gives a gym 0.21-API env that SB3 can only use through shimmy,
-    and that breaks as soon as a seed is passed (``ToGymEnv.seed() takes 1 positional argument but 2 were given``:
-    procgen seeds only at construction), besides returning numpy rewards. This reads the game and options from the
-    legacy env and returns the native env, which SB3 uses directly (seeds honoured). The legacy env is left as it
-    is (close it if you do not need it). Better: create ``ProcgenGymnasiumEnv`` or ``gymnasium.make("procgen/<game>-v0")``
-    directly.
-
-    :param env: A legacy gym procgen env (optionally inside shimmy's compatibility wrapper)
-    :return: A new :class:`ProcgenGymnasiumEnv` with the same game and options (``render_mode="human"`` becomes
-        ``"rgb_array"``)
+    Build the gymnasium-native :class:`ProcgenGymnasiumEnv` with the game and options of a legacy gym procgen env (which
+    SB3 can use only through shimmy, and which breaks on seeding; see docs/procgen.md). The legacy env is left open.
     """
     gym3_env = _find_procgen_gym3_env(env)
     if gym3_env is None:

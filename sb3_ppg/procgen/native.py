@@ -22,16 +22,11 @@ def make_gym3_env(
     render_mode: str | None,
 ) -> Any:
     """
-    Build the C++ environment.
+    Build the C++ environment (see :func:`~sb3_ppg.procgen.backend.make_native_env`).
 
-    :param num: Number of parallel games
-    :param env_name: Name of the game
     :param options: Output of :func:`~sb3_ppg.procgen.check_procgen_options`
     :param rand_seed: Seed of the level sampler (already in procgen's range), ``None`` for a random one
     :param num_threads: Number of procgen worker threads (0: step in the calling thread)
-    :param render_mode: ``"rgb_array"``: procgen draws 512x512 frames (key ``"rgb"`` of ``get_info()``) at every step
-    :return: a ``procgen.ProcgenGym3Env`` (procgen, procgen-mirror) or its equivalent over procgen-gym
-        (:class:`~sb3_ppg.procgen.backend.ProcgenGymAdapter`)
     """
     kwargs = dict(options)
     if kwargs["distribution_mode"] == "exploration":
@@ -59,15 +54,8 @@ def observation_space(channels_first: bool = False) -> spaces.Box:
 
 class HiresRenderer:
     """
-    Draws the 512x512 frames of procgen games on demand.
-
-    Procgen draws them only when built with ``render_mode="rgb_array"``, and then for every game at every step.
-    Instead, the state of each game to draw is copied (``get_state``/``set_state``) into a one-game env built with
-    rendering on, whose next ``observe`` draws it: the frames are identical to procgen's, and nothing is paid between
-    ``render()`` calls.
-
-    :param env_name: Name of the game
-    :param options: Output of :func:`~sb3_ppg.procgen.check_procgen_options`
+    Draws the 512x512 frames of procgen games on demand: each game's state is copied into a one-game env built with
+    rendering on (the same frames as procgen's, nothing paid between ``render()`` calls).
     """
 
     def __init__(self, env_name: str, options: dict[str, Any]):

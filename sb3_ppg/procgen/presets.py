@@ -1,18 +1,7 @@
 """
-Procgen presets: the settings of the PPG paper or of CleanRL's ``ppg_procgen.py`` in one word.
-
-.. code-block:: python
-
-    from sb3_ppg import PPG, make_procgen_env
-    from sb3_ppg.procgen import get_procgen_preset
-
-    env = make_procgen_env("starpilot", preset="paper")  # hard mode, reward-normalization gamma 0.99, ...
-    model = PPG("ProcgenCnn", env, **get_procgen_preset("paper").ppg_kwargs(env.num_envs))
-
-Explicit arguments of :func:`~sb3_ppg.procgen.make_procgen_env` override the preset's. The packaged zoo files hold the
-same settings: ``hyperparams/ppg.yml`` is ``"paper"`` (for 256 envs), ``hyperparams/ppg_easy.yml`` is ``"cleanrl"``
-(``--preset paper`` / ``--preset cleanrl`` on the command line, where ``easy`` is another name for ``cleanrl``);
-``tests/test_procgen_presets.py`` checks that they agree.
+Procgen presets: the settings of the PPG paper or of CleanRL's ``ppg_procgen.py`` in one word
+(``make_procgen_env(..., preset="paper")``, ``get_procgen_preset("paper").ppg_kwargs(n_envs)``; see docs/procgen.md).
+The packaged zoo files hold the same settings (``tests/test_procgen_presets.py``).
 """
 
 from collections.abc import Mapping
@@ -26,9 +15,6 @@ class ProcgenPreset:
     """
     One published Procgen setting: the env's arguments and PPG's.
 
-    :param name: The preset's name
-    :param description: Where the setting comes from
-    :param env_kwargs: Arguments of :func:`~sb3_ppg.procgen.make_procgen_env`
     :param algorithm_kwargs: Arguments of ``PPG`` that do not depend on the number of envs
     :param n_envs: Envs of the reference runs, all processes together
     :param total_timesteps: Budget of the reference runs, in env steps
@@ -45,15 +31,8 @@ class ProcgenPreset:
 
     def ppg_kwargs(self, n_envs: int) -> dict[str, Any]:
         """
-        ``PPG`` keyword arguments for a run with ``n_envs`` envs per process.
-
-        Both references put 1/16 of an iteration's rollouts in each auxiliary minibatch (16 of the paper's 256 envs,
-        4 of CleanRL's 64), so ``aux_batch_rollouts`` is ``n_envs // 16`` (at least 1); the policy phase keeps 8
-        minibatches per epoch (``batch_size=None``; with the paper's minibatches of whole env rollouts,
-        ``ceil(n_envs / 8)`` envs each, so fewer minibatches with fewer than 8 envs).
-
-        :param n_envs: Envs of this process (``env.num_envs``)
-        :return: The keyword arguments (a new dict: change it freely)
+        ``PPG`` keyword arguments for ``n_envs`` envs per process: ``aux_batch_rollouts = n_envs // 16`` as both references
+        (docs/procgen.md), 8 policy minibatches per epoch; a new dict.
         """
         if n_envs < 1:
             raise ValueError(f"n_envs must be >= 1, got {n_envs}")

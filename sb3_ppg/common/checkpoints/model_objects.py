@@ -168,12 +168,9 @@ def _rebuild_space(description: dict[str, Any]) -> spaces.Space:
 
 def describe_model_objects(model: BaseAlgorithm) -> dict[str, Any]:
     """
-    The description of a model's pickled attributes (see :func:`pickled_attributes`) that a checkpoint's run state
-    stores: ``{"objects": {name: description}, "not_described": {name: why}}``. The attributes the run state puts back
-    and those ``_setup_model`` builds again are described as ``None``.
-
-    :param model: the model, when its checkpoint is written
-    :return: the description (JSON)
+    The description of a model's pickled attributes that a checkpoint's run state stores:
+    ``{"objects": {name: description}, "not_described": {name: why}}`` (``None`` for those the run state or
+    ``_setup_model`` restores).
     """
     objects: dict[str, Any] = {}
     not_described: dict[str, str] = {}

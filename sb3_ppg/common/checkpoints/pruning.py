@@ -27,19 +27,11 @@ def prune(
     warn: Warn,
 ) -> None:
     """
-    Delete what the run no longer needs: complete checkpoints beyond ``keep_last`` and those of an abandoned branch,
-    incomplete checkpoints, stored rollouts no checkpoint uses, temporary files of interrupted writes. A folder is
-    removed once empty. Other files and folders stay (with a warning inside a checkpoint or the rollouts folder), as
-    do checkpoints whose manifest cannot be read (with a warning).
+    Delete what the run no longer needs (the rules: docs/checkpoints.md); a folder is removed once empty.
 
-    :param folder: the checkpoints' folder (``save_path``)
-    :param name_prefix: the prefix of the run's checkpoint folders
-    :param rollouts_path: the folder of the stored rollouts
     :param keep_last: the number of complete checkpoints kept; None: all
-    :param newest: The checkpoint this run has just written (complete; kept whatever happens); None: the start of
-        a resumed run
-    :param resume_point: At the start of a resumed run, the checkpoint of ``folder`` it continues from: it and
-        every checkpoint written after it are kept (the run has not written a checkpoint of its own yet)
+    :param newest: The checkpoint this run has just written; None: the start of a resumed run
+    :param resume_point: At the start of a resumed run, the checkpoint it continues from (it and later ones are kept)
     :param warn: called once for each path left alone, with the reason
     """
     checkpoints = list_checkpoints(folder)

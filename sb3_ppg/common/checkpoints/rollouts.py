@@ -58,13 +58,9 @@ def stored_checksum(path: pathlib.Path) -> str | None:
 
 def write_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path) -> tuple[list[str], dict[str, str]]:
     """
-    Store each policy iteration of the auxiliary buffer in its own file, named by its content and written once (shared
-    by successive checkpoints, and by the ranks if two ever held the same rollout); a stored file that cannot be read
-    any more is written again.
+    Store each policy iteration of the auxiliary buffer in its own file, named by its content and written once.
 
-    :param buffer: the model's auxiliary buffer (None: nothing is stored)
-    :param folder: the rollouts folder
-    :return: the files' names, in order, and their checksums by name (``array_file_checksum``)
+    :return: the files' names, in order, and their checksums by name
     """
     rollout_files: list[str] = []
     rollout_digests: dict[str, str] = {}
@@ -90,13 +86,9 @@ def write_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path) -> tupl
 
 def check_rollout(path: pathlib.Path, where: str, expected_checksum: str | None, full: bool) -> None:
     """
-    Check a stored rollout listed in a manifest: present, readable, with the checksum the manifest recorded.
+    Check a stored rollout listed in a manifest: present, readable, with the recorded checksum (None: none recorded).
 
-    :param path: the file
-    :param where: its name in messages (``<rollouts folder>/<name>``)
-    :param expected_checksum: the manifest's checksum (None: manifests of sb3_ppg 0.x have none)
-    :param full: read the whole file and check every array (a rollout damaged inside its arrays is found only so)
-    :raises CheckpointDamagedError: naming the file
+    :param full: read the whole file and check every array
     """
     if not path.is_file():
         raise CheckpointDamagedError(f"the stored rollout {where} is missing")
@@ -109,16 +101,7 @@ def check_rollout(path: pathlib.Path, where: str, expected_checksum: str | None,
 
 
 def read_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path, names: list[str], folder_name: str) -> None:
-    """
-    Fill the auxiliary buffer with the stored rollouts ``names`` (its earlier content is dropped).
-
-    :param buffer: the model's auxiliary buffer (None: ``names`` must be empty)
-    :param folder: the rollouts folder
-    :param names: the files, in the buffer's order
-    :param folder_name: the rollouts folder as the manifest names it, for messages
-    :raises CheckpointDamagedError: for a file that cannot be read
-    :raises ValueError: for a rollout that does not fit the buffer
-    """
+    """Fill the auxiliary buffer with the stored rollouts ``names``, in order (its earlier content is dropped)."""
     if buffer is None:
         if names:
             raise ValueError("the checkpoint holds auxiliary-buffer rollouts but this model has no auxiliary buffer")

@@ -30,22 +30,8 @@ Observations = np.ndarray | dict[str, np.ndarray] | None
 @dataclass
 class RunState:
     """
-    The counters, statistics and last observations of a run: what, with the weights, the optimizers, the auxiliary
-    buffer, the envs and the random generators, continues it exactly.
-
-    :param num_timesteps: env steps so far (of all ranks under torchrun)
-    :param total_timesteps: the total of the current ``learn()``
-    :param num_timesteps_at_start: ``num_timesteps`` when the current ``learn()`` started (for the fps)
-    :param n_updates: policy-phase epochs so far (value epochs included)
-    :param n_aux_phases: auxiliary phases so far
-    :param n_aux_updates: auxiliary-phase optimizer steps so far
-    :param episode_num: episodes so far (SB3's counter)
-    :param current_progress_remaining: SB3's remaining progress, from 1 to 0 (what schedules are evaluated at)
-    :param ep_info_buffer: the last episodes' statistics (SB3's ``ep_info_buffer``)
-    :param ep_success_buffer: the last episodes' successes (SB3's ``ep_success_buffer``)
-    :param last_obs: the observations the next rollout starts from
-    :param last_original_obs: the same before ``VecNormalize`` (None without it)
-    :param last_episode_starts: whether each env's last observation starts an episode
+    The counters, statistics and last observations of a run: with the weights, optimizers, auxiliary buffer, envs and
+    random generators, what continues it exactly. The fields are the model's attributes of the same names (SB3's).
     """
 
     num_timesteps: int
@@ -124,11 +110,8 @@ def _json_value(value: Any) -> Any:
 
 def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: list[str]) -> dict[str, str]:
     """
-    Write the run state into ``folder``: counters, last observations, random generators, episode statistics, the
-    envs' states (``run_state.npz``, and ``env_states.pkl`` for the pickled envs of a ``DummyVecEnv``).
+    Write the run state into ``folder`` (``run_state.npz``, and ``env_states.pkl`` for a ``DummyVecEnv``'s envs).
 
-    :param model: the model, at a rollout boundary
-    :param folder: the checkpoint's folder (``rank_<r>/`` in it under torchrun)
     :param rollout_files: the stored rollouts of the model's auxiliary buffer, in order
     :return: the checksum of each file written, by name
     """
@@ -169,14 +152,7 @@ def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: 
 
 
 def read_run_state(path: pathlib.Path, where: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """
-    Read a ``run_state.npz`` (its checksums verified).
-
-    :param path: the file
-    :param where: its name in messages
-    :return: its metadata and arrays
-    :raises CheckpointDamagedError: when it cannot be read
-    """
+    """Read a ``run_state.npz``, its checksums verified: its metadata and arrays."""
     try:
         return read_array_file(path, RUN_STATE_FORMAT)
     except (ValueError, OSError) as error:
@@ -186,15 +162,7 @@ def read_run_state(path: pathlib.Path, where: str) -> tuple[dict[str, Any], dict
 def restore_run_state(
     model: ResumableModel, metadata: dict[str, Any], arrays: dict[str, np.ndarray], pickled_envs: pathlib.Path | None
 ) -> None:
-    """
-    Put a run state (from :func:`read_run_state`) back: the model's :class:`RunState`, its envs' states, then the random
-    generators (last: nothing may draw from them afterwards).
-
-    :param model: the model loaded from the checkpoint's zip
-    :param metadata: the run state's metadata
-    :param arrays: its arrays
-    :param pickled_envs: the checkpoint's ``env_states.pkl`` (None when it has none)
-    """
+    """Put a run state back: the model's :class:`RunState`, its envs' states, then the random generators."""
     state = RunState(
         **{field: metadata["counters"][name] for name, field in COUNTERS.items()},
         current_progress_remaining=metadata["current_progress_remaining"],
@@ -229,13 +197,7 @@ def restore_run_state(
 
 
 def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:
-    """
-    The sizes of the run's episode logs (``*.monitor.csv``, by real path) when a checkpoint was written: a resumed
-    run cuts them there, so that the episodes logged after the checkpoint (and played again) are not counted twice.
-
-    :param directory: A complete checkpoint folder (of a single-process run, or this rank's part under torchrun)
-    :return: ``{path: size}`` (empty for checkpoints of envs without episode logs)
-    """
+    """The sizes of the run's episode logs when a checkpoint was written (a resumed run cuts them there)."""
     path = directory / "run_state.npz"
     if not path.is_file():
         path = directory / rank_folder(distributed.get_rank()) / "run_state.npz"
