@@ -302,3 +302,20 @@ def with_sources(
             "replace the file's values."
         ),
     )
+
+
+#: What ``load_checkpoint()`` cannot change: the stored rollouts and the auxiliary buffer are laid out for them
+RUN_LAYOUT_HYPERPARAMETERS = ("n_steps", "n_policy_iters")
+
+
+def check_run_layout(path: str | os.PathLike, layout: dict[str, Any], model: Any) -> None:
+    """Refuse ``load_checkpoint()`` values of :data:`RUN_LAYOUT_HYPERPARAMETERS` that differ from the run's."""
+    changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
+    if changed:
+        raise HyperparameterError(
+            [(name, f"{name}={value!r} given, the run has {name}={getattr(model, name)!r}") for name, value in changed],
+            header=f"load_checkpoint({str(path)!r}) continues the run, whose rollouts and auxiliary buffer are laid "
+            "out for its n_steps and n_policy_iters: they cannot change.",
+            footer="Leave them out to resume the run, or start anew from the checkpoint's weights with other values: "
+            "PPG.load('<checkpoint folder>/model.zip', env, n_steps=...).",
+        )

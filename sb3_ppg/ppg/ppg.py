@@ -44,7 +44,6 @@ from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
-    HyperparameterError,
     check_hyperparameters,
     resolve_batch_size,
     resolve_normalize_advantage,
@@ -54,15 +53,19 @@ from sb3_ppg.common.hyperparameters import (
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.rollout_groups import overlapped_rollout
-from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
+from sb3_ppg.common.save_util import (
+    RUN_LAYOUT_HYPERPARAMETERS,
+    SavedPolicyClass,
+    check_model_zip,
+    check_run_layout,
+    load_errors,
+    zip_destination,
+)
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
 from sb3_ppg.ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
 
 SelfPPG = TypeVar("SelfPPG", bound="PPG")
-
-#: What ``load_checkpoint()`` cannot change: the stored rollouts and the auxiliary buffer are laid out for them
-RUN_LAYOUT_HYPERPARAMETERS = ("n_steps", "n_policy_iters")
 
 
 class PPG(OnPolicyAlgorithm):
@@ -871,15 +874,7 @@ class PPG(OnPolicyAlgorithm):
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
         model = load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
-        changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
-        if changed:
-            raise HyperparameterError(
-                [(name, f"{name}={value!r} given, the run has {name}={getattr(model, name)!r}") for name, value in changed],
-                header=f"load_checkpoint({str(path)!r}) continues the run, whose rollouts and auxiliary buffer are laid "
-                "out for its n_steps and n_policy_iters: they cannot change.",
-                footer="Leave them out to resume the run, or start anew from the checkpoint's weights with other values: "
-                "PPG.load('<checkpoint folder>/model.zip', env, n_steps=...).",
-            )
+        check_run_layout(path, layout, model)
         return model  # type: ignore[return-value]
 
     def _excluded_save_params(self) -> list[str]:
