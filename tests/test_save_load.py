@@ -766,3 +766,28 @@ def test_load_checkpoint_with_envs_of_another_id_is_refused(checkpoint):
     """A DummyVecEnv's saved envs replace those given: envs made with another id would be silently ignored."""
     with pytest.raises(ValueError, match=r"settings of its env 0 differ \(id='CartPole-v0' in the env, 'CartPole-v1' in"):
         PPG.load_checkpoint(checkpoint, env=make_vec_env("CartPole-v0", n_envs=2))
+
+
+def test_load_with_fewer_envs_than_the_batch_needs(tmp_path):
+    """PPG.load(path, env=<fewer envs>) with a saved batch_size larger than the new rollout: a warning that names the
+    fix (as SB3's PPO, which trains on with one minibatch per epoch), not an error; each epoch is one minibatch."""
+    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=0), n_steps=32, batch_size=256, seed=0)
+    model.save(tmp_path / "model")
+    with pytest.warns(UserWarning, match=r"batch_size=256 is larger than the rollout \(n_steps \* n_envs = 32 \* 2 = 64\)"):
+        loaded = PPG.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    sizes = []
+    get = loaded.rollout_buffer.get
+
+    def recording_get(batch_size=None):
+        for minibatch in get(batch_size):
+            sizes.append(len(minibatch.actions))
+            yield minibatch
+
+    loaded.rollout_buffer.get = recording_get
+    loaded.learn(64)
+    assert sizes == [64] * loaded.n_epochs
+    # batch_size=None follows the new number of envs, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = PPG.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=2, seed=0), batch_size=None)
+    assert loaded.batch_size == 8

@@ -30,7 +30,7 @@ import sys
 
 from sb3_ppg.cli.run_folders import UnsafeRunFileError
 from sb3_ppg.cli.vec_env import is_procgen_env_id
-from sb3_ppg.cli.zoo import ZooNotInstalledError, import_zoo, run_zoo
+from sb3_ppg.cli.zoo import ZooNotInstalledError, command_line_threads, import_zoo, run_zoo
 
 #: sb3_ppg's own flag (not passed to the zoo): show the traceback of an error instead of its one-line message
 TRACEBACK_FLAG = "--traceback"
@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     except ZooNotInstalledError as error:
         sys.exit(str(error))
     try:
-        run_zoo("enjoy", pick_run(build_zoo_argv(argv)))
+        with command_line_threads(argv):
+            run_zoo("enjoy", pick_run(build_zoo_argv(argv)))
     except UnsafeRunFileError as error:
         sys.exit(f"error: {error}")
     except NoModelError as error:

@@ -19,6 +19,7 @@ Procgen StarPilot (easy) on the CPU, then an evaluation and a learning-curve PNG
 import argparse
 import contextlib
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -28,18 +29,20 @@ import numpy as np
 import torch
 import torch.distributed
 from gymnasium import spaces
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
-from sb3_ppg.cli.run_folders import RESUME_LATEST
-from sb3_ppg.cli.zoo import run_zoo
+from sb3_ppg.cli.run_folders import RESUME_LATEST, TrainingInterrupted
+from sb3_ppg.cli.zoo import command_line_threads, run_zoo
 from sb3_ppg.common import distributed
+from sb3_ppg.common.progress_bar import AuxPhaseCallback
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenVecEnv
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports a program killed by it)
+INTERRUPTED_EXIT_CODE = 130
 # sb3_ppg's own options: flags, options with a value, the option with an optional value
 OWN_FLAGS = ("--quickstart", "--traceback", "--global-n-envs")
 OWN_OPTIONS = ("--preset", "--keep-checkpoints")
@@ -96,6 +99,8 @@ sb3_ppg options (the RL Zoo's train options are listed below):
   --global-n-envs        under torchrun: the config's n_envs (or -params n_envs:N) is the number of envs of all
                          ranks together, each rank running n_envs / world size (default: n_envs per rank).
   --traceback            show the full traceback of an error instead of a one-line message.
+  --num-threads N        (the zoo's option) torch's and procgen's threads; default: this process's share of the idle
+                         CPUs (OMP_NUM_THREADS, where set, is kept). See docs/command_line.md#threads.
 """
 
 
@@ -209,20 +214,22 @@ def latest_run_folder(log_folder: str, env_id: str, algo: str = "ppg") -> str:
     return os.path.join(algo_folder, f"{env_name}_{get_latest_run_id(algo_folder, env_name)}")
 
 
-class QuickstartProgressBar(BaseCallback):
+class QuickstartProgressBar(AuxPhaseCallback):
     """
     The quick start's progress display, given to the zoo as its ``callback`` hyperparameter: a progress bar over the
     env steps, labelled with what training is doing (collecting a rollout, the policy phase, the policy and auxiliary
     phases) and the mean return of the last 100 training episodes, with the remaining time estimated from the average
     rate since the start (tqdm's default, a rate over the last updates, jumps to hours after every pause of the env
-    steps: a policy phase, an auxiliary phase, an evaluation). While it is shown, lines printed to ``sys.stdout``
-    (the zoo's evaluation results) go above it instead of being appended to it.
+    steps: a policy phase, an auxiliary phase, an evaluation). Through the auxiliary phases it shows their epoch and
+    minibatch (:class:`~sb3_ppg.common.progress_bar.AuxPhaseCallback`). While it is shown, lines printed to
+    ``sys.stdout`` (the zoo's evaluation results) go above it instead of being appended to it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.progress_bar: Any = None
         self.stdout: Any = None
+        self.aux_phase_size = (0, 0)
 
     def _on_training_start(self) -> None:
         from tqdm import tqdm
@@ -247,6 +254,16 @@ class QuickstartProgressBar(BaseCallback):
         if returns:
             self.progress_bar.set_postfix_str(f"training episodes: mean return {np.mean(returns):.2f}", refresh=False)
         self.progress_bar.set_description("policy + auxiliary phase" if aux_phase_next else "policy phase", refresh=True)
+
+    def on_aux_phase_start(self, n_epochs: int, n_minibatches: int) -> None:
+        self.aux_phase_size = (n_epochs, n_minibatches)
+        self.progress_bar.set_description("auxiliary phase: old policy", refresh=True)
+
+    def on_aux_minibatch(self, epoch: int, minibatch: int) -> None:
+        n_epochs, n_minibatches = self.aux_phase_size
+        self.progress_bar.set_description(
+            f"auxiliary phase: epoch {epoch}/{n_epochs}, minibatch {minibatch}/{n_minibatches}", refresh=True
+        )
 
     def _on_training_end(self) -> None:
         # Called twice at the end of a run (by SB3's learn() and by the zoo's)
@@ -546,6 +563,45 @@ def main(argv: list[str] | None = None) -> None:
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with command_line_threads(argv):
+            run_train_command(argv)
+    except TrainingInterrupted as interrupted:
+        # Ctrl-C: exit as an interrupted program does (128 + SIGINT), saying where the run can continue from
+        print(interrupted.describe(resume_command(argv, interrupted.run_folder)), file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
+    except KeyboardInterrupt:
+        print("Interrupted (Ctrl-C).", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
+
+
+def resume_command(argv: list[str], run_folder: str) -> str:
+    """
+    The command that continues a run: this one with ``--resume <run folder>`` (in place of its own ``--resume``).
+
+    :param argv: The command's arguments
+    :param run_folder: The run folder
+    :return: The command line, quoted for a POSIX shell
+    """
+    kept = []
+    index = 0
+    while index < len(argv):
+        name = argv[index].split("=", 1)[0]
+        if name == "--resume":
+            has_value = "=" in argv[index] or (index + 1 < len(argv) and not argv[index + 1].startswith("-"))
+            index += 2 if has_value and "=" not in argv[index] else 1
+            continue
+        kept.append(argv[index])
+        index += 1
+    return shlex.join(["python", "-m", "sb3_ppg.train", *kept, "--resume", run_folder])
+
+
+def run_train_command(argv: list[str]) -> None:
+    """
+    The command: the quick start, or the zoo's ``train`` with sb3_ppg's options.
+
+    :param argv: Command line arguments
+    """
     if len(argv) == 0 or "--quickstart" in argv:
         quickstart(argv)
         return

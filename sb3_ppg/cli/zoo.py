@@ -23,19 +23,23 @@ The zoo is an optional extra (``pip install -e ".[zoo]"`` in the sb3-ppg folder)
 import time, and :func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
 """
 
+import argparse
 import contextlib
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
 from stable_baselines3.common.vec_env import VecEnv
 from torch import nn
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.envs import register_dict_cartpole
+from sb3_ppg.common.threads import choose_torch_threads
 from sb3_ppg.ppg_mask.envs import register_invalid_action_envs
 from sb3_ppg.procgen import register_procgen_envs
 
@@ -80,6 +84,34 @@ def import_zoo() -> None:
         except ImportError as error:
             missing = error.name or module_name
             raise ZooNotInstalledError(missing_zoo_message(missing)) from error
+
+
+@contextlib.contextmanager
+def command_line_threads(argv: list[str]) -> Iterator[int]:
+    """
+    Within the context, torch uses the threads chosen for a command (``train``, ``enjoy``, the quick start), said in
+    one line (by rank 0 only under torchrun): the zoo's ``--num-threads N`` where given, else ``OMP_NUM_THREADS``
+    where set, else :func:`sb3_ppg.common.threads.default_num_threads`. Procgen's worker threads follow (see
+    :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`). On leaving it, torch has its previous number of threads
+    (for a caller of ``main()`` in its own process). ``-h`` / ``--help`` change nothing.
+
+    :param argv: The command's arguments
+    :return: The number of torch threads
+    """
+    previous = torch.get_num_threads()
+    if "-h" in argv or "--help" in argv:
+        yield previous
+        return
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--num-threads", dest="num_threads", type=int, default=None)
+    known, _ = parser.parse_known_args(argv)
+    num_threads, reason = choose_torch_threads(known.num_threads)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"torch and procgen threads: {num_threads} ({reason}; --num-threads N to choose)")
+    try:
+        yield num_threads
+    finally:
+        torch.set_num_threads(previous)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

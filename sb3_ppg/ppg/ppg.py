@@ -15,7 +15,7 @@ from typing import Any, ClassVar, TypeVar
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
@@ -40,7 +40,7 @@ from sb3_ppg.common.buffers import (
     split_minibatch,
     split_observations,
 )
-from sb3_ppg.common.callbacks import rollout_boundary_callbacks
+from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import checkpoint
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
@@ -58,6 +58,7 @@ from sb3_ppg.common.hyperparameters import (
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import (
     SavedPolicyClass,
@@ -531,10 +532,19 @@ class PPG(OnPolicyAlgorithm):
         )
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
-        """SB3's; in data-parallel training with the callbacks that count every rank's steps."""
+        """
+        SB3's, with PPG's progress bar (:class:`~sb3_ppg.common.progress_bar.PPGProgressBarCallback`, which shows the
+        auxiliary phases); in data-parallel training with the callbacks that count every rank's steps.
+        """
         if distributed.is_active():
             return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
-        return super()._init_callback(callback, progress_bar)
+        if progress_bar:
+            if isinstance(callback, list):
+                callback = CallbackList(callback)
+            elif not isinstance(callback, BaseCallback):
+                callback = ConvertCallback(callback)
+            callback = CallbackList([callback, PPGProgressBarCallback()])
+        return super()._init_callback(callback)
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
@@ -562,6 +572,8 @@ class PPG(OnPolicyAlgorithm):
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
+        # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
+        self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
         self._at_rollout_boundary = False  # until train() has consumed this rollout
         if not distributed.is_active():
             return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
@@ -673,6 +685,8 @@ class PPG(OnPolicyAlgorithm):
         the next ``train()`` runs the phase again, and the error says how to resume.
         """
         assert self.aux_buffer is not None
+        n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
+        self._notify_aux_phase_callbacks("on_aux_phase_start", self.n_aux_epochs, n_batches)
         try:
             with self._precision("aux"):
                 self._compute_old_distributions()
@@ -687,6 +701,12 @@ class PPG(OnPolicyAlgorithm):
                 )
             raise
         self.aux_buffer.reset()
+        self._notify_aux_phase_callbacks("on_aux_phase_end")
+
+    def _notify_aux_phase_callbacks(self, method: str, *args: int) -> None:
+        """Call ``method`` of the :class:`~sb3_ppg.common.progress_bar.AuxPhaseCallback` s of the current ``learn()``."""
+        for callback in getattr(self, "_aux_phase_callbacks", ()):
+            getattr(callback, method)(*args)
 
     def _rerun_interrupted_aux_phase(self) -> None:
         """Run an auxiliary phase that an exception (or Ctrl-C) interrupted (the buffer is still full), from its start."""
@@ -733,7 +753,7 @@ class PPG(OnPolicyAlgorithm):
         stats = PhaseStats()
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(self.n_aux_epochs):
+        for epoch in range(self.n_aux_epochs):
             for batch_index, batch in enumerate(self.aux_buffer.get(self.aux_batch_rollouts)):
                 # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
                 group_start = batch_index - batch_index % accum
@@ -743,6 +763,7 @@ class PPG(OnPolicyAlgorithm):
                 if batch_index - group_start == group_size - 1:
                     self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
+                self._notify_aux_phase_callbacks("on_aux_minibatch", epoch + 1, batch_index + 1)
         self._n_aux_phases += 1
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
             self.logger.record(f"aux/{name}", stats.mean(name))
@@ -1143,7 +1164,14 @@ class PPG(OnPolicyAlgorithm):
         super()._maybe_recommend_cpu(mlp_class_name)
 
     def _excluded_save_params(self) -> list[str]:
-        excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "_data_parallel_stats", "_at_rollout_boundary"]
+        excluded = [
+            "aux_buffer",
+            "aux_optimizer",
+            "value_optimizer",
+            "_data_parallel_stats",
+            "_at_rollout_boundary",
+            "_aux_phase_callbacks",
+        ]
         return [*super()._excluded_save_params(), *excluded]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
