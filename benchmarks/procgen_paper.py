@@ -46,6 +46,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procgen_learning  # benchmarks/ is not a package: the sibling script, found through sys.path
 
+from sb3_ppg.common.threads import choose_torch_threads
+
 try:
     import fcntl
 except ImportError:  # Windows: no run lock, run one invocation at a time
@@ -236,7 +238,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--folder", default=os.path.join("benchmarks", "results", "procgen_paper"))
     parser.add_argument("--output", help="Markdown report (default: report.md in --folder)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--torch-threads", type=int, default=0, help="torch's CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--torch-threads", type=int, default=0, help="torch's CPU threads (0: OMP_NUM_THREADS, else the idle CPUs' share)"
+    )
     args = parser.parse_args(argv)
     preset = get_procgen_preset(args.preset)
     kwargs = preset.algorithm_kwargs
@@ -743,10 +747,8 @@ def main(argv: list[str] | None = None) -> bool:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     check_settings(args)
-    if args.torch_threads > 0:
-        import torch as th
-
-        th.set_num_threads(args.torch_threads)
+    # torch's threads: --torch-threads, else OMP_NUM_THREADS, else this process's share of the idle CPUs
+    choose_torch_threads(args.torch_threads)
     if not args.report_only:
         train(args)
     scores = collect_scores(args)

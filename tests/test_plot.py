@@ -2,6 +2,7 @@
 
 import json
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +238,20 @@ def test_seeds_of_different_lengths(tmp_path: Path, capsys):
     plot.main([str(tmp_path / "logs"), "-o", str(tmp_path / "x.png"), "--smooth", "1"])
     assert "procgen-coinrun-v0: its 2 runs, averaged as seeds, end at different steps" in capsys.readouterr().err
     assert png_size(tmp_path / "x.png") == (800, 500)
+
+
+def test_plot_paper_over_an_easy_run_says_so(zoo_logs: Path, tmp_path: Path):
+    """--paper draws the paper's hard-mode curves: over an easy-mode run (its config.yml) it warns, and the plot says
+    so; over a hard-mode run (or one without a mode: procgen's default) it does not."""
+    run = zoo_logs / "ppg" / "procgen-coinrun-v0_1"
+    (run / "procgen-coinrun-v0").mkdir(exist_ok=True)
+    config = run / "procgen-coinrun-v0" / "config.yml"
+    config.write_text("- - env_kwargs\n    - distribution_mode: easy\n      num_levels: 0\n")
+    assert plot.run_distribution_modes([str(run)]) == {str(run): "easy"}
+    with pytest.warns(UserWarning, match="the paper's curves are Procgen's hard mode, these runs trained in easy mode"):
+        plot.plot_learning_curves([str(run)], output=str(tmp_path / "easy.png"), paper=["ppg"])
+    config.write_text("- - env_kwargs\n    - num_levels: 0\n")
+    assert plot.run_distribution_modes([str(run / "0.monitor.csv")]) == {str(run): "hard"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot.plot_learning_curves([str(run)], output=str(tmp_path / "hard.png"), paper=["ppg"])

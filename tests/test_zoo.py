@@ -542,3 +542,18 @@ def test_enjoy_errors_are_one_line(tmp_path: Path, make_model):
     )
     with pytest.raises(AssertionError, match="CartPole-v1_5 folder was not found"):
         enjoy.main(enjoy_argv(tmp_path, "--exp-id", "5", "--traceback"))
+
+
+@pytest.mark.slow
+def test_enjoy_records_a_video(tmp_path: Path, capsys):
+    """python -m sb3_ppg.enjoy --record: the zoo's record_video on the run enjoy picks, an mp4 of -n steps."""
+    pytest.importorskip("moviepy")
+    train.main(
+        ["--env", "procgen/starpilot-v0", "--preset", "easy", "-n", "64", "--seed", "0", "--device", "cpu",
+         "-f", str(tmp_path), "--verbose", "0", "--eval-freq", "-1",
+         "-params", "n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
+    )  # fmt: skip
+    enjoy.main(["--env", "procgen/starpilot-v0", "-f", str(tmp_path), "-n", "8", "--record", "-o", str(tmp_path / "videos")])
+    assert "Playing run" in capsys.readouterr().out
+    videos = glob.glob(str(tmp_path / "videos" / "*.mp4"))
+    assert len(videos) == 1 and os.path.getsize(videos[0]) > 0

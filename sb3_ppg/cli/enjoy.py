@@ -10,6 +10,8 @@ defaults:
 - ``--algo maskable_ppg``: the model plays with the masks of its env (:mod:`sb3_ppg.cli.masked_play`);
 - Procgen ids: sampled actions (``--stochastic``, pass ``--deterministic`` for greedy actions) and ``--no-render``
   (procgen only renders ``rgb_array`` frames); they run on the native vectorized env;
+- ``--record``: a video of ``-n`` steps (default 1000) instead of playing, with the zoo's ``record_video``
+  (``-o FOLDER``; default: ``<run folder>/videos/``);
 - without ``--exp-id``: the newest run that has the model asked for (the final model, ``--load-best``,
   ``--load-checkpoint N``, ``--load-last-checkpoint``), not merely the newest run (which may have failed or still be
   training): a line names the run and model file picked and the newer runs skipped.
@@ -34,6 +36,8 @@ from sb3_ppg.cli.zoo import ZooNotInstalledError, command_line_threads, import_z
 
 #: sb3_ppg's own flag (not passed to the zoo): show the traceback of an error instead of its one-line message
 TRACEBACK_FLAG = "--traceback"
+#: sb3_ppg's own flag: record a video of ``-n`` steps with the zoo's ``record_video`` instead of playing
+RECORD_FLAG = "--record"
 
 
 class NoModelError(ValueError):
@@ -168,14 +172,15 @@ def main(argv: list[str] | None = None) -> None:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     show_traceback = TRACEBACK_FLAG in argv
-    argv = [arg for arg in argv if arg != TRACEBACK_FLAG]
+    record = RECORD_FLAG in argv
+    argv = [arg for arg in argv if arg not in (TRACEBACK_FLAG, RECORD_FLAG)]
     try:
         import_zoo()
     except ZooNotInstalledError as error:
         sys.exit(str(error))
     try:
         with command_line_threads(argv):
-            run_zoo("enjoy", pick_run(build_zoo_argv(argv)))
+            run_zoo("record_video" if record else "enjoy", pick_run(build_zoo_argv(argv)))
     except UnsafeRunFileError as error:
         sys.exit(f"error: {error}")
     except NoModelError as error:

@@ -236,16 +236,21 @@ class _ZooYaml:
 @contextlib.contextmanager
 def zoo_reads_run_files_safely() -> Iterator[None]:
     """
-    Within the context, the zoo's ``enjoy`` (``rl_zoo3.enjoy``, and ``rl_zoo3.utils.get_saved_hyperparams``) reads
-    the run folder's YAML files with :class:`RunFileLoader` instead of ``yaml.UnsafeLoader``.
+    Within the context, the zoo's ``enjoy`` (``rl_zoo3.enjoy``, and ``rl_zoo3.utils.get_saved_hyperparams``) and its
+    ``record_video`` script read the run folder's YAML files with :class:`RunFileLoader` instead of
+    ``yaml.UnsafeLoader``.
     """
     modules = [importlib.import_module(name) for name in ("rl_zoo3.enjoy", "rl_zoo3.utils")]
     saved = [module.yaml for module in modules]  # type: ignore[attr-defined]
     for module in modules:
         module.yaml = _ZooYaml()  # type: ignore[attr-defined]
+    # The zoo's record_video script imports yaml anew when it runs: it reads yaml.UnsafeLoader at its call
+    unsafe_loader = yaml.UnsafeLoader
+    yaml.UnsafeLoader = RunFileLoader  # type: ignore[misc]
     try:
         yield
     finally:
+        yaml.UnsafeLoader = unsafe_loader  # type: ignore[misc]
         for module, original in zip(modules, saved, strict=True):
             module.yaml = original  # type: ignore[attr-defined]
 

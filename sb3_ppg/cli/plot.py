@@ -20,6 +20,7 @@ curves themselves (reading, smoothing, aggregating, the paper's data) are in :mo
 import argparse
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from sb3_ppg.cli.curves import (
     load_curves,
     load_paper_curves,
     nothing_to_plot_message,
+    run_distribution_modes,
     smooth,
 )
 
@@ -131,11 +133,19 @@ def plot_learning_curves(  # noqa: C901
     cut_seeds = report_unequal_seeds(groups, x_max)
 
     paper_groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    mode_note = None
     if paper:
         if game is None:
             game = detect_game([curve.name for curve in curves])
             if game is None:
                 raise ValueError("Cannot tell the Procgen game from the run names: pass --game")
+        other_modes = sorted({mode for mode in run_distribution_modes(paths).values() if mode != "hard"})
+        if other_modes:
+            mode_note = f"paper curves: hard mode; these runs: {', '.join(other_modes)} mode (not comparable)"
+            warnings.warn(
+                f"--paper: the paper's curves are Procgen's hard mode, these runs trained in {', '.join(other_modes)} "
+                "mode: the curves are not comparable (the plot says so)."
+            )
         for experiment in paper:
             n_seeds = len(load_paper_curves(game, experiment))
             paper_groups[f"{PAPER_EXPERIMENTS[experiment]} (hard, {game}, {n_seeds} seeds)"] = load_paper_curves(
@@ -185,6 +195,8 @@ def plot_learning_curves(  # noqa: C901
     if len(curves) > 0 and smoothing > 1:
         unit = "episode" if curve_type == "train" else "evaluation"
         notes.append(f"{smoothing}-{unit} moving average" + (" (paper curves: 400 episodes)" if paper_groups else ""))
+    if mode_note is not None:
+        notes.append(mode_note)
     axis.set_title(", ".join(notes), fontsize="small")
     if title:
         figure.suptitle(title)

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import importlib
 import os
+import runpy
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -287,13 +288,14 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     :class:`sb3_ppg.cli.experiment_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``, and plays
     MaskablePPG models with the masks of its env (:func:`sb3_ppg.cli.masked_play.zoo_plays_with_masks`).
 
-    :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
+    :param command: ``"train"`` (``rl_zoo3.train.train``), ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``) or ``"record_video"``
+        (the script ``rl_zoo3.record_video``, which plays as ``enjoy`` does and records a video)
     :param zoo_argv: The zoo's command line arguments (without the program name)
     :param manager_kwargs: ``train`` only: extra arguments of the experiment manager (``resume``,
         ``keep_checkpoints``, ``global_n_envs``, see :class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`)
     """
-    if command not in ("train", "enjoy"):
-        raise ValueError(f"Unknown zoo command {command!r}, expected 'train' or 'enjoy'")
+    if command not in ("train", "enjoy", "record_video"):
+        raise ValueError(f"Unknown zoo command {command!r}, expected 'train', 'enjoy' or 'record_video'")
     if manager_kwargs and command != "train":
         raise ValueError(f"{', '.join(manager_kwargs)}: options of the train command only")
     try:
@@ -303,14 +305,19 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     from sb3_ppg.cli.experiment_manager import zoo_reads_run_files_safely
     from sb3_ppg.cli.masked_play import zoo_plays_with_masks
 
+    plays = command in ("enjoy", "record_video")
     saved_argv = sys.argv
-    sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]
+    sys.argv = [f"python -m sb3_ppg.{'enjoy' if plays else command}", *zoo_argv]
     try:
         with (
             zoo_registered(**manager_kwargs),
-            zoo_reads_run_files_safely() if command == "enjoy" else contextlib.nullcontext(),
-            zoo_plays_with_masks() if command == "enjoy" else contextlib.nullcontext(),
+            zoo_reads_run_files_safely() if plays else contextlib.nullcontext(),
+            zoo_plays_with_masks() if plays else contextlib.nullcontext(),
         ):
-            getattr(importlib.import_module(f"rl_zoo3.{command}"), command)()
+            if command == "record_video":
+                # The zoo's record_video is a script (its code runs under ``if __name__ == "__main__"``)
+                runpy.run_module("rl_zoo3.record_video", run_name="__main__")
+            else:
+                getattr(importlib.import_module(f"rl_zoo3.{command}"), command)()
     finally:
         sys.argv = saved_argv
