@@ -22,17 +22,20 @@ Usage: ``python benchmarks/procgen_learning.py --game starpilot --seeds 0,1 --to
 """
 
 import argparse
-import csv
 import datetime
+import glob
 import os
 import pathlib
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
 ALGOS = ("ppg", "ppo", "ppg-bf16")
+#: The columns of the logs: steps, a return (6 significant digits), a count
+LOG_FORMAT = ("%d", "%.6g", "%d")
 #: Precision of each phase for ``ppg-bf16``
 BF16_PRECISION = dict(rollout="fp32", policy="bf16", aux="bf16")
 
@@ -140,24 +143,174 @@ class CurveCallback(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         returns = [info["r"] for info in self.model.ep_info_buffer]
-        with open(self.path, "a", newline="") as file:
-            mean = float(np.mean(returns)) if returns else float("nan")
-            csv.writer(file).writerow([self.model.num_timesteps, mean, len(returns)])
+        mean = float(np.mean(returns)) if returns else float("nan")
+        append_lines(self.path, [f"{self.model.num_timesteps},{mean},{len(returns)}"])
         if self.episodes_path is not None:
-            with open(self.episodes_path, "a", newline="") as file:
-                csv.writer(file).writerows((steps, f"{ret:.6g}", length) for steps, ret, length in self.episodes)
+            append_lines(self.episodes_path, [f"{steps},{ret:.6g},{length}" for steps, ret, length in self.episodes])
         self.episodes = []
 
 
-def read_curve(path: str, max_steps: int | None = None) -> np.ndarray:
+def append_lines(path: str, lines: list[str]) -> None:
+    """
+    Append whole lines to a log in one ``write`` (``O_APPEND``): a kill leaves the lines before them whole, and at
+    worst the end of these cut short (an unfinished last line, which ``read_log_rows`` recognizes).
+
+    :param path: The log
+    :param lines: The lines, without their ends
+    """
+    if not lines:
+        return
+    data = "".join(f"{line}\n" for line in lines).encode()
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:
+            data = data[os.write(descriptor, data) :]
+    finally:
+        os.close(descriptor)
+
+
+def write_log(path: str, rows: np.ndarray) -> None:
+    """
+    Replace a log by ``rows`` atomically (a temporary file, then ``os.replace``): a kill leaves the old log or the new
+    one, never a part of it.
+
+    :param path: The log
+    :param rows: Its rows (steps, value, count)
+    """
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as file:
+        np.savetxt(file, rows, delimiter=",", fmt=LOG_FORMAT)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+class DamagedLogError(ValueError):
+    """A run's log has a line that is not three numbers in step order, and the rows it hides are needed."""
+
+
+def read_log_rows(path: str) -> tuple[np.ndarray, str | None, bool]:
+    """
+    The rows of a run's log up to its first damaged line.
+
+    :param path: ``curve.csv`` (steps, mean return, episodes), ``episodes.csv`` (steps, return, length) or
+        ``chunks.csv``
+    :return: The rows (steps, value, count) before the first damaged line; what is wrong with that line (``None``
+        when the log is whole); whether the damage is only an unfinished last line (an append cut short: damaged even
+        when it reads as numbers)
+    """
+    if not os.path.exists(path):
+        return np.zeros((0, 3)), None, False
+    with open(path, "rb") as file:
+        *lines, last = file.read().split(b"\n")
+    rows: list[list[float]] = []
+    for number, line in enumerate(lines, 1):
+        values = log_line_values(line.rstrip(b"\r"), rows[-1][0] if rows else 0.0)
+        if isinstance(values, str):
+            return np.array(rows).reshape(-1, 3), f"line {number} {values}", False
+        rows.append(values)
+    if last:
+        return np.array(rows).reshape(-1, 3), f"line {len(lines) + 1} is unfinished ({last[:40]!r}, no line end)", True
+    return np.array(rows).reshape(-1, 3), None, False
+
+
+def log_line_values(line: bytes, previous_steps: float) -> list[float] | str:
+    """
+    :param line: A line of a log, without its end
+    :param previous_steps: The steps of the line before (0 for the first)
+    :return: The line's values, or what is wrong with it
+    """
+    fields = line.split(b",")
+    if len(fields) != 3:
+        return f"has {len(fields)} fields, not 3 ({line[:40]!r})"
+    try:
+        values = [float(field) for field in fields]
+    except ValueError:
+        return f"is not three numbers ({line[:40]!r})"
+    steps, count = values[0], values[2]  # count: episodes, a length or seconds (chunks.csv)
+    if not (np.isfinite(steps) and steps >= 0 and steps == int(steps) and np.isfinite(count) and count >= 0):
+        return f"has negative or non-whole steps, or a negative count ({line[:40]!r})"
+    if steps < previous_steps:
+        return f"goes back to {steps:.0f} env steps after {previous_steps:.0f} ({line[:40]!r})"
+    return values
+
+
+def read_curve(path: str, max_steps: int | None = None, run: str | None = None) -> np.ndarray:
     """
     Rows (steps, mean return, episodes) of a curve file, or (steps, return, length) of an episode file, optionally
     only those up to ``max_steps``.
+
+    :param path: The log
+    :param max_steps: The last steps read (``None``: all)
+    :param run: The run's name, for the error
+    :raises DamagedLogError: When a line of the log is damaged
     """
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        return np.zeros((0, 3))
-    rows = np.loadtxt(path, delimiter=",", ndmin=2)
+    rows, damage, _ = read_log_rows(path)
+    if damage is not None:
+        raise DamagedLogError(damaged_log_message(path, damage, run))
     return rows if max_steps is None else rows[rows[:, 0] <= max_steps]
+
+
+def damaged_log_message(path: str, damage: str, run: str | None, extra: str = "") -> str:
+    """The one-line error of a damaged log: the file, the run, what is wrong, what to delete."""
+    folder = os.path.dirname(os.path.abspath(path))
+    name = f" of run {run}" if run else ""
+    return (
+        f"The log {path}{name} is damaged: {damage}{extra}. Repair that line, or delete the run's folder {folder} "
+        "to train the run again from the start."
+    )
+
+
+def cut_logs(folder: str, steps: int, run: str) -> None:
+    """
+    Cut a resumed run's ``curve.csv`` and ``episodes.csv`` back to its checkpoint's ``steps`` (rows written after the
+    checkpoint: a chunk killed between a checkpoint and its end), rewritten atomically. A damaged line is cut with
+    them when it can only come after the checkpoint: after a row past ``steps`` (or the curve's row at ``steps``:
+    one row per rollout, written before the rollout's checkpoint), in a run without a checkpoint, or as the
+    unfinished last line of an episode log whose rows up to ``steps`` agree with the curve's row there (an append cut
+    short by a kill: the logs of a rollout are written before its checkpoint).
+
+    :param folder: The run's folder
+    :param steps: The checkpoint's ``num_timesteps`` (0: a new run)
+    :param run: The run's name, for the errors
+    :raises DamagedLogError: When a damaged line may hide rows up to ``steps``
+    """
+    for stale in glob.glob(os.path.join(folder, "*.csv.*.tmp")):  # a cut-back killed before its os.replace
+        os.remove(stale)
+    curve_path = os.path.join(folder, "curve.csv")
+    curve, damage, _ = read_log_rows(curve_path)
+    if damage is not None and steps > 0 and not (len(curve) and curve[-1, 0] >= steps):
+        raise DamagedLogError(damaged_log_message(curve_path, damage, run, f", before the checkpoint's row at {steps}"))
+    curve = curve[curve[:, 0] <= steps]
+    episodes_path = os.path.join(folder, "episodes.csv")
+    episodes, damage, unfinished = read_log_rows(episodes_path)
+    past = len(episodes) > 0 and episodes[-1, 0] > steps
+    episodes = episodes[episodes[:, 0] <= steps]
+    if damage is not None and steps > 0 and not past:
+        if not (unfinished and episodes_agree_with_curve(episodes, curve, steps)):
+            extra = f", and the episodes before it may not reach the checkpoint at {steps} env steps"
+            raise DamagedLogError(damaged_log_message(episodes_path, damage, run, extra))
+    write_log(curve_path, curve)
+    write_log(episodes_path, episodes)
+
+
+def episodes_agree_with_curve(episodes: np.ndarray, curve: np.ndarray, steps: int) -> bool:
+    """
+    Whether the episodes up to ``steps`` are those of the curve's row at ``steps``: its count (SB3's last 100
+    episodes) and mean return, up to the logs' 6 significant digits.
+    """
+    row = curve[curve[:, 0] == steps]
+    if len(row) != 1:
+        return False
+    _, mean, count = row[0]
+    if len(episodes) < count or (count < 100 and len(episodes) != count):
+        return False
+    if count == 0:
+        return True
+    window = episodes[len(episodes) - int(count) :, 1]
+    # Each return and the mean are rounded to 6 significant digits: relative errors of at most 5e-6
+    tolerance = 5e-6 * (np.max(np.abs(window)) + abs(mean)) + 1e-12
+    return bool(abs(np.mean(window) - mean) <= tolerance)
 
 
 def train_chunk(
@@ -196,11 +349,7 @@ def train_chunk(
     else:
         model_kwargs = hyperparameters(args, algo) if model_kwargs is None else model_kwargs
         model = PPG("ProcgenCnn", env, seed=seed, device=args.device, **model_kwargs)
-    # Drop curve and episode rows written after the checkpoint (a chunk killed between a checkpoint and its end)
-    rows = read_curve(curve_path, model.num_timesteps)
-    np.savetxt(curve_path, rows, delimiter=",", fmt=["%d", "%.6g", "%d"])
-    episodes = read_curve(episodes_path, model.num_timesteps)
-    np.savetxt(episodes_path, episodes, delimiter=",", fmt=["%d", "%.6g", "%d"])
+    cut_logs(folder, model.num_timesteps, f"{args.game} {algo} seed {seed}")
     remaining = args.total_timesteps - model.num_timesteps
     if remaining > 0:
         rollout_size = args.n_envs * args.n_steps
@@ -230,8 +379,11 @@ def plot(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], path: st
         length = min(len(run) for run in runs)
         steps = runs[0][:length, 0]
         returns = np.stack([run[:length, 1] for run in runs])
-        ours.plot(steps, np.nanmean(returns, axis=0), label=f"{algo.upper()} ({len(runs)} seeds)")
-        ours.fill_between(steps, np.nanmin(returns, axis=0), np.nanmax(returns, axis=0), alpha=0.2)
+        with warnings.catch_warnings():  # NaN before any episode ended: no line there
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, low, high = (reduce(returns, axis=0) for reduce in (np.nanmean, np.nanmin, np.nanmax))
+        ours.plot(steps, mean, label=f"{algo.upper()} ({len(runs)} seeds)")
+        ours.fill_between(steps, low, high, alpha=0.2)
         published_algo = algo.split("-")[0]  # ppg-bf16: the paper's PPG
         if published_algo not in published_algos:
             published_algos.append(published_algo)
@@ -303,20 +455,26 @@ def main(argv: list[str] | None = None) -> bool:
     for algo in {algo for algo, _ in runs}:
         if algo not in ALGOS:
             raise SystemExit(f"Unknown algorithm {algo!r}: choose from {ALGOS}")
+    if len(set(runs)) < len(runs):
+        raise SystemExit(f"--algos {args.algos} and --seeds {args.seeds} name a run twice: give each once")
     done = {}
-    for algo, seed in runs:
-        deadline = min(time.monotonic() + 60 * args.chunk_minutes, end)
-        steps = train_chunk(args, algo, seed, deadline) if time.monotonic() < end else 0
-        done[(algo, seed)] = steps >= args.total_timesteps
-        print(f"{algo} seed {seed}: {steps:,} / {args.total_timesteps:,} env steps")
-    if not all(done.values()):
-        print("Not every run is complete: run the same command again to continue.")
-        return False
     curves: dict[str, list[np.ndarray]] = {}
-    for algo, seed in runs:
-        path = os.path.join(args.folder, f"{args.game}_{algo}_seed{seed}", "curve.csv")
-        # At equal env steps: a run continued past the budget (by an earlier, larger --total-timesteps) is cut there
-        curves.setdefault(algo, []).append(read_curve(path, args.total_timesteps))
+    try:
+        for algo, seed in runs:
+            deadline = min(time.monotonic() + 60 * args.chunk_minutes, end)
+            steps = train_chunk(args, algo, seed, deadline) if time.monotonic() < end else 0
+            done[(algo, seed)] = steps >= args.total_timesteps
+            print(f"{algo} seed {seed}: {steps:,} / {args.total_timesteps:,} env steps")
+        if not all(done.values()):
+            print("Not every run is complete: run the same command again to continue.")
+            return False
+        for algo, seed in runs:
+            path = os.path.join(args.folder, f"{args.game}_{algo}_seed{seed}", "curve.csv")
+            # At equal env steps: a run continued past the budget (by an earlier, larger --total-timesteps) is cut
+            # there
+            curves.setdefault(algo, []).append(read_curve(path, args.total_timesteps, f"{args.game} {algo} seed {seed}"))
+    except DamagedLogError as error:
+        raise SystemExit(str(error)) from None
     stem = os.path.splitext(os.path.basename(args.output))[0]
     image = os.path.join(os.path.dirname(os.path.abspath(args.output)), f"{stem}_{args.game}.png")
     plot(args, curves, image)

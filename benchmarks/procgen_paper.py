@@ -264,6 +264,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seeds = [int(seed) for seed in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    for name, values in (("--games", args.games), ("--algos", args.algos), ("--seeds", args.seeds)):
+        repeated = sorted({value for value in values if values.count(value) > 1}, key=values.index)
+        if repeated:
+            # The same run twice: it would count once among the complete runs, and the report would never come
+            parser.error(f"{name} names {', '.join(map(str, repeated))} more than once: give each once")
     for name in ("n_envs", "n_steps", "n_policy_iters", "score_episodes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -324,6 +329,21 @@ def rollout_boundary(args: argparse.Namespace, steps: int) -> int:
     """The first rollout boundary at or after ``steps`` env steps: where a run that trains ``steps`` stops."""
     rollout = args.n_envs * args.n_steps
     return -(-steps // rollout) * rollout
+
+
+def read_run_log(args: argparse.Namespace, game: str, algo: str, seed: int, name: str) -> np.ndarray:
+    """
+    The rows of a run's log (``curve.csv``, ``episodes.csv`` or ``chunks.csv``). Those of a run in progress are read
+    up to a damaged line, which its next chunk cuts back to its checkpoint (or names in an error).
+
+    :raises procgen_learning.DamagedLogError: When a line of a complete run's log is damaged
+    """
+    folder = run_folder(args, game, algo, seed)
+    path, run = os.path.join(folder, name), f"{game} {algo} seed {seed}"
+    steps = completed_steps(folder)
+    if steps is not None and steps >= args.total_timesteps:
+        return procgen_learning.read_curve(path, run=run)
+    return procgen_learning.read_log_rows(path)[0]
 
 
 def completed_steps(folder: str) -> int | None:
@@ -432,7 +452,7 @@ def train(args: argparse.Namespace) -> None:
                             f"train on to {args.total_timesteps:,}. Use another --folder (and --keep-checkpoints to "
                             "raise a budget later), or this budget."
                         )
-                    start_steps = procgen_learning.read_curve(os.path.join(folder, "curve.csv"))[-1:, 0].sum()
+                    start_steps = read_run_log(args, game, algo, seed, "curve.csv")[-1:, 0].sum()
                     chunk_args = argparse.Namespace(**vars(args), game=game)
                     deadline = min(time.monotonic() + 60 * args.chunk_minutes, end)
                     start = time.monotonic()
@@ -442,9 +462,11 @@ def train(args: argparse.Namespace) -> None:
                     seconds = time.monotonic() - start
                     # The steps of the last complete rollout (train_chunk's count includes those of a rollout that the
                     # chunk's deadline cut short, which the next chunk redoes from the checkpoint)
-                    steps = int(procgen_learning.read_curve(os.path.join(folder, "curve.csv"))[-1:, 0].sum())
-                    with open(os.path.join(folder, "chunks.csv"), "a") as file:
-                        file.write(f"{int(start_steps)},{steps},{seconds:.1f}\n")
+                    curve = procgen_learning.read_curve(os.path.join(folder, "curve.csv"), run=name)
+                    steps = int(curve[-1:, 0].sum())
+                    procgen_learning.append_lines(
+                        os.path.join(folder, "chunks.csv"), [f"{int(start_steps)},{steps},{seconds:.1f}"]
+                    )
                     rate = (steps - start_steps) / max(seconds, 1e-9)
                     print(f"{name}: {steps:,} / {args.total_timesteps:,} env steps ({rate:.0f} env steps/s with setup)")
                     if steps >= args.total_timesteps:
@@ -495,7 +517,7 @@ def collect_scores(args: argparse.Namespace) -> dict[tuple[str, str, int], dict[
                 steps = completed_steps(folder)
                 if steps is None or steps < args.total_timesteps:
                     continue
-                episodes = procgen_learning.read_curve(os.path.join(folder, "episodes.csv"))
+                episodes = read_run_log(args, game, algo, seed, "episodes.csv")
                 scores[(game, algo, seed)] = {
                     point: run_score(episodes, rollout_boundary(args, point), args.score_episodes)
                     for point in score_points(args)
@@ -589,10 +611,8 @@ def plot(args: argparse.Namespace, scores: dict, curves_path: str, scores_path: 
     for axis, game in zip(axes.flat, args.games, strict=False):
         for algo, color in zip(ALGOS, ("C0", "C1"), strict=True):
             if algo in args.algos:
-                runs = [
-                    procgen_learning.read_curve(os.path.join(run_folder(args, game, algo, seed), "curve.csv"), end)
-                    for seed in args.seeds
-                ]
+                runs = [read_run_log(args, game, algo, seed, "curve.csv") for seed in args.seeds]
+                runs = [run[run[:, 0] <= end] for run in runs]
                 length = min(len(run) for run in runs)
                 if length:
                     with warnings.catch_warnings():  # NaN before any episode ended: no line there
@@ -611,7 +631,8 @@ def plot(args: argparse.Namespace, scores: dict, curves_path: str, scores_path: 
         axis.set(title=f"{game} ({args.distribution_mode})", xlabel="env steps", ylabel="episode return")
     for axis in axes.flat[len(args.games) :]:
         axis.axis("off")
-    axes.flat[0].legend(fontsize="small")
+    if axes.flat[0].get_legend_handles_labels()[0]:  # no line before any run logged a rollout
+        axes.flat[0].legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(curves_path, dpi=80)
     plt.close(figure)
@@ -653,7 +674,7 @@ def throughput_lines(args: argparse.Namespace) -> list[str]:
         steps, seconds = 0.0, 0.0
         for game in args.games:
             for seed in args.seeds:
-                chunks = procgen_learning.read_curve(os.path.join(run_folder(args, game, algo, seed), "chunks.csv"))
+                chunks = read_run_log(args, game, algo, seed, "chunks.csv")
                 steps += float(np.sum(chunks[:, 1] - chunks[:, 0])) if len(chunks) else 0.0
                 seconds += float(np.sum(chunks[:, 2])) if len(chunks) else 0.0
         if seconds > 0:
@@ -749,18 +770,21 @@ def main(argv: list[str] | None = None) -> bool:
     check_settings(args)
     # torch's threads: --torch-threads, else OMP_NUM_THREADS, else this process's share of the idle CPUs
     choose_torch_threads(args.torch_threads)
-    if not args.report_only:
-        train(args)
-    scores = collect_scores(args)
-    n_runs = len(args.games) * len(args.algos) * len(args.seeds)
-    if len(scores) < n_runs and not args.report_only:
-        print(f"{len(scores)} of {n_runs} runs complete: run the same command again to continue.")
-        return False
-    stem = os.path.splitext(os.path.abspath(args.output))[0]
-    images = (f"{stem}_curves.png", f"{stem}_scores.png")
-    os.makedirs(os.path.dirname(stem), exist_ok=True)
-    plot(args, scores, *images)
-    text = report(args, scores, images, argv)
+    try:
+        if not args.report_only:
+            train(args)
+        scores = collect_scores(args)
+        n_runs = len(args.games) * len(args.algos) * len(args.seeds)
+        if len(scores) < n_runs and not args.report_only:
+            print(f"{len(scores)} of {n_runs} runs complete: run the same command again to continue.")
+            return False
+        stem = os.path.splitext(os.path.abspath(args.output))[0]
+        images = (f"{stem}_curves.png", f"{stem}_scores.png")
+        os.makedirs(os.path.dirname(stem), exist_ok=True)
+        plot(args, scores, *images)
+        text = report(args, scores, images, argv)
+    except procgen_learning.DamagedLogError as error:
+        raise SystemExit(str(error)) from None
     with open(args.output, "w") as file:
         file.write(text)
     print(text)

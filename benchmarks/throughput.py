@@ -7,6 +7,8 @@ mode runs in a fresh subprocess (so that peak memory is its own) and reports:
 - rollout env steps/s (time in ``collect_rollouts``: env + policy forward), policy-phase samples/s, auxiliary-phase
   samples/s (old-policy pass included), end-to-end env steps/s, peak resident memory (and peak device memory on
   CUDA);
+- the **env limit**: the ``make_procgen_env`` chain alone (same envs, groups and threads), stepped with random actions
+  in the same process after training: the env steps/s that no training on this machine can exceed;
 - the **compute bound**: the same network alone, timed on random images at the batch sizes training uses (forward
   at the rollout batch of ``n_envs``; forward + backward + optimizer step at the policy and auxiliary minibatch
   sizes, in the micro-batches training splits them into; forward at the old-policy chunk size), in the same
@@ -60,6 +62,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--micro-batch-size", type=micro_batch_size, default="auto", help="Optimized mode's micro_batch_size: auto, none or N"
     )
     parser.add_argument("--compile", action="store_true", help="Optimized mode: torch.compile the features extractors")
+    parser.add_argument(
+        "--aux-buffer-device", default="cpu", help="Optimized mode's aux_buffer_device: cpu, pinned, device or auto"
+    )
+    parser.add_argument(
+        "--overlap-groups", type=int, default=1, help="Optimized mode: N >= 2 envs groups with overlap_rollouts=True"
+    )
+    parser.add_argument(
+        "--num-threads", type=int, default=None, help="Procgen threads per env group (default: make_procgen_env's)"
+    )
+    parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--bound-repeats", type=int, default=3, help="Timed repeats of each network call")
     parser.add_argument("--modes", default="optimized,reference", help="Comma-separated modes to run")
@@ -95,10 +107,10 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     """
     import torch as th
 
-    from sb3_ppg import PPG, make_procgen_env
+    from sb3_ppg import PPG
 
     optimized = mode == "optimized"
-    env = make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode="easy", seed=0)
+    env = make_env(args, n_groups=args.overlap_groups if optimized else 1)
     policy_kwargs: dict[str, Any] = dict(arch=args.arch)
     if args.policy == "ProcgenCnn":
         policy_kwargs["features_extractor_kwargs"] = dict(channels_last=optimized)
@@ -113,6 +125,8 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         aux_batch_rollouts=args.aux_batch_rollouts,
         precision=_precision(args.precision) if optimized else "fp32",
         micro_batch_size=args.micro_batch_size if optimized else None,
+        aux_buffer_device=args.aux_buffer_device if optimized else "cpu",
+        overlap_rollouts=optimized and args.overlap_groups > 1,
         policy_kwargs=policy_kwargs,
         device=args.device,
         seed=0,
@@ -123,6 +137,38 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
             if extractor is not None:
                 extractor.forward = th.compile(extractor.forward)
     return model
+
+
+def make_env(args: argparse.Namespace, n_groups: int = 1) -> Any:
+    """The benchmark's ``make_procgen_env`` chain (easy mode, seed 0), in ``n_groups`` groups."""
+    from sb3_ppg import make_procgen_env
+
+    threads = {} if args.num_threads is None else {"num_threads": args.num_threads}
+    groups = {} if n_groups == 1 else {"n_groups": n_groups}
+    return make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode="easy", seed=0, **threads, **groups)
+
+
+def env_limit(args: argparse.Namespace, n_groups: int) -> float:
+    """
+    The env steps per second of the benchmark's env chain alone (random actions, after 10 untimed steps).
+
+    :param args: The benchmark's arguments (``--env-limit-steps`` timed steps)
+    :param n_groups: the env groups of the mode
+    :return: env steps/s
+    """
+    import numpy as np
+
+    env = make_env(args, n_groups)
+    env.reset()
+    actions = np.random.default_rng(0).integers(0, env.action_space.n, size=(10 + args.env_limit_steps, args.n_envs))
+    for step_actions in actions[:10]:
+        env.step(step_actions)
+    start = time.perf_counter()
+    for step_actions in actions[10:]:
+        env.step(step_actions)
+    seconds = time.perf_counter() - start
+    env.close()
+    return args.env_limit_steps * args.n_envs / seconds
 
 
 class PhaseTimer:
@@ -172,7 +218,7 @@ def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dic
     """
     import torch as th
 
-    from sb3_ppg.common.buffers import split_observations
+    from sb3_ppg.common.optim import split_observations
 
     policy = model.policy
     dtypes = model._phase_dtypes
@@ -297,6 +343,10 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result.update(compute_bound(model, args, synchronize))
     result["end_to_end_over_bound"] = result["end_to_end_env_steps_per_s"] / result["bound_env_steps_per_s"]
     model.env.close()
+    result["overlap_groups"] = args.overlap_groups if mode == "optimized" else 1
+    result["aux_buffer_device"] = model.aux_buffer_device
+    if args.env_limit_steps > 0:
+        result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
     return result
 
 
@@ -329,6 +379,12 @@ def precision_text(result: dict[str, Any]) -> str:
     return actual if result["precision"] == actual else f"{result['precision']} ({actual})"
 
 
+def env_limit_text(result: dict[str, Any]) -> str:
+    """The env limit of a result, or a dash when it was not measured."""
+    limit = result.get("env_limit_env_steps_per_s")
+    return "-" if limit is None else f"{limit:.1f}"
+
+
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
     """The report as Markdown."""
     lines = [
@@ -342,11 +398,14 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"- Config: {args.game} (easy), `{args.policy}` arch `{args.arch}`, {args.n_envs} envs x {args.n_steps} steps, "
         f"{args.n_minibatches} policy minibatches, N_pi {args.n_policy_iters}, E_aux {args.n_aux_epochs}, "
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
-        f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}",
+        f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
+        f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, procgen threads per group: "
+        f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "
-        "| policy samples/s | aux samples/s | compute bound env steps/s | end-to-end / bound | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| policy samples/s | aux samples/s | compute bound env steps/s | env limit env steps/s | end-to-end / bound "
+        "| peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         micro = result["micro_batch_size"] or "whole minibatches"
@@ -354,7 +413,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
             f"| {result['mode']} | {precision_text(result)} | {micro} | {result['channels_last']} | {result['compile']} "
             f"| {result['end_to_end_env_steps_per_s']:.1f} | {result['rollout_env_steps_per_s']:.1f} "
             f"| {result['policy_phase_samples_per_s']:.1f} | {result['aux_phase_samples_per_s']:.1f} "
-            f"| {result['bound_env_steps_per_s']:.1f} | {result['end_to_end_over_bound']:.0%} | {result['peak_rss_mib']:.0f} |"
+            f"| {result['bound_env_steps_per_s']:.1f} | {env_limit_text(result)} | {result['end_to_end_over_bound']:.0%} "
+            f"| {result['peak_rss_mib']:.0f} |"
         )
     by_mode = {result["mode"]: result for result in results}
     if "optimized" in by_mode and "reference" in by_mode:

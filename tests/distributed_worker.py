@@ -145,7 +145,7 @@ def equality(config_name: str) -> dict[str, Any]:
         initial=initial,
         final=parameters(model),
         num_timesteps=model.num_timesteps,
-        n_aux_phases=model._n_aux_phases,
+        n_aux_phases=model.n_aux_phases,
         n_updates=model._n_updates,
     )
 
@@ -160,16 +160,51 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
     return dict(
         final=parameters(model),
         num_timesteps=model.num_timesteps,
-        n_aux_phases=model._n_aux_phases,
+        n_aux_phases=model.n_aux_phases,
         ret_rms=(float(env.ret_rms.mean), float(env.ret_rms.var), float(env.ret_rms.count)),
         episodes=len(model.ep_info_buffer),
         local_rank=int(os.environ["LOCAL_RANK"]),
+        **overlapped_rollouts(n_envs),
     )
+
+
+def overlapped_rollouts(n_envs: int) -> dict[str, Any]:
+    """
+    overlap_rollouts=True over 2 groups of this rank's envs, and the same run with the groups' steps started only when
+    the whole env steps (sequential): the final parameters of each.
+    """
+    from sb3_ppg.common.rollout_groups import GroupedVecEnv
+
+    def train() -> dict[str, th.Tensor]:
+        groups = [make_vec_env("CartPole-v1", n_envs=1, seed=seed) for seed in range(n_envs)]
+        model = small_ppg(VecNormalize(GroupedVecEnv(groups), norm_obs=False, gamma=0.99), overlap_rollouts=True)
+        model.learn(4 * 16 * GLOBAL_ENVS)
+        return parameters(model)
+
+    overlapped = train()
+    step_group_async = GroupedVecEnv.step_group_async
+    GroupedVecEnv.step_group_async = lambda self, group, actions: None  # type: ignore[method-assign]
+    try:
+        sequential = train()
+    finally:
+        GroupedVecEnv.step_group_async = step_group_async  # type: ignore[method-assign]
+    return dict(overlapped=overlapped, sequential=sequential)
 
 
 def mismatch() -> dict[str, Any]:
     """Rank 1 uses another n_epochs: every rank must raise the same ValueError."""
     model = PPG("MlpPolicy", "CartPole-v1", n_steps=16, n_epochs=1 + int(os.environ["RANK"]), n_aux_epochs=0, seed=0)
+    try:
+        model.learn(64)
+    except ValueError as error:
+        return dict(error=str(error))
+    return dict(error=None)
+
+
+def env_mismatch() -> dict[str, Any]:
+    """Rank 0 trains on CartPole-v1, rank 1 on CartPole-v0 (the same spaces): every rank must raise the same error."""
+    env_id = "CartPole-v1" if distributed.get_rank() == 0 else "CartPole-v0"
+    model = PPG("MlpPolicy", make_vec_env(env_id, n_envs=2, seed=0), n_steps=16, n_aux_epochs=0, seed=0)
     try:
         model.learn(64)
     except ValueError as error:
@@ -257,9 +292,7 @@ def checkpoint_train(out_dir: pathlib.Path) -> dict[str, Any]:
     model = PPG("MlpPolicy", checkpoint_env(), policy_kwargs=dict(net_arch=[16]), **settings)
     callbacks = [checkpoint_callback(out_dir / "checkpoints"), checkpoint_callback(out_dir / "pruned", keep_last=2)]
     model.learn(CHECKPOINT_TOTAL, callback=callbacks)
-    return dict(
-        final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases, mismatch=mismatch
-    )
+    return dict(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model.n_aux_phases, mismatch=mismatch)
 
 
 def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
@@ -273,7 +306,7 @@ def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
     result: dict[str, Any] = dict(resumed_at=model.num_timesteps, aux_iterations=model.aux_buffer.n_iterations)
     callback = checkpoint_callback(out_dir / "resumed")
     model.learn(CHECKPOINT_TOTAL - model.num_timesteps, reset_num_timesteps=False, callback=callback)
-    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model._n_aux_phases)
+    result.update(final=parameters(model), num_timesteps=model.num_timesteps, n_aux_phases=model.n_aux_phases)
     try:
         write_checkpoint(model, out_dir / "blocked" / "ppg_0_steps", out_dir / "blocked" / "ppg_rollouts")
         result["write_error"] = None
@@ -306,6 +339,7 @@ def main() -> None:
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
         result["mismatch"] = mismatch()
+        result["env_mismatch"] = env_mismatch()
         result["resync"] = resync()
     else:
         raise ValueError(scenario)

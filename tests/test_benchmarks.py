@@ -2,12 +2,18 @@
 
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
 from benchmark_scripts import load_script  # tests/ is on sys.path
 
-pytestmark = pytest.mark.slow  # each test runs a benchmark script in a new interpreter
+# Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
+# is meant
+pytestmark = [
+    pytest.mark.slow,  # each test runs a benchmark script in a new interpreter
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 
 def test_env_throughput_paired_ratio():
@@ -57,7 +63,12 @@ def test_throughput_runs(tmp_path):
     output, json_path = tmp_path / "throughput.md", tmp_path / "throughput.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--n-policy-iters", "2", "--n-aux-epochs", "1"]
     args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1", "--micro-batch-size", "3"]
+    args += ["--overlap-groups", "2", "--aux-buffer-device", "auto", "--num-threads", "1", "--env-limit-steps", "3"]
     results = throughput.main([*args, "--output", str(output), "--json", str(json_path)])
+    # The optimized mode overlaps 2 env groups; both report the env chain's own rate at their groups and threads
+    assert [result["overlap_groups"] for result in results] == [2, 1]
+    assert [result["aux_buffer_device"] for result in results] == ["auto", "cpu"]
+    assert all(result["env_limit_env_steps_per_s"] > 0 for result in results)
     assert [result["mode"] for result in results] == ["optimized", "reference"]
     # Minibatches of 8 (policy) and 16 (aux) samples run in micro-batches of 3 in the optimized mode only
     assert [result["micro_batch_size"] for result in results] == [3, None]
@@ -79,7 +90,8 @@ def test_throughput_runs(tmp_path):
     )
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
-    assert "optimized mode's micro_batch_size: 3" in report
+    assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
+    assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
     for text, expected in (("auto", "auto"), ("none", None), ("64", 64)):
         assert throughput.parse_args([f"--micro-batch-size={text}"]).micro_batch_size == expected
     with pytest.raises(SystemExit):
@@ -105,6 +117,10 @@ def test_procgen_learning_resumes_in_chunks(tmp_path):
     ppg, bf16 = (learning.hyperparameters(learning.parse_args(args), algo) for algo in ("ppg", "ppg-bf16"))
     assert bf16.pop("precision") == dict(rollout="fp32", policy="bf16", aux="bf16") and ppg.pop("precision") == "fp32"
     assert ppg == bf16
+    # The same run twice would be averaged as two seeds (issue 29): refused before anything trains
+    with pytest.raises(SystemExit, match=r"--algos ppg and --seeds 0,1,0 name a run twice"):
+        learning.main(["--algos", "ppg", "--seeds", "0,1,0", *args[4:]])
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["starpilot_ppg-bf16_seed0", "starpilot_ppg_seed0"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
@@ -171,3 +187,54 @@ def test_maskable_taxi_and_plot(tmp_path):
     ablation = "MaskablePPG, aux phase without value net"
     assert ablation not in maskable.DEFAULT_ALGORITHMS
     assert maskable.ALGORITHMS[ablation][2](maskable.ENVS[taxi]) == {**maskable.TAXI_PPG_SETTINGS, "vf_true_coef": 0.0}
+
+
+STAND_IN_CLEANRL = """
+import json, os, sys, time
+time.sleep(0.2)
+with open(os.environ["STAND_IN_OUT"], "a") as file:
+    file.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "time": time.time()}) + "\\n")
+"""
+
+
+def test_vs_cleanrl_runs_both_whole_processes(tmp_path, monkeypatch, order="sb3-ppg,cleanrl"):
+    """benchmarks/vs_cleanrl.py with a stand-in for CleanRL's script: its options, both orders, the ratio."""
+    vs_cleanrl = load_script("vs_cleanrl")
+    script, out = tmp_path / "ppg_procgen.py", tmp_path / "calls.jsonl"
+    script.write_text(STAND_IN_CLEANRL)
+    monkeypatch.setenv("STAND_IN_OUT", str(out))
+    args = ["--cleanrl-script", str(script), "--n-envs", "2", "--n-steps", "8", "--n-policy-iters", "2"]
+    args += ["--n-aux-epochs", "1", "--aux-batch-rollouts", "1", "--device", "cpu", "--order", order]
+    started = time.time()
+    results = vs_cleanrl.main([*args, "--json", str(tmp_path / "results.json")])
+    assert results["env_steps"] == 2 * 2 * 8 and results["order"] == order.split(",")
+    (call,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert call["argv"] == [
+        *("--env-id", "starpilot", "--total-timesteps", "32", "--num-envs", "2", "--num-steps", "8"),
+        *("--n-iteration", "2", "--e-auxiliary", "1", "--num-aux-rollouts", "1", "--no-cuda"),
+    ]
+    # CleanRL's script runs in a scratch folder (its runs/ logs do not land in the repository)
+    assert call["cwd"] != str(tmp_path) and not (tmp_path / "runs").exists()
+    # Whole processes, in the order asked for: the stand-in's time is at least its sleep; sb3-ppg trains before it
+    # or after it
+    assert results["cleanrl"]["seconds"] >= 0.2
+    cleanrl_started = call["time"] - 0.2 - started
+    sb3_first = order.startswith("sb3")
+    assert (cleanrl_started >= results["sb3-ppg"]["seconds"]) == sb3_first
+    for name in ("cleanrl", "sb3-ppg"):
+        assert results[name]["env_steps_per_s"] == pytest.approx(32 / results[name]["seconds"])
+    assert results["ratio"] == pytest.approx(results["cleanrl"]["seconds"] / results["sb3-ppg"]["seconds"])
+    assert json.loads((tmp_path / "results.json").read_text())["ratio"] == pytest.approx(results["ratio"])
+    with pytest.raises(SystemExit):
+        vs_cleanrl.parse_args(["--cleanrl-script", "x.py", "--order", "cleanrl,cleanrl"])
+
+
+def test_vs_cleanrl_runs_in_the_order_asked_for(monkeypatch):
+    vs_cleanrl = load_script("vs_cleanrl")
+    ran = []
+    monkeypatch.setattr(vs_cleanrl, "run_timed", lambda command: ran.append(command) or 2.0 * len(ran))
+    results = vs_cleanrl.main(["--cleanrl-script", "ppg_procgen.py", "--order", "cleanrl,sb3-ppg", "--device", "cuda"])
+    assert ran[0][1].endswith("ppg_procgen.py") and ran[0][-1] == "--cuda"
+    assert ran[1][1].endswith("vs_cleanrl.py") and ran[1][-1] == "--sb3-child"
+    # CleanRL took 2 s, sb3-ppg 4 s for the same 64 x 256 x 8 steps
+    assert results["env_steps"] == 64 * 256 * 8 and results["ratio"] == pytest.approx(0.5)

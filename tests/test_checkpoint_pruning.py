@@ -17,6 +17,10 @@ from stable_baselines3.common.env_util import make_vec_env
 from sb3_ppg import PPG, PPGCheckpointCallback
 from sb3_ppg.common.checkpoints.lock import lock_folder
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 N_ENVS, N_STEPS = 2, 16
 ITERATION = N_ENVS * N_STEPS  # env steps per iteration
 TOTAL = 8 * ITERATION
@@ -262,3 +266,15 @@ def test_a_kill_while_model_zip_is_written_leaves_nothing_pruning_keeps(run, mon
     model.learn(0, reset_num_timesteps=False, callback=callback(run, keep_last=3))
     assert not killed.exists()
     assert checkpoint_names(run) == [f"ppg_{steps}_steps" for steps in (TOTAL - 2 * ITERATION, TOTAL, TOTAL + ITERATION)]
+
+
+def test_save_path_in_the_home_folder(tmp_path, monkeypatch, make_model):
+    """save_path="~/runs" is the home folder's runs, not a folder named "~" (issue 29); load_checkpoint reads it back."""
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    model = make_model(make_env(), **RUN)
+    model.learn(ITERATION, callback=PPGCheckpointCallback(N_STEPS, "~/runs", name_prefix="ppg"))
+    assert checkpoint_names(tmp_path / "home" / "runs") == [f"ppg_{ITERATION}_steps"]
+    assert not (tmp_path / "~").exists()
+    assert PPG.load_checkpoint("~/runs", env=make_env()).num_timesteps == ITERATION

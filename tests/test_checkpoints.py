@@ -19,6 +19,10 @@ from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
 
 from sb3_ppg import PPG, PPGCheckpointCallback
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 N_ENVS, N_STEPS = 2, 16
 ITERATION = N_ENVS * N_STEPS  # env steps per iteration
 TOTAL = 8 * ITERATION  # aux phases after iterations 3 and 6
@@ -62,7 +66,7 @@ def reference(tmp_path_factory, make_model):
 def test_checkpoints_do_not_change_training(reference, normalize):
     folder, params, plain_params, model = reference[normalize]
     assert_identical(params, plain_params)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     steps = sorted(int(path.name.split("_")[1]) for path in folder.glob("ppg_*_steps"))
     assert steps == list(range(ITERATION, TOTAL + 1, ITERATION))
     manifest = json.loads((checkpoint_dir(folder, 4 * ITERATION) / "manifest.json").read_text())
@@ -81,7 +85,7 @@ def test_resume_bit_identical(reference, tmp_path, cut, normalize):
     assert resumed.aux_buffer.n_iterations == cut % 3
     callback = PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg")
     resumed.learn(TOTAL - resumed.num_timesteps, reset_num_timesteps=False, callback=callback)
-    assert resumed.num_timesteps == TOTAL and resumed._n_aux_phases == 2
+    assert resumed.num_timesteps == TOTAL and resumed.n_aux_phases == 2
     assert_identical(params, parameters(resumed))
     # The resumed run writes its checkpoints at the same steps, with the same rollouts
     assert checkpoint_dir(tmp_path, TOTAL).is_dir()
@@ -105,7 +109,7 @@ def test_resumed_run_warns_only_when_it_ends_before_its_first_aux_phase(referenc
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed.learn(2 * ITERATION, reset_num_timesteps=False)
-    assert resumed._n_aux_phases == 1
+    assert resumed.n_aux_phases == 1
 
 
 def damage(path: pathlib.Path) -> None:
@@ -221,7 +225,7 @@ def test_unsaveable_env_states_warn(tmp_path, make_model):
         resumed = PPG.load_checkpoint(tmp_path, env=env)
     assert resumed._last_obs is None
     resumed.learn(ITERATION, reset_num_timesteps=False)
-    assert resumed.num_timesteps == 3 * ITERATION and resumed._n_aux_phases == 1
+    assert resumed.num_timesteps == 3 * ITERATION and resumed.n_aux_phases == 1
     env.close()
 
 
@@ -296,7 +300,7 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
     with pytest.raises(error) as info:
         model.learn(TOTAL, callback=callback)
     assert "learn() again reruns that phase" in "".join(getattr(info.value, "__notes__", []))
-    assert model.aux_buffer.full() and model._n_aux_phases == 0
+    assert model.aux_buffer.full() and model.n_aux_phases == 0
     # The last checkpoint (before the interrupted iteration) is intact
     assert PPG.load_checkpoint(tmp_path, env=make_env()).num_timesteps == 2 * ITERATION
     # The buffer can be saved and loaded while full; learn() again reruns the phase
@@ -306,7 +310,7 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
     for agent in (model, other):
         with pytest.warns(UserWarning, match="interrupted"):
             agent.learn(ITERATION, reset_num_timesteps=False)
-        assert agent._n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
+        assert agent.n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
 
 
 def test_procgen_resume_bit_identical(tmp_path, make_model):
@@ -324,5 +328,5 @@ def test_procgen_resume_bit_identical(tmp_path, make_model):
     # Cut inside an N_pi cycle (3 iterations: one stored) and resume on an env built with another seed
     resumed = PPG.load_checkpoint(checkpoint_dir(tmp_path / "run", 3 * 16), env=make(seed=999))
     resumed.learn(total - resumed.num_timesteps, reset_num_timesteps=False)
-    assert resumed._n_aux_phases == model._n_aux_phases == 2
+    assert resumed.n_aux_phases == model.n_aux_phases == 2
     assert_identical(params, parameters(resumed))

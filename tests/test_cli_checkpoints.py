@@ -20,7 +20,12 @@ from sb3_ppg import PPG
 from sb3_ppg.cli import train, zoo
 from sb3_ppg.common.checkpoints.lock import lock_folder
 
-pytestmark = pytest.mark.slow  # command-line runs through the zoo, some in new interpreters
+# Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
+# is meant
+pytestmark = [
+    pytest.mark.slow,  # command-line runs through the zoo, some in new interpreters
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 CARTPOLE = [
     "--env",
@@ -223,9 +228,13 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninte
     damaged.write_bytes(damaged.read_bytes()[:-10])
     resume = [*CARTPOLE, "-f", str(tmp_path), "--resume", "--keep-checkpoints", "1"]
     interrupt_train(monkeypatch, call=1)
-    with pytest.warns(UserWarning, match=r"continuing from ppg_768_steps, .* skipped .*ppg_1024_steps' \(run_state.npz"):
+    with (
+        pytest.warns(UserWarning, match=r"continuing from ppg_768_steps, .* skipped .*ppg_1024_steps' \(run_state.npz"),
+        pytest.raises(SystemExit) as exit_info,
+    ):
         train.main(resume)
     monkeypatch.undo()
+    assert exit_info.value.code == 130  # Ctrl-C
     assert complete_checkpoints(run) == ["ppg_1024_steps", "ppg_768_steps"]
     with pytest.warns(UserWarning, match=r"continuing from ppg_768_steps"):
         train.main(resume)

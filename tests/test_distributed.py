@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch as th
+from gymnasium.envs.classic_control import CartPoleEnv
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.running_mean_std import RunningMeanStd
+from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppg import PPG
 from sb3_ppg.common import data_parallel, distributed
@@ -202,6 +204,20 @@ def test_mismatched_hyperparameters(equality_runs):
     assert "the ranks disagree" in errors[0] and "n_epochs: rank 0 has 1, rank 1 has 2" in errors[0]
 
 
+def test_ranks_on_other_envs(equality_runs):
+    """Ranks on CartPole-v1 and CartPole-v0 (same spaces) stop at learn() with the same error naming both ids."""
+    errors = [result["env_mismatch"]["error"] for result in equality_runs[0]]
+    assert errors[0] is not None and errors[0] == errors[1]
+    assert "the ranks disagree" in errors[0]
+    assert "env_ids: rank 0 has ['CartPole-v1', 'CartPole-v1'], rank 1 has ['CartPole-v0', 'CartPole-v0']" in errors[0]
+
+
+def test_env_ids(make_model):
+    """The ids the ranks compare: gymnasium's spec id, or the class of an env made without gymnasium.make."""
+    assert data_parallel.env_ids(make_model(n_envs=2).env) == ["CartPole-v1", "CartPole-v1"]
+    assert data_parallel.env_ids(DummyVecEnv([CartPoleEnv])) == ["CartPoleEnv"]
+
+
 def test_learn_starts_from_rank_0(equality_runs):
     """Parameters, Adam moments and VecNormalize statistics changed on rank 1 are rank 0's again at learn()."""
     rank0, rank1 = (result["resync"] for result in equality_runs[0])
@@ -255,6 +271,10 @@ def test_torchrun_end_to_end(tmp_path, n_nodes):
                 launcher.kill()
     rank0, rank1 = results(tmp_path)
     assert [rank0["local_rank"], rank1["local_rank"]] == ([0, 1] if n_nodes == 1 else [0, 0])
+    # overlap_rollouts over each rank's 2 env groups: the same run as without early starts, the same on both ranks
+    for rank in (rank0, rank1):
+        assert_identical(rank["overlapped"], rank["sequential"])
+    assert_identical(rank0["overlapped"], rank1["overlapped"])
     assert_identical(rank0["final"], rank1["final"])
     assert rank0["num_timesteps"] == rank1["num_timesteps"] == 4 * 16 * 4
     assert rank0["n_aux_phases"] == rank1["n_aux_phases"] == 2

@@ -36,8 +36,9 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import sb3_ppg.ppg.ppg as ppg_module
 from sb3_ppg import PPG
+from sb3_ppg.common import optim
 from sb3_ppg.common.buffers import AuxiliaryBuffer, env_minibatches, flatten_rollout_buffer
-from sb3_ppg.common.utils import clip_gradients
+from sb3_ppg.common.optim import clip_gradients
 from sb3_ppg.procgen import get_procgen_preset
 
 FIXTURES = Path(__file__).parent / "data" / "fidelity"
@@ -352,7 +353,7 @@ def replay_cleanrl(
     record_phases(model, results, partial(max_difference, model, data, name_map=cleanrl_name, arch="detach"), old_logits)
     inject_aux_permutations(model, list(data["aux_inds"]))
     if gradient_leak:
-        monkeypatch.setattr(ppg_module, "clip_gradients", CleanRLGradientLeak())
+        monkeypatch.setattr(optim, "clip_gradients", CleanRLGradientLeak())
     for iteration in range(meta["n_iterations"]):
         recorded = {key: data[f"it{iteration}/{key}"] for key in ("obs", "actions", "rewards", "dones", "values", "logprobs")}
         arrays = dict(

@@ -167,10 +167,10 @@ def run_case(name: str) -> dict[str, Any]:
     model = PPG(policy, env, device="cpu", **params)
     model.learn(total_timesteps)
     env.close()
-    assert model._n_aux_phases >= 1, f"{name} must reach an auxiliary phase"
+    assert model.n_aux_phases >= 1, f"{name} must reach an auxiliary phase"
     return {
         "checksum": state_checksum(model),
-        "n_aux_phases": model._n_aux_phases,
+        "n_aux_phases": model.n_aux_phases,
         "param_abs_sum": float(sum(p.detach().abs().sum().item() for p in model.policy.parameters())),
     }
 

@@ -11,6 +11,10 @@ import torch as th
 
 from sb3_ppg import PPG
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 INTEGER_HYPERPARAMETERS = (
     "n_steps",
     "batch_size",
@@ -89,7 +93,7 @@ def test_schedules_reaching_zero_are_fine(make_model):
     model = make_model(learning_rate=lambda p: 1e-3 * p, clip_range=lambda p: 0.2 * p, clip_range_vf=lambda p: p)
     model.learn(64)
     # The last iteration ran at progress 0: a learning rate and clip ranges of 0, accepted
-    assert model.num_timesteps == 64 and model._n_aux_phases == 2
+    assert model.num_timesteps == 64 and model.n_aux_phases == 2
     assert model.policy.optimizer.param_groups[0]["lr"] == 0.0
     logged = model.logger.name_to_value
     assert logged["train/clip_range"] == 0.0 and logged["train/clip_range_vf"] == 0.0
@@ -107,7 +111,7 @@ def test_schedules_are_evaluated_at_progress_zero_after_the_total(make_model):
 
     model = make_model(learning_rate=learning_rate, clip_range=lambda p: 0.2 * p, aux_learning_rate=lambda p: 1e-3 * p)
     model.learn(40)
-    assert model.num_timesteps == 48 and model._n_aux_phases == 1
+    assert model.num_timesteps == 48 and model.n_aux_phases == 1
     assert min(seen) == 0.0 and model._current_progress_remaining == 0.0
     assert model.policy.optimizer.param_groups[0]["lr"] == 0.0
 
@@ -119,7 +123,7 @@ def test_valid_integer_and_float_types_still_train(make_model):
     # The NumPy integer is a Python int; the NumPy floats are used as the numbers they are
     assert type(model.n_aux_epochs) is int and model.gamma == np.float32(0.99)
     assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
-    assert model.num_timesteps == 32 and model._n_aux_phases == 1
+    assert model.num_timesteps == 32 and model.n_aux_phases == 1
     assert not all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
 
 

@@ -21,6 +21,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
 from sb3_ppg.ppg_mask.distributions import make_maskable_distribution, masked_kl_divergence
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 # One auxiliary phase every 2 iterations of 16 steps, one-rollout aux minibatches, a 16-unit MLP (tests/small_model.py)
 SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1)
 
@@ -75,7 +79,7 @@ def test_identity_reaches_maskable_ppo_reward():
         aux_batch_rollouts=1, learning_rate=3e-4,
     )  # fmt: skip
     model.learn(3000)
-    assert model._n_aux_phases == 3
+    assert model.n_aux_phases == 3
     evaluate_policy(model, env, n_eval_episodes=20, reward_threshold=90, warn=False)
     assert count_invalid_actions(model, env, 300) == 0
 
@@ -89,7 +93,7 @@ def test_each_action_space_learns_and_never_picks_an_invalid_action(space):
     env = SOME_INVALID[space]()
     model = small_maskable(env)
     model.learn(64)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     assert count_invalid_actions(model, env, 200) == 0
     env = ONLY_RIGHT_ACTION[space]()
     model = small_maskable(env).learn(32)
@@ -209,7 +213,7 @@ def test_same_updates_as_ppg_without_masks(make_env, use_masking, arch):
     policy_kwargs = dict(net_arch=[16], arch=arch)
     ppg = PPG("MlpPolicy", make_env(), policy_kwargs=policy_kwargs, seed=0, **SMALL).learn(64)
     maskable = small_maskable(make_env(), policy_kwargs=policy_kwargs).learn(64, use_masking=use_masking)
-    assert maskable._n_aux_phases == ppg._n_aux_phases == 2
+    assert maskable.n_aux_phases == ppg.n_aux_phases == 2
     expected, actual = ppg.policy.state_dict(), maskable.policy.state_dict()
     assert expected.keys() == actual.keys()
     for name in expected:
@@ -292,7 +296,7 @@ def test_save_load_and_aux_buffer_file(tmp_path):
         assert actions == [loaded.predict(obs, action_masks=masks, deterministic=deterministic)[0] for _ in range(10)]
         assert all(masks[int(action)] for action in actions)
     loaded.learn(32, reset_num_timesteps=False)
-    assert loaded._n_aux_phases == 1
+    assert loaded.n_aux_phases == 1
     # A PPG model cannot take the masked buffer
     ppg = PPG("MlpPolicy", InvalidActionEnvDiscrete(dim=20), **{**SMALL, "n_policy_iters": 3})
     with pytest.raises(ValueError, match="mask_dims: buffer 20 != model 0"):
@@ -337,7 +341,7 @@ class ToDictWrapper(gym.Wrapper):
 def test_dict_observations():
     env = ToDictWrapper(InvalidActionEnvDiscrete(dim=20, n_invalid_actions=19))
     model = small_maskable(env, "MultiInputPolicy").learn(32)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     evaluate_policy(model, env, reward_threshold=99, warn=False)
 
 
@@ -352,7 +356,7 @@ def test_vec_normalize_and_maskable_eval_callback(tmp_path):
     eval_env = VecNormalize(make_vec_env(make_env, n_envs=1, seed=1), training=False)
     callback = MaskableEvalCallback(eval_env, eval_freq=16, n_eval_episodes=2, log_path=str(tmp_path), warn=False)
     model = small_maskable(env).learn(64, callback=callback)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     results = np.load(tmp_path / "evaluations.npz")["results"]
     assert results.shape == (2, 2) and (results == 100).all()
     mean_reward, _ = evaluate_policy(model, eval_env, n_eval_episodes=2, warn=False)
@@ -418,7 +422,7 @@ def test_command_line_trains_maskable_ppg(tmp_path):
     train.main([*common, "-n", "512", *options, "n_policy_iters:2", *kwargs])
     run_folder = tmp_path / "maskable_ppg" / "sb3_ppg-InvalidActionEnvDiscrete-v0_1"
     model = MaskablePPG.load(run_folder / "sb3_ppg-InvalidActionEnvDiscrete-v0.zip", device="cpu")
-    assert model.num_timesteps == 512 and model._n_aux_phases == 4
+    assert model.num_timesteps == 512 and model.n_aux_phases == 4
     assert model.n_steps == 64 and model.gamma == 0.4  # -params over the packaged file
     with np.load(run_folder / "evaluations.npz") as evaluations:
         assert list(evaluations["timesteps"]) == [256, 512]
@@ -512,7 +516,7 @@ def test_same_updates_as_ppg_with_whole_env_minibatches():
     settings = dict(SMALL, batch_size=16, policy_minibatches="envs", policy_kwargs=dict(net_arch=[16]), seed=0)
     ppg = PPG("MlpPolicy", make_env(), **settings).learn(128)
     maskable = MaskablePPG("MlpPolicy", make_env(), **settings).learn(128)
-    assert maskable._n_aux_phases == ppg._n_aux_phases == 2
+    assert maskable.n_aux_phases == ppg.n_aux_phases == 2
     expected, actual = ppg.policy.state_dict(), maskable.policy.state_dict()
     for name in expected:
         assert th.equal(expected[name], actual[name]), name

@@ -12,7 +12,8 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.type_aliases import RolloutBufferSamples
 
 from sb3_ppg import PPG
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples, split_minibatch, split_observations
+from sb3_ppg.common.buffers import AuxiliaryBufferSamples
+from sb3_ppg.common.optim import split_minibatch, split_observations
 from sb3_ppg.common.precision import AUTO_CPU_MICRO_BATCH_SIZE, resolve_micro_batch_size
 
 # Plain SGD keeps float-rounding differences of the gradients at that size in the parameters (Adam can turn a
@@ -31,7 +32,7 @@ def train(make_model: Any, micro_batch_size: int | None, env_id: Any = "CartPole
     env = make_vec_env(env_id, n_envs=2, seed=0)
     model = run_in_float64(make_model(env, policy, SGD, micro_batch_size=micro_batch_size, **{**CONFIG, **overrides}))
     model.learn(64)
-    assert model._n_aux_phases == (1 if model.n_aux_epochs else 0)
+    assert model.n_aux_phases == (1 if model.n_aux_epochs else 0)
     return model
 
 
@@ -64,7 +65,7 @@ def test_micro_batches_bound_every_forward_pass(make_model):
         if isinstance(module, BaseFeaturesExtractor):
             module.register_forward_hook(lambda module, inputs, output: batch_sizes.append(len(inputs[0])))
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     assert max(batch_sizes) == 6 and 2 in batch_sizes  # 32 = 5 x 6 + 2 (and the rollouts' 2 envs)
 
 

@@ -169,3 +169,149 @@ def test_paper_table_end_to_end(paper, tmp_path, capsys):
         paper.main([*args, "--n-steps", "32"])
     with pytest.raises(SystemExit, match=r"starpilot ppg seed 0 was completed at 512 env steps and its checkpoints"):
         paper.main([*args, "--total-timesteps", "1024"])
+
+
+def test_paper_table_refuses_duplicate_runs(paper, capsys):
+    """The same game, algorithm or seed twice is one run counted once: refused (it looped, never complete, issue 29)."""
+    for option, value, repeated in (("--seeds", "0,1,0", "0"), ("--games", "starpilot,bigfish,starpilot", "starpilot")):
+        with pytest.raises(SystemExit):
+            paper.parse_args([option, value])
+        assert f"error: {option} names {repeated} more than once" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        paper.parse_args(["--algos", "ppo,ppg,ppo,ppg"])
+    assert "error: --algos names ppo, ppg more than once" in capsys.readouterr().err
+
+
+#: A run's logs at a checkpoint after 256 env steps (rollouts of 128): the curve's rows agree with the episodes (the
+#: mean return of the episodes so far, their count)
+CURVE = "128,1.5,2\n256,2.5,4\n"
+EPISODES = "100,1,10\n120,2,20\n200,3,30\n250,4,40\n"
+
+
+@pytest.mark.parametrize(
+    "curve, episodes, steps",
+    [
+        # A kill cut the appends of the rollout after the checkpoint short: unfinished last lines
+        (CURVE + "384,3.5", EPISODES + "300,5", 256),
+        (CURVE + "384,3.5,6\n512,", EPISODES + "300,5,50\n400,6", 256),
+        # Garbled lines that can only come after the checkpoint: after its curve row, after an episode past it
+        (CURVE + "384,3.5\n512,4.5,8\n", EPISODES + "300,5,50\n3x0,6,60\n", 256),
+        (CURVE + "3,8,4,3.5,6\n", EPISODES + "300,5,50\n400,six,60\n", 256),
+        ("128,1.5,2\n256,2.5\n", "100,1,10\n120,2,20\n200,3,30\n200,4\n", 128),
+        # A new run (no checkpoint): every row goes
+        ("12x,1.5,2\n", "100,1\n", 0),
+    ],
+)
+def test_resume_cuts_a_damaged_log_back_to_the_checkpoint(tmp_path, curve, episodes, steps):
+    """A damaged line after the checkpoint goes with the rows after it; the logs are then whole (issue 29)."""
+    learning = load_script("procgen_learning")
+    (tmp_path / "curve.csv").write_text(curve)
+    (tmp_path / "episodes.csv").write_text(episodes)
+    learning.cut_logs(str(tmp_path), steps, "starpilot ppg seed 0")
+    expected_curve = read_rows_of(CURVE)
+    expected_episodes = read_rows_of(EPISODES)
+    assert read_rows(tmp_path / "curve.csv").tolist() == expected_curve[expected_curve[:, 0] <= steps].tolist()
+    assert read_rows(tmp_path / "episodes.csv").tolist() == expected_episodes[expected_episodes[:, 0] <= steps].tolist()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["curve.csv", "episodes.csv"]
+
+
+def read_rows_of(text: str) -> np.ndarray:
+    """The rows of a log's text."""
+    return np.array([[float(value) for value in line.split(",")] for line in text.splitlines()]).reshape(-1, 3)
+
+
+@pytest.mark.parametrize(
+    "name, text, steps, damage",
+    [
+        # A garbled line before the checkpoint's rows
+        ("curve.csv", "12x,1.5,2\n256,2.5,4\n", 256, "line 1 is not three numbers"),
+        ("curve.csv", "128,1.5\n256,2.5,4\n", 256, "line 1 has 2 fields, not 3"),
+        ("episodes.csv", "100,1,10\n120,2\n200,3,30\n250,4,40\n", 256, "line 2 has 2 fields, not 3"),
+        ("episodes.csv", "100,1,10\n120,2,20\n20,3,30\n250,4,40\n", 256, "line 3 goes back to 20 env steps after 120"),
+        # An unfinished last line whose episodes before it are not the curve's at the checkpoint (a log cut short by
+        # something else than an append: the curve's row at 256 counts 4 episodes)
+        ("episodes.csv", "100,1,10\n120,2,20\n200,3", 256, "line 3 is unfinished"),
+        # ... or their mean return differs (one episode too few of 100)
+        ("episodes.csv", "".join(f"{i},{i % 3},1\n" for i in range(1, 101)) + "256,7", 256, "line 101 is unfinished"),
+    ],
+)
+def test_resume_names_a_damaged_log_it_cannot_cut(tmp_path, name, text, steps, damage):
+    """A damaged line that may hide rows up to the checkpoint: a one-line error naming the file, the run, what to delete."""
+    learning = load_script("procgen_learning")
+    logs = {"curve.csv": CURVE, "episodes.csv": EPISODES}
+    if text.count("\n") >= 100:  # the curve's last 100 episodes: those of the log but the first, and one of return 2
+        logs["curve.csv"] = f"128,1.5,2\n256,{np.mean([i % 3 for i in range(2, 101)] + [2])},100\n"
+    logs[name] = text
+    for log, content in logs.items():
+        (tmp_path / log).write_text(content)
+    with pytest.raises(learning.DamagedLogError) as error:
+        learning.cut_logs(str(tmp_path), steps, "starpilot ppg seed 0")
+    message = str(error.value)
+    assert "\n" not in message and damage in message
+    assert f"The log {tmp_path / name} of run starpilot ppg seed 0 is damaged" in message
+    assert f"delete the run's folder {tmp_path} to train the run again" in message
+    for log, content in logs.items():  # nothing rewritten
+        assert (tmp_path / log).read_text() == content
+
+
+def test_a_kill_while_logs_are_cut_back_leaves_them_whole(tmp_path, monkeypatch):
+    """The cut-back rewrites each log through a temporary file: until it replaces the log, the log is untouched."""
+    learning = load_script("procgen_learning")
+    (tmp_path / "curve.csv").write_text(CURVE)
+    (tmp_path / "episodes.csv").write_text(EPISODES)
+
+    def killed(*_):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(learning.os, "replace", killed)
+        with pytest.raises(KeyboardInterrupt):
+            learning.cut_logs(str(tmp_path), 128, "starpilot ppg seed 0")
+    assert (tmp_path / "curve.csv").read_text() == CURVE and (tmp_path / "episodes.csv").read_text() == EPISODES
+    # The next resume cuts them, and removes the temporary file the kill left
+    learning.cut_logs(str(tmp_path), 128, "starpilot ppg seed 0")
+    assert (tmp_path / "curve.csv").read_text() == "128,1.5,2\n"
+    assert (tmp_path / "episodes.csv").read_text() == "100,1,10\n120,2,20\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["curve.csv", "episodes.csv"]
+
+
+def test_paper_table_damaged_logs(paper, tmp_path):
+    """
+    A garbled curve.csv or episodes.csv (issue 29): after the checkpoint, the next invocation cuts it back and goes on;
+    before it, and in a complete run's logs (--report-only), a one-line error names the file, the run, what to delete.
+    """
+    folder = tmp_path / "runs"
+    args = ["--games", "bossfight", "--algos", "ppo", "--seeds", "0", "--total-timesteps", "256", "--n-envs", "8"]
+    args += ["--n-steps", "16", "--channels", "2,2,2", "--score-episodes", "4", "--device", "cpu"]
+    args += ["--folder", str(folder)]
+    run = folder / "bossfight_ppo_seed0"
+    assert not paper.main([*args, "--chunk-minutes", "0"])
+    curve = (run / "curve.csv").read_text()
+    assert read_rows(run / "curve.csv")[:, 0].tolist() == [128]
+
+    # A garbled line before the checkpoint's row: the run cannot go on
+    (run / "curve.csv").write_text("1x8,0.5\n" + curve)
+    with pytest.raises(SystemExit) as error:
+        paper.main(args)
+    message = str(error.value.code)
+    assert f"The log {run / 'curve.csv'} of run bossfight ppo seed 0 is damaged: line 1 has 2 fields" in message
+    assert f"delete the run's folder {run} to train the run again from the start" in message and "\n" not in message
+    # In progress, the report shows the run's curve up to the damage
+    assert not paper.main([*args, "--report-only"])
+
+    # Garbled lines after it (a non-numeric line, an unfinished one): cut back, the run completes
+    (run / "curve.csv").write_text(curve + "256,nope,3\n")
+    with open(run / "episodes.csv", "a") as file:
+        file.write("250,1.")
+    assert paper.main(args)
+    assert read_rows(run / "curve.csv")[:, 0].tolist() == [128, 256]
+    episodes = read_rows(run / "episodes.csv")
+    assert np.all(np.diff(episodes[:, 0]) >= 0) and episodes[-1, 0] <= 256
+
+    # A complete run's damaged log: --report-only names it
+    (run / "episodes.csv").write_text((run / "episodes.csv").read_text() + "256,3.5,120,7\n")
+    with pytest.raises(SystemExit) as error:
+        paper.main([*args, "--report-only"])
+    message = str(error.value.code)
+    assert f"The log {run / 'episodes.csv'} of run bossfight ppo seed 0 is damaged: line {len(episodes) + 1} has 4" in message
+    assert f"delete the run's folder {run}" in message

@@ -240,6 +240,59 @@ def test_seeds_of_different_lengths(tmp_path: Path, capsys):
     assert png_size(tmp_path / "x.png") == (800, 500)
 
 
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        (b"garbage\nmore garbage\n", 1),  # pandas' KeyError: 't' (issue 29)
+        (b'#{"t_start": 1.0}\nr,l,t\n1.5,10,0.5\n2.5,10,0.6,9\n3.5,10,0.7\n', 4),  # a line of 4 fields
+        (b'#{"t_start": 1.0}\r\nr,l,t\r\n1.5,10,0.5\r\nnan?,10,0.6\r\n', 4),  # not a number
+        (b'#{"t_start": 1.0}\nr,l,t\n1.5,10,0.5\n\n3.5,10,0.7\n', 4),  # an empty line
+        (b'#{"t_start: 1.0}\nr,l,t\n1.5,10,0.5\n', 1),  # a broken header
+        (b'#{"t_start": 1.0}\nr,l,t\n1.5,10,0.5\n\xff\xfe,10,0.6\n', 4),  # not UTF-8
+    ],
+)
+def test_a_damaged_monitor_file_is_named(tmp_path: Path, text: bytes, line: int):
+    """
+    A damaged monitor file stops the plot with a one-line error naming the file and the line, even when the other
+    runs are fine (a seed left out would change the mean over seeds): SB3's own load_results also refuses it.
+    """
+    write_monitor(tmp_path / "logs" / "CartPole-v1_1" / "0.monitor.csv", 20, seed=0)
+    damaged = tmp_path / "logs" / "CartPole-v1_2" / "0.monitor.csv"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(text)
+    with pytest.raises(SystemExit) as error:
+        plot.main([str(tmp_path / "logs"), "-o", str(tmp_path / "x.png")])
+    message = str(error.value.code)
+    assert message.startswith(f"error: {damaged} is not a readable SB3 monitor file: line {line} ")
+    assert "\n" not in message and "Repair or remove that file, or plot the other runs." in message
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_an_unfinished_last_line_of_a_monitor_file_is_left_out(tmp_path: Path):
+    """A run still writing its monitor file (or killed mid-line): its unfinished last episode is not plotted."""
+    path = tmp_path / "run_1" / "0.monitor.csv"
+    write_monitor(path, 5, seed=0)
+    lengths = pd.read_csv(path, skiprows=1)["l"].to_numpy()
+    with open(path, "a") as file_handler:
+        file_handler.write("7.5,12")
+    (curve,) = plot.load_curves([str(path)])
+    np.testing.assert_array_equal(curve.steps, np.cumsum(lengths))
+
+
+def test_plot_writes_and_names_the_png(tmp_path: Path, monkeypatch, capsys):
+    """``-o name`` writes name.png and says so (it said ``name``); ``~`` is the home folder (issue 29)."""
+    write_monitor(tmp_path / "logs" / "run_1" / "0.monitor.csv", 10, seed=0)
+    monkeypatch.chdir(tmp_path)
+    plot.main(["logs", "-o", "curves"])
+    assert capsys.readouterr().out == f"Learning curves written to {tmp_path / 'curves.png'}\n"
+    assert png_size(tmp_path / "curves.png") == (800, 500) and not (tmp_path / "curves").exists()
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    plot.main(["~/../logs", "-o", "~/plots/curves.png"])
+    assert capsys.readouterr().out == f"Learning curves written to {tmp_path / 'home' / 'plots' / 'curves.png'}\n"
+    assert png_size(tmp_path / "home" / "plots" / "curves.png") == (800, 500) and not (tmp_path / "~").exists()
+
+
 def test_plot_paper_over_an_easy_run_says_so(zoo_logs: Path, tmp_path: Path):
     """--paper draws the paper's hard-mode curves: over an easy-mode run (its config.yml) it warns, and the plot says
     so; over a hard-mode run (or one without a mode: procgen's default) it does not."""

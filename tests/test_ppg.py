@@ -17,6 +17,10 @@ from sb3_ppg.common.distributions import kl_divergence_from_params
 from sb3_ppg.common.precision import PHASES, resolve_precision
 from sb3_ppg.ppg import losses
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 
 def adam_steps(optimizer: th.optim.Optimizer) -> int:
     """Largest Adam step count over the optimizer's parameters (0 if it never stepped)."""
@@ -38,7 +42,7 @@ def test_smoke_procgen_cnn_like_cleanrl():
     model = PPG("ProcgenCnn", env, n_steps=64, batch_size=32, n_policy_iters=1, n_aux_epochs=1, aux_batch_rollouts=1, seed=0)
     model.learn(128)
     assert model.num_timesteps == 128
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     assert model.aux_buffer.observations.dtype == np.uint8
     assert model.aux_buffer.observations.shape == (1, 64, 3, 64, 64)
 
@@ -59,16 +63,27 @@ def test_aux_phase_cadence_and_update_counts(make_model, n_envs, n_policy_iters,
     )
     iterations = 2 * n_policy_iters + 1
     model.learn(iterations * 8 * n_envs)
-    assert model._n_aux_phases == iterations // n_policy_iters
+    assert model.n_aux_phases == iterations // n_policy_iters
     # What is left waits in the buffer for the next phase
     assert model.aux_buffer.n_iterations == iterations % n_policy_iters
     n_batches = -(-(n_policy_iters * n_envs) // aux_batch_rollouts)
     steps_per_epoch = -(-n_batches // accum)
-    assert model._n_aux_updates == model._n_aux_phases * 2 * steps_per_epoch
+    assert model._n_aux_updates == model.n_aux_phases * 2 * steps_per_epoch
     # The paper's default: E_aux * N_pi * n_envs / rollouts per minibatch optimizer steps per phase
     assert adam_steps(model.aux_optimizer) == model._n_aux_updates
     # No gradient left behind after a phase (nothing spills into the next epoch or phase)
     assert all(p.grad is None for p in model.policy.parameters())
+
+
+def test_n_aux_phases_is_public_and_read_only(make_model, tmp_path):
+    """``model.n_aux_phases`` counts the auxiliary phases, is saved with the model and cannot be set."""
+    model = make_model(n_policy_iters=1)
+    model.learn(2 * 16)
+    assert model.n_aux_phases == 2
+    with pytest.raises(AttributeError):
+        model.n_aux_phases = 0
+    model.save(tmp_path / "model")
+    assert PPG.load(tmp_path / "model", device="cpu").n_aux_phases == 2
 
 
 def test_paper_default_aux_update_count():
@@ -82,7 +97,7 @@ def test_paper_default_aux_update_count():
 def test_first_aux_minibatch_has_zero_kl_and_kl_grows(make_model):
     model = make_model(n_aux_epochs=2)
     model.learn(2 * 16)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     # Refill the buffer without an aux phase, then check the first minibatch by hand
     model.aux_buffer.reset()
     model.learn(16, reset_num_timesteps=False)
@@ -373,7 +388,7 @@ def test_no_aux_epochs_is_plain_ppo():
         th.testing.assert_close(param, ppg_params[name], rtol=0.0, atol=1e-10, msg=name)
     # ... and the update did move the weights
     assert not th.allclose(ppo.policy.action_net.weight, initial_action_weight)
-    assert ppg._n_aux_phases == 0
+    assert ppg.n_aux_phases == 0
 
 
 def test_learn_warns_when_it_ends_before_the_first_aux_phase(make_model):
@@ -389,7 +404,7 @@ def test_learn_warns_when_it_ends_before_the_first_aux_phase(make_model):
     assert [str(warning.message) for warning in warned] == [message]
     # The warning points at the caller's learn()
     assert warned[0].filename == __file__
-    assert model._n_aux_phases == 0 and model.aux_buffer.n_iterations == 3
+    assert model.n_aux_phases == 0 and model.aux_buffer.n_iterations == 3
     # A total inside a rollout: SB3 runs that rollout to its end, and the warning says where it stops
     model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
     with pytest.warns(UserWarning, match=r"learn\(total_timesteps=65\) stops at step 96, before .* at step 128 .* most 3"):
@@ -404,7 +419,7 @@ def test_learn_does_not_warn_when_the_aux_phase_runs(make_model, total_timesteps
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.learn(total_timesteps)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
 
 
 def test_ppo_mode_never_warns_about_the_aux_phase(make_model):
@@ -433,12 +448,12 @@ def test_resumed_learn_counts_the_stored_rollouts_for_the_aux_phase_warning(make
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             model.learn(32, reset_num_timesteps=False)
-    assert model._n_aux_phases == 1 and model.num_timesteps == 160
+    assert model.n_aux_phases == 1 and model.num_timesteps == 160
     # A new run (reset_num_timesteps=True) keeps the stored rollouts too: 1 of 4 stored, 3 rollouts (96 steps) to go
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.learn(96)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
 
 
 def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
@@ -450,7 +465,8 @@ def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
     assert model.aux_buffer.nbytes == 4 * 2 * 16 * (16 + 12)
     line = (
         "Auxiliary buffer: n_policy_iters * n_envs * n_steps = 4 * 2 * 16 steps of 28 bytes (16 of observations), "
-        "3.6 kB, taken as rollouts arrive; next auxiliary phase at step 128."
+        "3.6 kB, taken as rollouts arrive; next auxiliary phase at step 128. It lives in CPU memory "
+        "(aux_buffer_device='cpu')."
     )
     assert line in (tmp_path / "log.txt").read_text().splitlines()
 
@@ -515,7 +531,7 @@ def test_continuous_actions_and_single_network_archs_run(make_model):
     for arch in ("detach", "shared"):
         model = make_model("Pendulum-v1", policy_kwargs=dict(arch=arch, net_arch=[16]))
         model.learn(2 * 16)
-        assert model._n_aux_phases == 1
+        assert model.n_aux_phases == 1
         assert model.aux_buffer.old_distribution_params.shape[-1] == 2  # mean and log std of 1 action
 
 
@@ -538,7 +554,7 @@ def test_channels_last_and_nchw_train_to_the_same_parameters(make_model):
         initial.append(params_of(model.policy))
         # One iteration (the same rollout: same initial weights), its policy phase and an aux phase
         model.learn(16)
-        assert model._n_aux_phases == 1
+        assert model.n_aux_phases == 1
         trained.append(params_of(model.policy))
     assert all(th.equal(a, b) for a, b in zip(*initial, strict=True))
     moved = max((a - b).abs().max().item() for a, b in zip(trained[0], initial[0], strict=True))
@@ -567,9 +583,9 @@ def test_bf16_precision_trains_and_stays_close(make_model, precision):
     # an aux phase too (regression: the policy phase's precision used to stay on for the next rollout)
     expected_dtype = th.bfloat16 if precision == "bf16" or precision.get("rollout") == "bf16" else th.float32
     model.learn(16)
-    assert model._n_aux_phases == 0 and model.policy.compute_dtype == expected_dtype
+    assert model.n_aux_phases == 0 and model.policy.compute_dtype == expected_dtype
     model.learn(16, reset_num_timesteps=False)
-    assert model._n_aux_phases == 1 and model.policy.compute_dtype == expected_dtype
+    assert model.n_aux_phases == 1 and model.policy.compute_dtype == expected_dtype
     assert all(th.isfinite(p).all() for p in model.policy.parameters())
 
 
@@ -626,7 +642,7 @@ def test_float64_policy_trains_in_float64(make_model):
     assert np.any(stored != stored.astype(np.float32))  # float64 values, not float32 ones stored in float64
     initial = params_of(model.policy)
     model.learn(16 * 2, reset_num_timesteps=False)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     assert not same_params(initial, params_of(model.policy))
     assert all(parameter.dtype == th.float64 and th.isfinite(parameter).all() for parameter in model.policy.parameters())
     for optimizer in model._optimizers():

@@ -105,3 +105,58 @@ def test_lost_env_freed_by_the_garbage_collector_cannot_deadlock():
 
     threading.Thread(target=collect_under_cffi_lock, daemon=True).start()
     assert done.wait(60), "closing a lost env needed cffi's lock: deadlock"
+
+
+LIBGL_MISSING = (
+    "cannot load library '/venv/site-packages/procgen/data/prebuilt/libenv.so': libGL.so.1: cannot open shared object "
+    "file: No such file or directory"
+)
+
+
+class LibraryMissing:
+    """Stands in for procgen's env class (or procgen-gym's package) on a server without libGL: loading fails."""
+
+    def __init__(self, *args, **kwargs):
+        raise OSError(LIBGL_MISSING)
+
+
+@pytest.mark.parametrize("where", ["procgen", "procgen-gym", "import"])
+def test_missing_system_library_names_the_packages(monkeypatch, where):
+    """
+    On a headless server or a CUDA image without libGL, procgen's libenv.so fails to load: the error names the
+    Debian / Ubuntu packages to install (on main it was procgen's bare OSError).
+    """
+    import importlib
+
+    from sb3_ppg.procgen import backend as backend_module
+
+    if where == "import":
+        real_import = importlib.import_module
+
+        def import_module(name, *args):
+            if name == "procgen":
+                raise OSError(LIBGL_MISSING)
+            return real_import(name, *args)
+
+        monkeypatch.setattr(backend_module.importlib, "import_module", import_module)
+        backend_module.backend.cache_clear()
+        try:
+            with pytest.raises(OSError) as error:
+                backend_module.backend()
+        finally:
+            monkeypatch.undo()
+            backend_module.backend.cache_clear()
+    else:
+        installed = backend_module.backend()
+        if where == "procgen":
+            fake = installed._replace(gym3_env_class=LibraryMissing)
+        else:
+            fake = installed._replace(
+                gym3_env_class=None, procgen_gym=type("procgen_gym", (), {"ProcgenVecEnv": LibraryMissing})
+            )
+        monkeypatch.setattr(backend_module, "backend", lambda: fake)
+        with pytest.raises(OSError) as error:
+            make_procgen_env("coinrun", 1)
+    message = str(error.value)
+    assert "libGL.so.1: cannot open shared object file" in message
+    assert "apt-get install -y libgl1 libglib2.0-0 libx11-6" in message and "headless" in message

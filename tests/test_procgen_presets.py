@@ -71,7 +71,7 @@ def test_ppg_kwargs_build_the_model(name):
     assert model.max_grad_norm == preset.algorithm_kwargs["max_grad_norm"]
     assert model.separate_aux_optimizer == preset.algorithm_kwargs["separate_aux_optimizer"]
     model.learn(2 * 8 * 2)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     env.close()
 
 

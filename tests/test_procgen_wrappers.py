@@ -153,7 +153,7 @@ def test_ppg_procgen_cnn_trains_with_aux_phase():
         device="cpu",
     )
     model.learn(n_envs * n_steps * n_policy_iters * 2)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     assert model.aux_buffer.observations.dtype == np.uint8
     env.close()
 

@@ -20,6 +20,10 @@ from sb3_ppg.common.buffers import AuxiliaryBuffer
 from sb3_ppg.common.distributions import get_distribution_params
 from sb3_ppg.ppg.policies import PPGPolicy
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 ARCHS = ("dual", "detach", "shared")
 
 # (policy alias, env name, policy kwargs): small networks to keep the tests fast
@@ -99,7 +103,7 @@ def test_save_load_predictions(tmp_path, case, arch, make_model):
     env = make_env(env_name)
     model = make_model(env, policy, {**policy_kwargs, "arch": arch})
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     observations = sample_observations(make_env(env_name))
     actions, _ = model.predict(observations, deterministic=True)
     params = model.get_parameters()
@@ -110,7 +114,7 @@ def test_save_load_predictions(tmp_path, case, arch, make_model):
     assert type(loaded.policy) is type(model.policy)
     assert loaded.policy.arch == arch
     assert loaded.policy.share_features_extractor == (arch != "dual")
-    assert loaded._n_aux_phases == 1
+    assert loaded.n_aux_phases == 1
     assert_same_state(params, loaded.get_parameters())
     assert_same_outputs(model.policy, loaded.policy, observations)
     loaded_actions, _ = loaded.predict(observations, deterministic=True)
@@ -120,7 +124,7 @@ def test_save_load_predictions(tmp_path, case, arch, make_model):
     # A loaded model keeps learning
     loaded.learn(64, reset_num_timesteps=False)
     assert loaded.num_timesteps == 128
-    assert loaded._n_aux_phases == 2
+    assert loaded.n_aux_phases == 2
 
 
 def test_save_load_gsde(tmp_path, make_model):
@@ -185,7 +189,7 @@ def test_continue_training_after_load_matches_in_memory_model(tmp_path, kwargs, 
     for agent in (model, loaded):
         agent.set_random_seed(1)
         agent.learn(64, reset_num_timesteps=False)
-        assert agent._n_aux_phases == 2
+        assert agent.n_aux_phases == 2
     assert_same_state(model.get_parameters(), loaded.get_parameters())
 
 
@@ -237,7 +241,7 @@ def test_load_with_different_n_envs(tmp_path, new_n_envs, make_model):
     params_before = [param.detach().clone() for param in loaded.policy.parameters()]
     loaded.learn(2 * 16 * new_n_envs, reset_num_timesteps=False)
     assert loaded.num_timesteps == 64 + 2 * 16 * new_n_envs
-    assert loaded._n_aux_phases == 2
+    assert loaded.n_aux_phases == 2
     assert not all(th.equal(a, b) for a, b in zip(params_before, loaded.policy.parameters(), strict=True))
 
 
@@ -262,10 +266,10 @@ def test_set_env_with_different_n_envs(make_model):
 
     # The next aux phase comes after n_policy_iters new iterations
     model.learn(2 * 16 * 3, reset_num_timesteps=False)
-    assert model._n_aux_phases == 0
+    assert model.n_aux_phases == 0
     assert model.aux_buffer.n_rollouts == 6
     model.learn(16 * 3, reset_num_timesteps=False)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     assert model.num_timesteps == 32 + 3 * 16 * 3
 
     # An empty aux buffer loses nothing: no warning
@@ -273,17 +277,18 @@ def test_set_env_with_different_n_envs(make_model):
         warnings.simplefilter("error")
         model.set_env(make_env("CartPole-v1", n_envs=1))
     model.learn(3 * 16, reset_num_timesteps=False)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
 
 
 def test_failed_set_env_leaves_model_unchanged(make_model):
-    model = make_model(make_env("CartPole-v1", n_envs=2), batch_size=32)
-    # batch_size=32 does not fit a rollout of 16 steps x 1 env
-    with pytest.raises(ValueError, match="batch_size"):
+    model = make_model(make_env("CartPole-v1", n_envs=2), aux_batch_rollouts=4)
+    # aux_batch_rollouts=4 does not fit an auxiliary buffer of 2 iterations x 1 env (a batch_size larger than the
+    # rollout is a warning, as in SB3's PPO: test_load_with_fewer_envs_than_the_batch_needs)
+    with pytest.raises(ValueError, match="aux_batch_rollouts"):
         model.set_env(make_env("CartPole-v1", n_envs=1))
     assert model.n_envs == model.get_env().num_envs == model.rollout_buffer.n_envs == model.aux_buffer.n_envs == 2
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
 
 
 def test_load_with_fewer_envs_default_batch_size(tmp_path, make_model):
@@ -293,7 +298,7 @@ def test_load_with_fewer_envs_default_batch_size(tmp_path, make_model):
     model.save(tmp_path / "model.zip")
     loaded = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1", n_envs=1))
     loaded.learn(32)
-    assert loaded._n_aux_phases == 1
+    assert loaded.n_aux_phases == 1
 
 
 @pytest.mark.parametrize("use_str_path", [True, False])
@@ -322,9 +327,9 @@ def test_aux_buffer_round_trip(tmp_path, use_str_path, make_model):
     not_resumed = PPG.load(tmp_path / "model.zip", env=make_env("CartPole-v1"))
     for agent in (model, resumed, not_resumed):
         agent.learn(32, reset_num_timesteps=False)
-    assert model._n_aux_phases == resumed._n_aux_phases == 1
+    assert model.n_aux_phases == resumed.n_aux_phases == 1
     assert resumed.aux_buffer.n_rollouts == 0
-    assert not_resumed._n_aux_phases == 0
+    assert not_resumed.n_aux_phases == 0
     assert not_resumed.aux_buffer.n_iterations == 1
 
 
@@ -758,7 +763,7 @@ def test_load_checkpoint_applies_valid_keyword_arguments(checkpoint):
     assert (resumed.n_steps, resumed.learning_rate, resumed.n_aux_epochs) == (16, 1e-4, 2)
     assert resumed.aux_buffer.n_iterations == 1
     resumed.learn(32, reset_num_timesteps=False)
-    assert resumed._n_aux_phases == 2 and resumed._n_aux_updates == 2 * 2 + 2 * 2 * 2
+    assert resumed.n_aux_phases == 2 and resumed._n_aux_updates == 2 * 2 + 2 * 2 * 2
 
 
 @pytest.mark.filterwarnings("ignore:.*CartPole-v0 is out of date")

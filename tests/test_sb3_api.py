@@ -25,6 +25,10 @@ from torch import nn
 
 from sb3_ppg import PPG
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 # One aux phase every 2 iterations of 2 envs x 16 steps
 
 
@@ -78,8 +82,8 @@ def test_checkpoint_callback(tmp_path, make_model):
     checkpoint = PPG.load(tmp_path / "ppg_64_steps.zip")
     assert checkpoint.num_timesteps == 64
     # Saved after the 2nd rollout was collected, before it was trained on: one aux phase behind the final model
-    assert model._n_aux_phases == 1
-    assert checkpoint._n_aux_phases == 0
+    assert model.n_aux_phases == 1
+    assert checkpoint.n_aux_phases == 0
 
 
 def test_stop_training_on_max_episodes(make_model):
@@ -141,7 +145,7 @@ def test_custom_callback_order(make_model):
     assert recorder.num_timesteps == model.num_timesteps == 96
     # train() runs between a rollout's end and the next rollout's start; the 3rd one runs the aux phase
     assert recorder.aux_rollouts_at_rollout_start == [0, 2, 4]
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
 
 
 @pytest.mark.filterwarnings("ignore:rich is experimental")
@@ -202,10 +206,10 @@ def test_reset_num_timesteps(make_model):
     model = make_model()
     model.learn(64)
     assert model.num_timesteps == 64
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     model.learn(64, reset_num_timesteps=False)
     assert model.num_timesteps == 128
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     model.learn(32)
     assert model.num_timesteps == 32
 
@@ -239,7 +243,7 @@ def test_deterministic_training(env_id, kwargs, make_model):
         model = make_model(env_id, seed=seed, **kwargs)
         recorder = RolloutRecorder()
         model.learn(5 * 32, callback=recorder)
-        assert model._n_aux_phases == 2
+        assert model.n_aux_phases == 2
         results.append((np.concatenate(recorder.actions), np.concatenate(recorder.rewards), model.get_parameters()["policy"]))
 
     (actions_a, rewards_a, params_a), (actions_b, rewards_b, params_b), (actions_c, _, params_c) = results
@@ -342,7 +346,7 @@ def test_device(tmp_path, device, make_model):
     assert all(param.device.type == expected.type for param in model.policy.parameters())
     assert model.aux_buffer.device.type == expected.type
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     # The aux buffer's arrays stay in CPU memory whatever the device
     assert isinstance(model.aux_buffer.observations, np.ndarray)
     model.save(tmp_path / "model.zip")
@@ -422,7 +426,7 @@ def test_train_eval_mode(arch, make_model):
     recorder = ModeRecorder()
     batchnorm_steps = recorder.batches_tracked
     model.learn(64, callback=recorder)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
 
     modes = {
         phase: {training for call_phase, training in DropoutBatchNormExtractor.calls if call_phase == phase}

@@ -16,9 +16,10 @@ from stable_baselines3.common.envs import (
 )
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import VecTransposeImage
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecTransposeImage
 
 from sb3_ppg import PPG, MlpPolicy
+from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 
 # One aux phase every 2 iterations; a step's reward does not depend on the past actions, so a short horizon helps
@@ -96,7 +97,7 @@ def test_identity_learns(case):
     policy = "MultiInputPolicy" if case == "dict-observation" else "MlpPolicy"
     model = PPG(policy, make_env(), seed=0, **IDENTITY_HYPERPARAMS)
     model.learn(n_steps)
-    assert model._n_aux_phases >= 2
+    assert model.n_aux_phases >= 2
     eval_env = Monitor(make_env())
     eval_env.reset(seed=1)
     eval_env.action_space.seed(1)
@@ -121,7 +122,7 @@ def test_gsde_box(squash_output):
     old_params = get_distribution_params(model.policy.get_distribution(th.zeros((1, 1)))).detach().clone()
     # The aux phase runs in the last iteration: its logs are still in the logger
     model.learn(64)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     logged = model.logger.name_to_value
     for key in ("aux/kl_loss", "aux/aux_value_loss", "aux/real_value_loss", "train/approx_kl", "train/std"):
         assert np.isfinite(logged[key]), key
@@ -147,7 +148,7 @@ def test_multi_input_env(arch):
     assert model.observation_space["img"].shape == (1, 64, 64)
     parameters = [param.detach().clone() for param in model.policy.parameters()]
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     images = model.aux_buffer.observations["img"]
     assert images.dtype == np.uint8 and images.shape == (4, 16, 1, 64, 64)
     # The buffered images are the channel-first ones of the rollout buffer (SimpleMultiObsEnv rows: random images)
@@ -175,7 +176,7 @@ def test_image_env(policy, discrete):
     assert model.observation_space.shape == (3, 36, 36)
     parameters = [param.detach().clone() for param in model.policy.parameters()]
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
     assert model.aux_buffer.observations.dtype == np.uint8
     assert model.aux_buffer.observations.shape == (4, 16, 3, 36, 36)
     np.testing.assert_array_equal(
@@ -202,7 +203,7 @@ def test_channel_first_images_not_transposed():
     assert not isinstance(model.get_env(), VecTransposeImage)
     assert model.observation_space.shape == (3, 36, 36)
     model.learn(64)
-    assert model._n_aux_phases == 1
+    assert model.n_aux_phases == 1
 
 
 @pytest.mark.parametrize(
@@ -270,7 +271,7 @@ def test_action_space_start_fix_from_the_message_trains():
     env = SpacesEnv(spaces.Box(-1.0, 1.0, (2,), dtype=np.float32), spaces.Discrete(3, start=5))
     model = PPG("MlpPolicy", gym.wrappers.TransformAction(env, lambda action: action + 5, spaces.Discrete(3)), seed=0, **SMALL)
     model.learn(64)
-    assert model._n_aux_phases == 2
+    assert model.n_aux_phases == 2
     assert len(env.received_actions) == 64 and set(env.received_actions) == {5, 6, 7}
 
 
@@ -314,7 +315,7 @@ def test_scalar_box_observation_learns_predicts_saves_and_loads(tmp_path, dict_o
     model = PPG(policy, env, seed=0, **SMALL)
     assert model.policy.pi_features_extractor.features_dim == (3 if dict_observation else 1)
     model.learn(64)
-    assert model._n_aux_phases == 2 and np.isfinite(model.logger.name_to_value["aux/kl_loss"])
+    assert model.n_aux_phases == 2 and np.isfinite(model.logger.name_to_value["aux/kl_loss"])
     # The aux buffer stored the last rollouts' scalars (the rollout buffer holds the last one)
     stored = model.aux_buffer.observations["x"] if dict_observation else model.aux_buffer.observations
     last_rollout = model.rollout_buffer.observations["x"] if dict_observation else model.rollout_buffer.observations
@@ -345,7 +346,7 @@ def test_scalar_box_observation_learns_predicts_saves_and_loads(tmp_path, dict_o
     loaded.load_aux_buffer(tmp_path / "aux.npz")
     np.testing.assert_array_equal(loaded.predict(batch, deterministic=True)[0], actions)
     loaded.learn(32, reset_num_timesteps=False)
-    assert loaded._n_aux_phases == 3
+    assert loaded.n_aux_phases == 3
 
 
 @pytest.fixture(scope="module")
@@ -383,3 +384,72 @@ def test_predict_box_observation_errors(make_model):
     # SB3's own message for a wrong shape
     with pytest.raises(ValueError, match=r"Unexpected observation shape \(3,\) for Box environment, please use \(4,\)"):
         model.predict(np.zeros(3, dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    "observation_space",
+    [
+        spaces.Graph(spaces.Box(0.0, 1.0, (2,)), None),
+        spaces.Sequence(spaces.Box(0.0, 1.0, (2,))),
+        spaces.Text(5),
+    ],
+    ids=["graph", "sequence", "text"],
+)
+@pytest.mark.parametrize("vec_env_cls", [DummyVecEnv, SubprocVecEnv])
+def test_command_line_vec_env_refuses_unsupported_space_before_wrapping(observation_space, vec_env_cls):
+    """
+    The command line's VecEnv factory checks the probe's space before the VecEnv is built: on main SB3's DummyVecEnv
+    failed with "'NoneType' object is not iterable" and PPG's message was never reached.
+    """
+    factory = ProcgenVecEnvFactory(vec_env_cls)
+    with pytest.raises(ValueError, match=r"PPG does not support the observation space .*ObservationWrapper"):
+        factory([lambda: SpacesEnv(observation_space)] * 2)
+
+
+class UnitIntervalImageEnv(SpacesEnv):
+    """Declares ``Box(0, 255, uint8)`` images (or a Dict holding them) and returns float64 values given by ``make``."""
+
+    def __init__(self, make, dict_observation: bool = False):
+        image_space = spaces.Box(0, 255, (8, 8, 1), dtype=np.uint8)
+        super().__init__(spaces.Dict({"image": image_space}) if dict_observation else image_space)
+        self.make = make
+        self.dict_observation = dict_observation
+
+    def _observation(self):
+        image = self.make(self.np_random)
+        return {"image": image} if self.dict_observation else image
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        gym.Env.reset(self, seed=seed)
+        return self._observation(), {}
+
+    def step(self, action):
+        return self._observation(), 0.0, False, False, {}
+
+
+def unit_floats(rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(0.0, 1.0, (8, 8, 1))
+
+
+@pytest.mark.parametrize("dict_observation", [False, True])
+def test_float_observations_of_a_uint8_space_are_refused(dict_observation):
+    """
+    Floats in [0, 1) from an env declaring Box(0, 255, uint8): DummyVecEnv's cast made every observation 0 and PPG
+    trained on them without a word on main. Now the model and the command line's VecEnv factory refuse the env.
+    """
+    policy = "MultiInputPolicy" if dict_observation else "MlpPolicy"
+    match = r"are float64 .* is uint8: SB3's VecEnv casts them to uint8, which changes them"
+    with pytest.raises(ValueError, match=match) as error:
+        PPG(policy, UnitIntervalImageEnv(unit_floats, dict_observation), **SMALL)
+    assert "(obs * 255).astype(np.uint8)" in str(error.value) and "Box(0.0, 1.0, shape, np.float32)" in str(error.value)
+    assert ("key 'image'" in str(error.value)) == dict_observation
+    with pytest.raises(ValueError, match=match):
+        ProcgenVecEnvFactory(DummyVecEnv)([lambda: UnitIntervalImageEnv(unit_floats, dict_observation)])
+
+
+def test_observations_that_survive_the_cast_are_accepted():
+    """Whole numbers within 0-255 in float64 are stored unchanged as uint8: accepted. Out of range ones wrap: refused."""
+    model = PPG("MlpPolicy", UnitIntervalImageEnv(lambda rng: rng.integers(0, 256, (8, 8, 1)).astype(np.float64)), **SMALL)
+    assert model.observation_space.dtype == np.uint8
+    with pytest.raises(ValueError, match=r"are int64 \(values from 0 to 300\)"):
+        PPG("MlpPolicy", UnitIntervalImageEnv(lambda rng: np.array([0, 300] * 32, dtype=np.int64).reshape(8, 8, 1)), **SMALL)

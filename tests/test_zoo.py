@@ -17,11 +17,15 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
-from sb3_ppg import PPG
+from sb3_ppg import PPG, PPGCheckpointCallback
 from sb3_ppg.cli import enjoy, train, vec_env, zoo
 from sb3_ppg.cli import experiment_manager as zoo_manager
 from sb3_ppg.common.envs import DICT_CARTPOLE_ID
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
+
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
 
 PAPER_FILE = train.hyperparams_file("paper")
 EASY_FILE = train.hyperparams_file("easy")
@@ -154,6 +158,22 @@ def test_entries_finish_with_a_total_that_is_not_a_multiple_of_the_rollout(confi
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Zoo plumbing
+
+
+def test_folders_in_the_home_folder(monkeypatch):
+    """
+    A folder the run writes to may start with "~", which the shell leaves in "--log-folder=~/logs": the home folder,
+    not a folder named "~" (issue 29); so may --resume's.
+    """
+    for name in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(name, "/home/someone")
+    argv = train.build_zoo_argv(["--env", "CartPole-v1", "--log-folder=~/logs", "-tb", "~/tb", "--seed", "1"])
+    assert "--log-folder=/home/someone/logs" in argv and argv[argv.index("-tb") + 1] == "/home/someone/tb"
+    assert train.build_zoo_argv(["-f", "~/logs"])[2:4] == ["-f", "/home/someone/logs"]
+    started = {}
+    monkeypatch.setattr(train, "run_zoo", lambda command, argv, **kwargs: started.update(kwargs))
+    train.main(["--env", "CartPole-v1", "--resume=~/logs/ppg/CartPole-v1_1"])
+    assert started == dict(resume="/home/someone/logs/ppg/CartPole-v1_1")
 
 
 def test_build_zoo_argv():
@@ -320,7 +340,7 @@ def test_train_enjoy_cartpole(tmp_path: Path, capsys):
     )
     run_folder = tmp_path / "ppg" / "CartPole-v1_1"
     model = PPG.load(run_folder / "CartPole-v1.zip", device="cpu")
-    assert model.num_timesteps == 512 and model._n_aux_phases >= 1
+    assert model.num_timesteps == 512 and model.n_aux_phases >= 1
     PPG.load(run_folder / "best_model.zip", device="cpu")
     VecNormalize.load(str(run_folder / "CartPole-v1" / "vecnormalize.pkl"), DummyVecEnv([lambda: gym.make("CartPole-v1")]))
     with np.load(run_folder / "evaluations.npz") as evaluations:
@@ -354,7 +374,7 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
     )
     run_folder = tmp_path / "ppg" / "procgen-starpilot-v0_1"
     model = PPG.load(run_folder / "procgen-starpilot-v0.zip", device="cpu")
-    assert model.num_timesteps == 128 and model._n_aux_phases == 2
+    assert model.num_timesteps == 128 and model.n_aux_phases == 2
     assert model.policy.arch == "detach"
     PPG.load(run_folder / "best_model.zip", device="cpu")
     vec_normalize = VecNormalize.load(
@@ -391,7 +411,7 @@ def test_train_procgen_paper_preset(tmp_path: Path):
     )
     run_folder = tmp_path / "ppg" / "procgen-coinrun-v0_1"
     model = PPG.load(run_folder / "procgen-coinrun-v0.zip", device="cpu")
-    assert model.policy.arch == "dual" and model.max_grad_norm is None and model._n_aux_phases == 1
+    assert model.policy.arch == "dual" and model.max_grad_norm is None and model.n_aux_phases == 1
     vec_normalize = VecNormalize.load(
         str(run_folder / "procgen-coinrun-v0" / "vecnormalize.pkl"), ProcgenVecEnv(1, "coinrun", distribution_mode="hard")
     )
@@ -542,6 +562,39 @@ def test_enjoy_errors_are_one_line(tmp_path: Path, make_model):
     )
     with pytest.raises(AssertionError, match="CartPole-v1_5 folder was not found"):
         enjoy.main(enjoy_argv(tmp_path, "--exp-id", "5", "--traceback"))
+
+
+def test_enjoy_plays_the_runs_own_checkpoints(tmp_path: Path, make_model, capsys):
+    """
+    --load-checkpoint N and --load-last-checkpoint play the run's own checkpoints (checkpoints/ppg_<N>_steps/): on
+    main enjoy looked for the zoo's rl_model_<N>_steps.zip only and never found them. A missing one names those there.
+    """
+    algo_folder = make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip",), 2: ()})
+    run_folder = algo_folder / "CartPole-v1_1"
+    model = make_model("CartPole-v1")
+    model.learn(32, callback=PPGCheckpointCallback(16, str(run_folder / "checkpoints"), name_prefix="ppg"))
+    (run_folder / "checkpoints" / "ppg_48_steps").mkdir()  # an incomplete checkpoint (no manifest): not played
+    for options, steps in ((("--load-checkpoint", "16"), 16), (("--load-last-checkpoint",), 32)):
+        enjoy.main(enjoy_argv(tmp_path, *options))
+        model_path = run_folder / "checkpoints" / f"ppg_{steps}_steps" / "model.zip"
+        assert capsys.readouterr().out.splitlines()[1:3] == [
+            f"Playing run {run_folder}, model {Path('checkpoints', f'ppg_{steps}_steps', 'model.zip')}; skipped the "
+            f"newer CartPole-v1_2: no {'checkpoint 16' if steps == 16 else 'checkpoint'} (failed or unfinished runs?)",
+            f"Loading {model_path}",
+        ]
+    with pytest.raises(SystemExit) as error:
+        enjoy.main(enjoy_argv(tmp_path, "--load-checkpoint", "192"))
+    assert error.value.code == (
+        f"error: no run of ppg on CartPole-v1 in {algo_folder}{os.sep} has a checkpoint 192 (CartPole-v1_1: checkpoints "
+        "at steps 16, 32; CartPole-v1_2: no checkpoint); train with --save-freq N to write checkpoints into "
+        "<run folder>/checkpoints/"
+    )
+    with pytest.raises(SystemExit) as error:  # a run given by --exp-id: the zoo's lookup, with the same list
+        enjoy.main(enjoy_argv(tmp_path, "--load-checkpoint", "192", "--exp-id", "1"))
+    assert error.value.code == (
+        f"error: ValueError: The run {run_folder} has no checkpoint 192 (checkpoints at steps 16, 32) "
+        "(--traceback shows where)"
+    )
 
 
 @pytest.mark.slow

@@ -126,8 +126,12 @@ class CleanRLRecorder:
             )
 
 
-def make_stand_ins(recorder: CleanRLRecorder) -> dict[str, Any]:
-    """The modules the script imports that are replaced (see the module docstring)."""
+def make_stand_ins(recorder: CleanRLRecorder, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """
+    The modules the script imports that are replaced (see the module docstring).
+
+    :param settings: the script's ``Args`` (default ``SETTINGS``)
+    """
     import gym3
     from fidelity_env import FidelityEnv
 
@@ -169,7 +173,7 @@ def make_stand_ins(recorder: CleanRLRecorder) -> dict[str, Any]:
             pass
 
     def cli(args_class: type) -> Any:
-        return args_class(**SETTINGS)
+        return args_class(**(SETTINGS if settings is None else settings))
 
     return {
         "torch": Float64Torch(optim=types.SimpleNamespace(Adam=RecordingAdam), rand=rand),
@@ -179,11 +183,16 @@ def make_stand_ins(recorder: CleanRLRecorder) -> dict[str, Any]:
     }
 
 
-def run_script(path: str, recorder: CleanRLRecorder) -> dict[str, Any]:
-    """Run ``ppg_procgen.py`` as ``__main__`` with the stand-ins; return its globals at the end."""
+def run_script(path: str, recorder: CleanRLRecorder, stand_ins: dict[str, Any] | None = None) -> dict[str, Any]:
+    """
+    Run ``ppg_procgen.py`` as ``__main__`` with the stand-ins; return its globals at the end.
+
+    :param stand_ins: the replaced modules by name (default ``make_stand_ins(recorder)``)
+    """
     with open(path) as file:
         source = file.read()
-    stand_ins = make_stand_ins(recorder)
+    if stand_ins is None:
+        stand_ins = make_stand_ins(recorder)
 
     def script_import(name: str, globals_: Any = None, locals_: Any = None, fromlist: Any = (), level: int = 0) -> Any:
         if name in stand_ins and name != "torch":

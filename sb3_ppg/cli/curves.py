@@ -3,6 +3,7 @@ Learning curves as data: reading RL Zoo / SB3 monitor and evaluation files, smoo
 published Procgen curves of the original PPG code (shipped in ``sb3_ppg/cli/data/openai_ppg``). Drawn by :mod:`sb3_ppg.plot`.
 """
 
+import csv
 import json
 import os
 import re
@@ -49,17 +50,60 @@ def _experiment_name(run_dir: Path) -> str:
 
 def read_monitor_file(path: str | Path) -> pd.DataFrame:
     """
-    Read one SB3 monitor file (``Monitor`` or ``VecMonitor`` output).
+    Read one SB3 monitor file (``Monitor`` or ``VecMonitor`` output). An unfinished last line (the episode being
+    written, or one a kill cut short) is left out.
 
     :param path: Path of a ``*monitor.csv`` file
     :return: Data frame with columns ``r`` (return), ``l`` (length) and ``t`` (wall time since the epoch, in seconds)
+    :raises ValueError: When the file is not a monitor file or one of its lines is not an episode, naming the file
+        and the line
     """
-    with open(path) as file_handler:
-        first_line = file_handler.readline()
-        header = json.loads(first_line[1:]) if first_line.startswith("#") else {}
-        data_frame = pd.read_csv(file_handler, index_col=None)
-    data_frame["t"] = data_frame["t"] + float(header.get("t_start", 0.0))
-    return data_frame
+
+    def damaged(line: int, reason: str) -> ValueError:
+        return ValueError(
+            f"{path} is not a readable SB3 monitor file: line {line} {reason}. Repair or remove that file, or plot the "
+            "other runs."
+        )
+
+    try:
+        with open(path, encoding="utf-8", newline="") as file_handler:
+            text = file_handler.read()
+    except UnicodeDecodeError as error:
+        raise damaged(1 + text_lines_before(path, error.start), "is not UTF-8 text") from None
+    lines = text.split("\n")[:-1]  # the text after the last line end: an unfinished line, left out
+    lines = [line.rstrip("\r") for line in lines]
+    t_start, first = 0.0, 0
+    if lines and lines[0].startswith("#"):
+        try:
+            t_start = float(json.loads(lines[0][1:]).get("t_start", 0.0))
+        except (ValueError, TypeError, AttributeError):
+            raise damaged(1, "is not the header of a monitor file (a JSON object with t_start)") from None
+        first = 1
+    rows = list(csv.reader(lines[first:]))
+    if not rows:
+        raise damaged(first + 1, "is missing: a monitor file's columns (r, l, t)")
+    if not {"r", "l", "t"} <= set(rows[0]):
+        raise damaged(first + 1, f"holds the columns {rows[0]}, not those of a monitor file (r, l, t)")
+    columns = [rows[0].index(name) for name in ("r", "l", "t")]
+    values = np.zeros((len(rows) - 1, 3))
+    for index, row in enumerate(rows[1:]):
+        try:
+            if len(row) != len(rows[0]):
+                raise ValueError
+            values[index] = [float(row[column]) for column in columns]
+        except ValueError:
+            raise damaged(first + index + 2, f"is not an episode ({len(rows[0])} fields, r, l and t numbers)") from None
+    return pd.DataFrame({"r": values[:, 0], "l": values[:, 1], "t": values[:, 2] + t_start})
+
+
+def text_lines_before(path: str | Path, offset: int) -> int:
+    """
+    :param path: A file
+    :param offset: A byte offset in it
+    :return: The number of line ends before ``offset``
+    """
+    with open(path, "rb") as file_handler:
+        return file_handler.read(offset).count(b"\n")
 
 
 def monitor_curve(files: list[Path], name: str) -> Curve | None:
@@ -127,7 +171,7 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
         raise ValueError(f"Unknown curve type {curve_type!r}, expected 'train' or 'eval'")
     curves = []
     for path_str in paths:
-        path = Path(path_str)
+        path = Path(path_str).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist")
         if path.is_file():

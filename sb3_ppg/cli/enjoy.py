@@ -14,7 +14,10 @@ defaults:
   (``-o FOLDER``; default: ``<run folder>/videos/``);
 - without ``--exp-id``: the newest run that has the model asked for (the final model, ``--load-best``,
   ``--load-checkpoint N``, ``--load-last-checkpoint``), not merely the newest run (which may have failed or still be
-  training): a line names the run and model file picked and the newer runs skipped.
+  training): a line names the run and model file picked and the newer runs skipped;
+- ``--load-checkpoint N`` and ``--load-last-checkpoint`` play the model of sb3_ppg's own checkpoints
+  (``<run folder>/checkpoints/ppg_<N>_steps/model.zip``, written by ``--save-freq``) as well as the zoo's
+  ``rl_model_<N>_steps.zip``; a missing one is an error naming the checkpoints the runs have.
 
 Errors end the command with one line (``--traceback`` shows the zoo's traceback instead).
 
@@ -25,14 +28,18 @@ Example::
 """
 
 import argparse
+import contextlib
 import glob
 import os
 import re
 import sys
+from collections.abc import Iterator
+from typing import Any
 
-from sb3_ppg.cli.run_folders import UnsafeRunFileError
+from sb3_ppg.cli.run_folders import CHECKPOINT_PREFIX, CHECKPOINTS_FOLDER, UnsafeRunFileError
 from sb3_ppg.cli.vec_env import is_procgen_env_id
 from sb3_ppg.cli.zoo import ZooNotInstalledError, command_line_threads, import_zoo, run_zoo
+from sb3_ppg.common.checkpoints.manifest import MANIFEST
 
 #: sb3_ppg's own flag (not passed to the zoo): show the traceback of an error instead of its one-line message
 TRACEBACK_FLAG = "--traceback"
@@ -78,7 +85,8 @@ def build_zoo_argv(argv: list[str]) -> list[str]:
 def model_file_pattern(env_name: str, load_best: bool, load_checkpoint: int | None, load_last_checkpoint: bool) -> str:
     """
     The file name (a glob pattern for ``--load-last-checkpoint``) of the model the zoo's ``enjoy`` loads from a run
-    folder (as ``rl_zoo3.utils.get_model_path`` names it).
+    folder (as ``rl_zoo3.utils.get_model_path`` names it). Checkpoints are also looked for in the run's
+    ``checkpoints/`` folder (see :func:`checkpoint_models`).
 
     :param env_name: The env's name in file names (``procgen-starpilot-v0`` for ``procgen/starpilot-v0``)
     :param load_best: ``--load-best``
@@ -99,6 +107,98 @@ def checkpoint_steps(path: str) -> int:
     """The steps of a zoo checkpoint ``rl_model_<steps>_steps.zip`` (0 for another model file)."""
     match = re.search(r"_(\d+)_steps\.zip$", path)
     return int(match.group(1)) if match else 0
+
+
+def checkpoint_models(run_folder: str) -> dict[int, str]:
+    """
+    The checkpoint models of a run folder by step count: the model zips of sb3_ppg's own complete checkpoints
+    (``checkpoints/ppg_<steps>_steps/model.zip``, written with ``--save-freq``) and the zoo's
+    ``rl_model_<steps>_steps.zip`` (sb3_ppg's own taken when both exist).
+
+    :param run_folder: A run folder (``<log folder>/ppg/<env>_<id>``)
+    :return: ``{steps: model path}``, by increasing steps
+    """
+    models = {
+        checkpoint_steps(path): path for path in glob.glob(os.path.join(glob.escape(run_folder), "rl_model_*_steps.zip"))
+    }
+    for folder in glob.glob(os.path.join(glob.escape(run_folder), CHECKPOINTS_FOLDER, f"{CHECKPOINT_PREFIX}_*_steps")):
+        match = re.fullmatch(rf"{CHECKPOINT_PREFIX}_(\d+)_steps", os.path.basename(folder))
+        model = os.path.join(folder, "model.zip")
+        if match and os.path.isfile(os.path.join(folder, MANIFEST)) and os.path.isfile(model):
+            models[int(match.group(1))] = model
+    return dict(sorted(models.items()))
+
+
+def find_model(
+    run_folder: str, env_name: str, load_best: bool, load_checkpoint: int | None, load_last_checkpoint: bool
+) -> str | None:
+    """
+    The model file of a run folder that ``enjoy`` plays (see :func:`model_file_pattern`; checkpoints from
+    :func:`checkpoint_models`), or None when the run has none.
+
+    :param run_folder: A run folder
+    :param env_name: The env's name in file names
+    :param load_best: ``--load-best``
+    :param load_checkpoint: ``--load-checkpoint``
+    :param load_last_checkpoint: ``--load-last-checkpoint``
+    :return: The model's path, or None
+    """
+    if not load_best and (load_checkpoint is not None or load_last_checkpoint):
+        models = checkpoint_models(run_folder)
+        if load_checkpoint is not None:
+            return models.get(load_checkpoint)
+        return models[max(models)] if models else None
+    path = os.path.join(run_folder, model_file_pattern(env_name, load_best, None, False))
+    return path if os.path.isfile(path) else None
+
+
+def describe_checkpoints(run_folder: str) -> str:
+    """The checkpoints of a run folder, for an error message: ``"checkpoints at steps 64, 128"`` or ``"no checkpoint"``."""
+    steps = list(checkpoint_models(run_folder))
+    return f"checkpoints at steps {', '.join(map(str, steps))}" if steps else "no checkpoint"
+
+
+@contextlib.contextmanager
+def zoo_finds_package_checkpoints() -> Iterator[None]:
+    """
+    Within the context, the zoo's ``enjoy`` finds the checkpoints of sb3_ppg's runs for ``--load-checkpoint N`` and
+    ``--load-last-checkpoint`` (see :func:`checkpoint_models`; the zoo looks for its own ``rl_model_<N>_steps.zip``
+    only), and a missing checkpoint is an error naming the run's checkpoints.
+    """
+    import rl_zoo3.enjoy
+
+    zoo_get_model_path = rl_zoo3.enjoy.get_model_path
+
+    def get_model_path(
+        exp_id: int,
+        folder: str,
+        algo: str,
+        env_name: Any,
+        load_best: bool = False,
+        load_checkpoint: Any = None,
+        load_last_checkpoint: bool = False,
+    ) -> tuple[str, str, str]:
+        if load_best or (load_checkpoint is None and not load_last_checkpoint):
+            return zoo_get_model_path(exp_id, folder, algo, env_name, load_best, load_checkpoint, load_last_checkpoint)
+        # What the zoo does for the run folder: the latest run for id 0, the algorithm's folder for a negative id
+        if exp_id == 0:
+            exp_id = rl_zoo3.enjoy.get_latest_run_id(os.path.join(folder, algo), env_name)
+        log_path = os.path.join(folder, algo, f"{env_name}_{exp_id}") if exp_id > 0 else os.path.join(folder, algo)
+        if not os.path.isdir(log_path):
+            raise ValueError(f"The run folder {log_path} was not found")
+        steps = int(load_checkpoint) if load_checkpoint is not None else None
+        model_path = find_model(log_path, str(env_name), False, steps, load_last_checkpoint)
+        if model_path is None:
+            asked = f"checkpoint {steps}" if steps is not None else "checkpoint"
+            raise ValueError(f"The run {log_path} has no {asked} ({describe_checkpoints(log_path)})")
+        found = steps if steps is not None else max(checkpoint_models(log_path))
+        return f"checkpoint-{found}-{algo}-{env_name}", model_path, log_path
+
+    rl_zoo3.enjoy.get_model_path = get_model_path
+    try:
+        yield
+    finally:
+        rl_zoo3.enjoy.get_model_path = zoo_get_model_path
 
 
 def pick_run(zoo_argv: list[str]) -> list[str]:
@@ -142,15 +242,27 @@ def pick_run(zoo_argv: list[str]) -> list[str]:
             f"`{train_command}`, or give the log folder it was trained into with -f"
         )
     skipped = []
+    checkpoint = not known.load_best and (known.load_checkpoint is not None or known.load_last_checkpoint)
+    if checkpoint and known.load_checkpoint is not None:
+        pattern = f"checkpoint {known.load_checkpoint}"
+    elif checkpoint:
+        pattern = "checkpoint"
     for run_id in sorted(run_ids, reverse=True):
         run_folder = os.path.join(algo_folder, f"{env_name}_{run_id}")
         # --load-last-checkpoint: the zoo takes the checkpoint with the most steps
-        models = sorted(glob.glob(os.path.join(glob.escape(run_folder), pattern)), key=checkpoint_steps)
-        if models:
+        model = find_model(run_folder, env_name, known.load_best, known.load_checkpoint, known.load_last_checkpoint)
+        if model is not None:
             skipped_note = f"; skipped the newer {', '.join(skipped)}: no {pattern} (failed or unfinished runs?)"
-            print(f"Playing run {run_folder}, model {os.path.basename(models[-1])}{skipped_note if skipped else ''}")
+            name = os.path.relpath(model, run_folder)
+            print(f"Playing run {run_folder}, model {name}{skipped_note if skipped else ''}")
             return [*zoo_argv, "--exp-id", str(run_id)]
         skipped.append(f"{env_name}_{run_id}")
+    if checkpoint:
+        found = "; ".join(f"{name}: {describe_checkpoints(os.path.join(algo_folder, name))}" for name in reversed(skipped))
+        raise NoModelError(
+            f"no run of {known.algo} on {known.env} in {algo_folder}{os.sep} has a {pattern} ({found}); train with "
+            f"--save-freq N to write checkpoints into <run folder>/{CHECKPOINTS_FOLDER}/"
+        )
     hint = "" if known.load_best else "; --load-best plays the best model of a run that evaluated during training"
     raise NoModelError(
         f"no run of {known.algo} on {known.env} in {algo_folder}{os.sep} has a model {pattern} (runs "
@@ -179,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     except ZooNotInstalledError as error:
         sys.exit(str(error))
     try:
-        with command_line_threads(argv):
+        with command_line_threads(argv), zoo_finds_package_checkpoints():
             run_zoo("record_video" if record else "enjoy", pick_run(build_zoo_argv(argv)))
     except UnsafeRunFileError as error:
         sys.exit(f"error: {error}")

@@ -96,7 +96,8 @@ def plot_learning_curves(  # noqa: C901
 
     :param paths: Run folders, folders to search recursively, monitor files or ``evaluations.npz`` files
         (may be empty when only paper curves are wanted)
-    :param output: Path of the PNG file to write (parent folders are created)
+    :param output: Path of the PNG file to write (parent folders are created; ``.png`` is added to a name without
+        an extension)
     :param curve_type: ``"train"`` (training episodes, from monitor files) or ``"eval"`` (``evaluations.npz``)
     :param paper: Paper curves to overlay: any of ``"ppg"``, ``"ppo"`` (Procgen hard mode, 3 seeds each)
     :param game: Procgen game of the paper curves; None: detected from the run names
@@ -201,8 +202,10 @@ def plot_learning_curves(  # noqa: C901
     if title:
         figure.suptitle(title)
 
-    output_dir = os.path.dirname(os.path.abspath(output))
-    os.makedirs(output_dir, exist_ok=True)
+    output = os.path.expanduser(output)
+    if not os.path.splitext(output)[1]:
+        output += ".png"  # what savefig would add: the path returned is the file written
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     figure.savefig(output, dpi=dpi)
     return output
 

@@ -47,6 +47,9 @@ INTERRUPTED_EXIT_CODE = 130
 OWN_FLAGS = ("--quickstart", "--traceback", "--global-n-envs")
 OWN_OPTIONS = ("--preset", "--keep-checkpoints")
 OWN_OPTIONAL_VALUE = ("--resume",)
+#: The zoo's options whose value is a folder the run writes to: a leading "~" is expanded, which the shell leaves in
+#: "--log-folder=~/logs"
+PATH_OPTIONS = ("-f", "--log-folder", "-tb", "--tensorboard-log")
 #: The zoo's flags for a hyperparameter search (refused under torchrun)
 OPTIMIZE_FLAGS = frozenset(("-optimize", "--optimize-hyperparameters"))
 
@@ -194,7 +197,23 @@ def build_zoo_argv(argv: list[str]) -> list[str]:
             raise ValueError("--preset chooses PPG's Procgen settings (--algo ppg): leave it out with --algo maskable_ppg")
         if known.conf_file is None:
             zoo_argv += ["-conf", str(HYPERPARAMS_DIR / "maskable_ppg.yml")]
-    return zoo_argv
+    return expand_user_paths(zoo_argv)
+
+
+def expand_user_paths(argv: list[str]) -> list[str]:
+    """
+    :param argv: The zoo's command line arguments
+    :return: The same, with a leading ``~`` of the folders of ``PATH_OPTIONS`` expanded (``os.path.expanduser``)
+    """
+    expanded = []
+    for index, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        if equals and name in PATH_OPTIONS:
+            arg = f"{name}={os.path.expanduser(value)}"
+        elif index > 0 and argv[index - 1] in PATH_OPTIONS:
+            arg = os.path.expanduser(arg)
+        expanded.append(arg)
+    return expanded
 
 
 def latest_run_folder(log_folder: str, env_id: str, algo: str = "ppg") -> str:
@@ -424,7 +443,7 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
 
     known, _ = _sb3_ppg_parser().parse_known_args(argv)
     env_id = known.env or QUICKSTART_ENV
-    log_folder = known.log_folder or os.path.join(QUICKSTART_OUTPUT, "logs")
+    log_folder = os.path.expanduser(known.log_folder or os.path.join(QUICKSTART_OUTPUT, "logs"))
     output_folder = os.path.dirname(os.path.abspath(log_folder))
     n_timesteps = known.n_timesteps or QUICKSTART_TIMESTEPS
     params = {param.split(":", 1)[0]: param for param in QUICKSTART_PARAMS}
@@ -619,7 +638,7 @@ def run_train_command(argv: list[str]) -> None:
         )
     manager_kwargs = {}
     if known.resume is not None:
-        manager_kwargs["resume"] = known.resume
+        manager_kwargs["resume"] = os.path.expanduser(known.resume)
     if known.keep_checkpoints is not None:
         manager_kwargs["keep_checkpoints"] = known.keep_checkpoints
     if known.global_n_envs:

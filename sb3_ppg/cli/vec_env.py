@@ -13,6 +13,7 @@ import torch
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
+from sb3_ppg.common.preprocessing import check_first_observation, check_observation_space
 from sb3_ppg.procgen import ProcgenGymnasiumEnv
 from sb3_ppg.procgen.wrappers import make_monitored_procgen_env
 
@@ -46,7 +47,10 @@ class ProcgenVecEnvFactory:
     (which the command line chooses: ``--num-threads``, ``OMP_NUM_THREADS`` or :mod:`sb3_ppg.common.threads`).
 
     Any other env (and a Procgen env with extra gymnasium wrappers from ``env_wrapper``) is built with the fallback
-    ``VecEnv`` class.
+    ``VecEnv`` class, after its observation space and first observation are checked on the probe (see
+    :func:`~sb3_ppg.common.preprocessing.check_observation_space` and
+    :func:`~sb3_ppg.common.preprocessing.check_first_observation`): a space SB3's VecEnvs cannot hold, or observations
+    their cast would change, is a ``ValueError`` before any VecEnv is built.
 
     :param fallback_vec_env_cls: ``VecEnv`` class for non-Procgen envs. None: ``DummyVecEnv`` for one env,
         ``SubprocVecEnv`` for several (what ``rl_zoo3.utils.create_test_env`` does by default)
@@ -74,7 +78,12 @@ class ProcgenVecEnvFactory:
         """
         probe = env_fns[0]()
         if not isinstance(probe.unwrapped, ProcgenGymnasiumEnv):
-            probe.close()
+            try:
+                # Before the VecEnv: SB3's fails on a Graph, Sequence or Text space, and casts observations silently
+                check_observation_space(probe.observation_space)
+                check_first_observation(probe)
+            finally:
+                probe.close()
             return self._fallback(env_fns, **vec_env_kwargs)
 
         monitor = None

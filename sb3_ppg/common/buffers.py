@@ -3,8 +3,8 @@
 import io
 import pathlib
 import warnings
-from collections.abc import Generator
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch as th
@@ -16,6 +16,7 @@ from stable_baselines3.common.utils import get_device, obs_as_tensor
 
 from sb3_ppg.common.array_files import read_array_file, space_from_json, space_to_json, write_array_file
 from sb3_ppg.common.distributions import distribution_param_dim
+from sb3_ppg.common.hyperparameters import AUX_BUFFER_DEVICES
 from sb3_ppg.common.precision import memory_info
 
 AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
@@ -23,6 +24,8 @@ AUX_BUFFER_FORMAT = "sb3_ppg.aux_buffer"
 AUX_BUFFER_VERSIONS = (1, 2)
 
 ObsArray = np.ndarray | dict[str, np.ndarray]
+#: An array of the auxiliary buffer: a NumPy array in CPU memory (pageable or pinned), or a tensor on the device
+StoredArray = np.ndarray | th.Tensor
 TensorObs = th.Tensor | dict[str, th.Tensor]
 
 
@@ -43,56 +46,6 @@ class AuxiliaryBufferSamples(NamedTuple):
     old_distribution_params: th.Tensor
     rollout_indices: np.ndarray
     action_masks: th.Tensor | None = None
-
-
-# A minibatch of either phase: SB3's rollout samples or the auxiliary buffer's
-Minibatch = TypeVar("Minibatch", RolloutBufferSamples, DictRolloutBufferSamples, AuxiliaryBufferSamples)
-
-
-def _slice_batch(values: TensorObs | None, index: slice) -> TensorObs | None:
-    """A slice (a view) of per-sample data: a tensor, or a dict of tensors (Dict observations); None stays None."""
-    if values is None:
-        return None
-    if isinstance(values, dict):
-        return {key: tensor[index] for key, tensor in values.items()}
-    return values[index]
-
-
-def split_observations(observations: TensorObs, size: int | None) -> list[TensorObs]:
-    """
-    Cut a batch of observations into consecutive parts of at most ``size`` samples (views, no copies).
-
-    :param observations: a batch of observations, a tensor or a dict of tensors
-    :param size: the most samples per part; ``None``: the whole batch is one part
-    :return: the parts, in order
-    """
-    n_samples = len(next(iter(observations.values())) if isinstance(observations, dict) else observations)
-    if size is None or n_samples <= size:
-        return [observations]
-    return [_slice_batch(observations, slice(start, start + size)) for start in range(0, n_samples, size)]
-
-
-def split_minibatch(minibatch: Minibatch, micro_batch_size: int | None) -> list[tuple[Minibatch, float]]:
-    """
-    Cut a minibatch into consecutive micro-batches of at most ``micro_batch_size`` samples (views, no copies), each
-    with its share of the minibatch's samples. A loss that is a mean over the samples is the sum of the micro-batches'
-    losses weighted by their shares, and so is its gradient.
-
-    :param minibatch: a policy-phase (SB3's ``RolloutBufferSamples``) or auxiliary-phase minibatch
-    :param micro_batch_size: the most samples per micro-batch; ``None``: the whole minibatch, with share 1
-    :return: the (micro-batch, share) pairs, in order
-    """
-    n_samples = len(minibatch.returns)
-    if micro_batch_size is None or n_samples <= micro_batch_size:
-        return [(minibatch, 1.0)]
-    # Every field is per sample but the rollout indices of an auxiliary minibatch (one per rollout, kept whole)
-    per_sample = [name for name in minibatch._fields if name != "rollout_indices"]
-    parts = []
-    for start in range(0, n_samples, micro_batch_size):
-        index = slice(start, start + micro_batch_size)
-        fields = {name: _slice_batch(getattr(minibatch, name), index) for name in per_sample}
-        parts.append((minibatch._replace(**fields), (min(start + micro_batch_size, n_samples) - start) / n_samples))
-    return parts
 
 
 #: The per-step arrays that the rollout buffers' ``get()`` flattens to ``(n_envs * n_steps, ...)``, env-major: those of
@@ -172,9 +125,73 @@ def check_aux_buffer_memory(nbytes: int, n_policy_iters: int, n_envs: int, n_ste
         )
 
 
-def _with_dtype(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``array`` itself, or a new zero array of its shape when its dtype is not ``dtype``."""
-    return array if array.dtype == dtype else np.zeros(array.shape, dtype=dtype)
+#: ``aux_buffer_device="auto"`` keeps the buffer on the GPU when it takes at most this share of the GPU's free memory
+#: (the rest is left to the networks' activations, the rollout buffer and the allocator's cache)
+AUX_BUFFER_DEVICE_MEMORY_SHARE = 0.5
+
+
+def resolve_aux_buffer_storage(
+    aux_buffer_device: str,
+    device: th.device,
+    nbytes: int,
+    device_memory_info: Callable[[th.device], tuple[int, int]] | None = None,
+) -> tuple[str, str]:
+    """
+    Where the auxiliary buffer's arrays live: ``"host"`` (pageable CPU memory, NumPy arrays), ``"pinned"`` (page-locked
+    CPU memory, minibatches copied without blocking and the next one prepared while the current one trains) or
+    ``"device"`` (tensors on the model's device), and why, for the log.
+
+    :param aux_buffer_device: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"`` (see :data:`AUX_BUFFER_DEVICES`)
+    :param device: the model's device
+    :param nbytes: the buffer's size (``AuxiliaryBuffer.estimate_nbytes``)
+    :param device_memory_info: ``(free, total)`` bytes of a CUDA device; ``None``: ``torch.cuda.mem_get_info``
+    :return: the storage and the reason
+    :raises ValueError: for an unknown ``aux_buffer_device``, or ``"device"`` when the buffer exceeds the free memory
+    """
+    if aux_buffer_device not in AUX_BUFFER_DEVICES:
+        raise ValueError(f"aux_buffer_device must be one of {AUX_BUFFER_DEVICES}, got {aux_buffer_device!r}.")
+    gib = 1024**3
+    if aux_buffer_device == "cpu":
+        return "host", "aux_buffer_device='cpu'"
+    if device.type != "cuda":
+        if aux_buffer_device == "device":
+            return "device", f"aux_buffer_device='device' (the model is on {device})"
+        return "host", f"aux_buffer_device={aux_buffer_device!r} and the model is on {device}, not a CUDA device"
+    if aux_buffer_device == "pinned":
+        return "pinned", "aux_buffer_device='pinned'"
+    free, _ = (device_memory_info or th.cuda.mem_get_info)(device)
+    fits = nbytes <= AUX_BUFFER_DEVICE_MEMORY_SHARE * free
+    if aux_buffer_device == "device":
+        if nbytes > free:
+            raise ValueError(
+                f"aux_buffer_device='device': the auxiliary buffer needs {nbytes / gib:.3g} GiB, more than the "
+                f"{free / gib:.3g} GiB free on {device}: use aux_buffer_device='auto' or 'pinned' (host memory)."
+            )
+        return "device", "aux_buffer_device='device'"
+    share = f"{AUX_BUFFER_DEVICE_MEMORY_SHARE:.0%} of the {free / gib:.3g} GiB free on {device}"
+    if fits:
+        return "device", f"aux_buffer_device='auto': {nbytes / gib:.3g} GiB fit in {share}"
+    return "pinned", f"aux_buffer_device='auto': {nbytes / gib:.3g} GiB do not fit in {share}"
+
+
+def pinned_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """
+    A zero array in page-locked (pinned) CPU memory, a NumPy view of a pinned tensor; ``None`` when memory cannot be
+    pinned (no CUDA, or the system refuses to lock that much).
+
+    :param shape: the array's shape
+    :param dtype: its NumPy dtype
+    """
+    try:
+        tensor = th.zeros(shape, dtype=_torch_dtype(dtype), pin_memory=True)
+    except RuntimeError:
+        return None
+    return tensor.numpy()
+
+
+def _torch_dtype(dtype: np.dtype) -> th.dtype:
+    """The torch dtype of a NumPy dtype."""
+    return th.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
 class AuxiliaryBuffer:
@@ -183,12 +200,13 @@ class AuxiliaryBuffer:
     consecutive observations with their value targets (the GAE returns of that iteration, which are not
     recomputed, as in the paper). Rows of ``n_policy_iters`` iterations are kept, ``n_envs`` per iteration.
 
-    Observations are stored on the CPU in the observation space's dtype (uint8 for images), so the buffer
-    costs the raw observation bytes plus ``4 * (1 + n_params)`` bytes per step. The old-policy distribution
-    parameters are filled by the algorithm (``store_old_distribution_params``) right before the auxiliary
-    phase; the buffer itself runs no network. The value targets and the distribution parameters are kept at the
-    precision they come in: float32, or float64 for a model trained in float64 (``model.policy.to(th.float64)``,
-    whose old-policy parameters are float64; the value targets are float64 where the rollout buffer's are).
+    Observations are stored in the observation space's dtype (uint8 for images), so the buffer costs the raw
+    observation bytes plus ``4 * (1 + n_params)`` bytes per step; ``storage`` says where (CPU memory by default).
+    The old-policy distribution parameters are filled by the algorithm (``store_old_distribution_params``) right
+    before the auxiliary phase; the buffer itself runs no network. The value targets and the distribution parameters
+    are kept at the precision they come in: float32, or float64 for a model trained in float64
+    (``model.policy.to(th.float64)``, whose old-policy parameters are float64; the value targets are float64 where the
+    rollout buffer's are).
 
     :param n_policy_iters: policy iterations per auxiliary phase (N_pi)
     :param n_steps: steps per rollout
@@ -200,9 +218,16 @@ class AuxiliaryBuffer:
         ``action_space`` (``distribution_param_dim``)
     :param mask_dims: booleans per step of the action masks to store with each sample (``MaskablePPG``: one per
         action, ``sum(nvec)`` for MultiDiscrete, 2 per binary action for MultiBinary); 0 (default): no masks
+    :param storage: where the arrays live (see :func:`resolve_aux_buffer_storage`): ``"host"`` (default: NumPy arrays
+        in CPU memory), ``"pinned"`` (NumPy views of page-locked CPU memory, pageable where it cannot be pinned;
+        minibatches are copied without blocking, the next one prepared while the current one trains) or ``"device"``
+        (tensors on ``device``); saved files are the same whatever the storage
     """
 
-    observations: ObsArray
+    observations: ObsArray | dict[str, th.Tensor] | th.Tensor
+    returns: StoredArray
+    old_distribution_params: StoredArray
+    action_masks: StoredArray | None
 
     def __init__(
         self,
@@ -214,7 +239,10 @@ class AuxiliaryBuffer:
         device: th.device | str = "auto",
         n_distribution_params: int | None = None,
         mask_dims: int = 0,
+        storage: str = "host",
     ) -> None:
+        if storage not in ("host", "pinned", "device"):
+            raise ValueError(f"storage must be 'host', 'pinned' or 'device', got {storage!r}.")
         self.n_policy_iters = n_policy_iters
         self.n_steps = n_steps
         self.n_envs = n_envs
@@ -226,24 +254,69 @@ class AuxiliaryBuffer:
             n_distribution_params = distribution_param_dim(action_space)
         self.n_distribution_params = n_distribution_params
         self.mask_dims = mask_dims
+        self.storage = storage
+        # Whether the arrays are page-locked (storage "pinned" where pinning succeeded), and the minibatches of a
+        # pinned buffer gathered into reused page-locked staging arrays (on CUDA) before their non-blocking copy
+        self.pinned = storage == "pinned"
+        self._staged = storage == "pinned" and self.device.type == "cuda"
+        self._staging: list[dict[str, th.Tensor]] = [{}, {}]
+        self._staging_events: list[Any] = [None, None]
         # Same per-step shapes as SB3's rollout buffer (a Discrete observation is stored with shape (1,))
         obs_shape = get_obs_shape(observation_space)
         if isinstance(observation_space, spaces.Dict):
             assert isinstance(obs_shape, dict)
             self.observations = {
-                key: np.zeros((self.buffer_size, n_steps, *obs_shape[key]), dtype=space.dtype)
+                key: self._zeros((self.buffer_size, n_steps, *obs_shape[key]), space.dtype)
                 for key, space in observation_space.spaces.items()
             }
         else:
             assert isinstance(obs_shape, tuple)
-            self.observations = np.zeros((self.buffer_size, n_steps, *obs_shape), dtype=observation_space.dtype)
-        self.returns = np.zeros((self.buffer_size, n_steps), dtype=np.float32)
-        self.old_distribution_params = np.zeros((self.buffer_size, n_steps, self.n_distribution_params), dtype=np.float32)
+            self.observations = self._zeros((self.buffer_size, n_steps, *obs_shape), observation_space.dtype)
+        self.returns = self._zeros((self.buffer_size, n_steps), np.float32)
+        self.old_distribution_params = self._zeros((self.buffer_size, n_steps, self.n_distribution_params), np.float32)
         # One boolean per action and step (a byte each: masks are small next to the observations)
-        self.action_masks = np.ones((self.buffer_size, n_steps, mask_dims), dtype=bool) if mask_dims > 0 else None
+        self.action_masks = None
+        if mask_dims > 0:
+            self.action_masks = self._zeros((self.buffer_size, n_steps, mask_dims), bool)
+            self.action_masks[:] = True
         self.pos = 0
         # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
         self.saved_rollout_files: dict[int, str] = {}
+
+    def _zeros(self, shape: tuple[int, ...], dtype: Any) -> StoredArray:
+        """A zero array of the buffer's storage (a pinned one falls back to pageable memory, see ``pinned``)."""
+        if self.storage == "device":
+            return th.zeros(shape, dtype=_torch_dtype(np.dtype(dtype)), device=self.device)
+        if self.storage == "pinned":
+            array = pinned_zeros(shape, np.dtype(dtype))
+            if array is not None:
+                return array
+            self.pinned = False
+        return np.zeros(shape, dtype=dtype)
+
+    def _with_dtype(self, array: StoredArray, dtype: np.dtype) -> StoredArray:
+        """``array`` itself, or a new zero array of its shape and of the buffer's storage when its dtype is not ``dtype``."""
+        if isinstance(array, th.Tensor):
+            return array if array.dtype == _torch_dtype(dtype) else self._zeros(tuple(array.shape), dtype)
+        return array if array.dtype == dtype else self._zeros(array.shape, dtype)
+
+    def _write(self, target: StoredArray, rows: slice, values: np.ndarray) -> None:
+        """Copy ``values`` (host arrays) into some rows of a stored array."""
+        if isinstance(target, th.Tensor):
+            target[rows] = th.as_tensor(values).to(target.device, target.dtype)
+        else:
+            target[rows] = values
+
+    def _take(self, array: StoredArray, rows: np.ndarray | slice) -> StoredArray:
+        """Some rows of a stored array (a copy for an index array, a view for a slice)."""
+        if isinstance(array, th.Tensor) and isinstance(rows, np.ndarray):
+            return array[th.as_tensor(rows, device=array.device)]
+        return array[rows]
+
+    @staticmethod
+    def _to_numpy(array: StoredArray) -> np.ndarray:
+        """A stored array as a NumPy array (a view in CPU memory, a copy from a device)."""
+        return array.cpu().numpy() if isinstance(array, th.Tensor) else array
 
     @staticmethod
     def estimate_nbytes(
@@ -327,27 +400,30 @@ class AuxiliaryBuffer:
             )
         flattened = rollout_buffer.generator_ready
         if self.pos == 0:
-            self.returns = _with_dtype(self.returns, rollout_buffer.returns.dtype)
+            self.returns = self._with_dtype(self.returns, rollout_buffer.returns.dtype)
         rows = slice(self.pos, self.pos + self.n_envs)
         if isinstance(self.observations, dict):
             for key, array in self.observations.items():
-                array[rows] = self._env_major(rollout_buffer.observations[key], flattened, array.shape[2:])  # type: ignore[index]
+                values = self._env_major(rollout_buffer.observations[key], flattened, tuple(array.shape[2:]))  # type: ignore[index]
+                self._write(array, rows, values)
         else:
             observations = rollout_buffer.observations
-            self.observations[rows] = self._env_major(observations, flattened, self.observations.shape[2:])  # type: ignore[arg-type]
-        self.returns[rows] = self._env_major(rollout_buffer.returns, flattened, ())
+            self._write(self.observations, rows, self._env_major(observations, flattened, tuple(self.observations.shape[2:])))  # type: ignore[arg-type]
+        self._write(self.returns, rows, self._env_major(rollout_buffer.returns, flattened, ()))
         if self.action_masks is not None:
             masks = self._env_major(rollout_buffer.action_masks, flattened, (self.mask_dims,))  # type: ignore[attr-defined]
-            self.action_masks[rows] = masks.astype(bool)
+            self._write(self.action_masks, rows, masks.astype(bool))
         self.pos += self.n_envs
 
     def _observations_to_tensor(self, rows: np.ndarray | slice) -> TensorObs:
         """Observations of some rows, flattened to (n_rows * n_steps, ...), as tensor(s) on ``self.device``."""
         if isinstance(self.observations, dict):
-            obs: ObsArray = {key: array[rows].reshape(-1, *array.shape[2:]) for key, array in self.observations.items()}
+            obs = {key: self._take(array, rows).reshape(-1, *array.shape[2:]) for key, array in self.observations.items()}
         else:
-            obs = self.observations[rows].reshape(-1, *self.observations.shape[2:])
-        return obs_as_tensor(obs, self.device)
+            obs = self._take(self.observations, rows).reshape(-1, *self.observations.shape[2:])
+        if self.storage == "device":
+            return obs  # type: ignore[return-value]
+        return obs_as_tensor(obs, self.device)  # type: ignore[arg-type]
 
     def action_masks_to_tensor(self, rows: np.ndarray | slice) -> th.Tensor | None:
         """
@@ -358,7 +434,7 @@ class AuxiliaryBuffer:
         """
         if self.action_masks is None:
             return None
-        return th.as_tensor(self.action_masks[rows].reshape(-1, self.mask_dims), device=self.device)
+        return th.as_tensor(self._take(self.action_masks, rows).reshape(-1, self.mask_dims), device=self.device)
 
     def iter_rollout_chunks(self, batch_rollouts: int) -> Generator[tuple[slice, TensorObs], None, None]:
         """
@@ -380,10 +456,15 @@ class AuxiliaryBuffer:
         :param params: tensor of shape (n_rows * n_steps, n_distribution_params), on any device: float64 ones are
             stored in float64 (a float64 model), any other in float32
         """
-        array = params.to(th.float64 if params.dtype == th.float64 else th.float32).cpu().numpy()
+        params = params.to(th.float64 if params.dtype == th.float64 else th.float32)
         if rows.start == 0:
-            self.old_distribution_params = _with_dtype(self.old_distribution_params, array.dtype)
-        self.old_distribution_params[rows] = array.reshape(-1, self.n_steps, self.n_distribution_params)
+            dtype = np.float64 if params.dtype == th.float64 else np.float32
+            self.old_distribution_params = self._with_dtype(self.old_distribution_params, np.dtype(dtype))
+        params = params.reshape(-1, self.n_steps, self.n_distribution_params)
+        if isinstance(self.old_distribution_params, th.Tensor):
+            self.old_distribution_params[rows] = params.to(self.old_distribution_params.device)
+        else:
+            self.old_distribution_params[rows] = params.cpu().numpy()
 
     def get(
         self, batch_rollouts: int, generator: np.random.Generator | None = None
@@ -396,17 +477,67 @@ class AuxiliaryBuffer:
         :return: a generator of ``AuxiliaryBufferSamples``
         """
         permutation = generator.permutation(self.pos) if generator is not None else np.random.permutation(self.pos)
-        for start in range(0, self.pos, batch_rollouts):
-            rows = permutation[start : start + batch_rollouts]
-            yield AuxiliaryBufferSamples(
-                observations=self._observations_to_tensor(rows),
-                returns=th.as_tensor(self.returns[rows].reshape(-1), device=self.device),
-                old_distribution_params=th.as_tensor(
-                    self.old_distribution_params[rows].reshape(-1, self.n_distribution_params), device=self.device
-                ),
-                rollout_indices=rows,
-                action_masks=self.action_masks_to_tensor(rows),
-            )
+        batches = (permutation[start : start + batch_rollouts] for start in range(0, self.pos, batch_rollouts))
+        if self.storage != "pinned":
+            for rows in batches:
+                yield self._minibatch(rows)
+            return
+        # Pinned memory: the next minibatch is gathered and its copy started before the current one is handed out,
+        # so that the host prepares it while the device trains on the current one
+        pending = None
+        for index, rows in enumerate(batches):
+            prepared = self._staged_minibatch(rows, index % 2) if self._staged else self._minibatch(rows)
+            if pending is not None:
+                yield pending
+            pending = prepared
+        if pending is not None:
+            yield pending
+
+    def _minibatch(self, rows: np.ndarray) -> AuxiliaryBufferSamples:
+        """The auxiliary minibatch of some rows, on ``self.device``."""
+        return AuxiliaryBufferSamples(
+            observations=self._observations_to_tensor(rows),
+            returns=th.as_tensor(self._take(self.returns, rows).reshape(-1), device=self.device),
+            old_distribution_params=th.as_tensor(
+                self._take(self.old_distribution_params, rows).reshape(-1, self.n_distribution_params), device=self.device
+            ),
+            rollout_indices=rows,
+            action_masks=self.action_masks_to_tensor(rows),
+        )
+
+    def _staged_minibatch(self, rows: np.ndarray, slot: int) -> AuxiliaryBufferSamples:
+        """
+        The minibatch of some rows, gathered into the page-locked staging arrays ``slot`` (two, used in turn) and copied
+        to ``self.device`` without blocking. A slot is reused once the copy out of it (two minibatches ago) is done.
+        """
+        event = self._staging_events[slot]
+        if event is not None:
+            event.synchronize()
+        staging = self._staging[slot]
+        tensors = {}
+        for name, source in self._rows_arrays(slice(0, self.pos), with_old_distributions=True).items():
+            dtype = _torch_dtype(source.dtype)
+            if name not in staging or staging[name].dtype != dtype or len(staging[name]) < len(rows):
+                shape = (len(rows), *source.shape[1:])
+                try:
+                    staging[name] = th.zeros(shape, dtype=dtype, pin_memory=True)
+                except RuntimeError:  # pinning refused: pageable (the copy then waits)
+                    staging[name] = th.zeros(shape, dtype=dtype)
+            target = staging[name][: len(rows)]
+            np.take(source, rows, axis=0, out=target.numpy())
+            tensors[name] = target.reshape(-1, *source.shape[2:]).to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            self._staging_events[slot] = th.cuda.Event()
+            self._staging_events[slot].record()
+        prefix = "observations."
+        observations = {name[len(prefix) :]: tensor for name, tensor in tensors.items() if name.startswith(prefix)}
+        return AuxiliaryBufferSamples(
+            observations=observations or tensors["observations"],
+            returns=tensors["returns"],
+            old_distribution_params=tensors["old_distribution_params"],
+            rollout_indices=rows,
+            action_masks=tensors.get("action_masks"),
+        )
 
     def layout_metadata(self) -> dict[str, Any]:
         """
@@ -441,15 +572,16 @@ class AuxiliaryBuffer:
         return self._rows_arrays(slice(iteration * self.n_envs, (iteration + 1) * self.n_envs), with_old_distributions)
 
     def _rows_arrays(self, rows: slice, with_old_distributions: bool) -> dict[str, np.ndarray]:
+        """The arrays of some rows by name, as NumPy arrays (views in CPU memory, copies from a device)."""
         if isinstance(self.observations, dict):
-            arrays = {f"observations.{key}": array[rows] for key, array in self.observations.items()}
+            arrays = {f"observations.{key}": self._to_numpy(array[rows]) for key, array in self.observations.items()}
         else:
-            arrays = {"observations": self.observations[rows]}
-        arrays["returns"] = self.returns[rows]
+            arrays = {"observations": self._to_numpy(self.observations[rows])}
+        arrays["returns"] = self._to_numpy(self.returns[rows])
         if self.action_masks is not None:
-            arrays["action_masks"] = self.action_masks[rows]
+            arrays["action_masks"] = self._to_numpy(self.action_masks[rows])
         if with_old_distributions:
-            arrays["old_distribution_params"] = self.old_distribution_params[rows]
+            arrays["old_distribution_params"] = self._to_numpy(self.old_distribution_params[rows])
         return arrays
 
     def _set_rows_arrays(self, start: int, arrays: dict[str, np.ndarray], source: object) -> int:
@@ -470,15 +602,27 @@ class AuxiliaryBuffer:
         rows = slice(start, start + n_rows)
         if isinstance(self.observations, dict):
             for key, array in self.observations.items():
-                array[rows] = arrays[f"observations.{key}"]
+                self._write(array, rows, arrays[f"observations.{key}"])
         else:
-            self.observations[rows] = arrays["observations"]
-        self.returns[rows] = arrays["returns"]
+            self._write(self.observations, rows, arrays["observations"])
+        self._write(self.returns, rows, arrays["returns"])
         if self.action_masks is not None:
-            self.action_masks[rows] = arrays["action_masks"]
+            self._write(self.action_masks, rows, arrays["action_masks"])
         if "old_distribution_params" in arrays:
-            self.old_distribution_params[rows] = arrays["old_distribution_params"]
+            self._write(self.old_distribution_params, rows, arrays["old_distribution_params"])
         return n_rows
+
+    def copy_from(self, other: "AuxiliaryBuffer", source: object) -> None:
+        """
+        Replace the stored rollouts with those of ``other`` (e.g. a loaded buffer, in another storage), checked first.
+
+        :param other: a buffer of the same layout (``check_compatible``)
+        :param source: where it came from, for error messages
+        """
+        other.check_compatible(self, source)
+        self.reset()
+        self._set_rows_arrays(0, other._rows_arrays(slice(0, other.pos), with_old_distributions=True), source)
+        self.pos = other.pos
 
     def add_iteration_arrays(self, arrays: dict[str, np.ndarray], source: object) -> None:
         """

@@ -108,6 +108,7 @@ class PPGCheckpointCallback(CheckpointCallback, RolloutBoundaryCallback):
         verbose: int = 0,
         keep_last: int | None = None,
     ):
+        save_path = os.path.expanduser(save_path)  # "~/runs": the home folder's runs, not a folder named "~"
         super().__init__(save_freq, save_path, name_prefix, save_replay_buffer, save_vecnormalize, verbose)
         if not isinstance(save_freq, int) or isinstance(save_freq, bool) or save_freq < 1:
             raise ValueError(f"save_freq must be an integer >= 1, got {save_freq!r}")

@@ -20,9 +20,10 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.type_aliases import MaybeCallback
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
+from sb3_ppg.common.checkpoints.env_state import vec_env_chain
 from sb3_ppg.common.distributed import (
     RunningStats,
     all_gather_object,
@@ -108,6 +109,7 @@ def fingerprint(
         policy_class=model.policy_class.__qualname__,
         observation_space=model.observation_space,
         action_space=model.action_space,
+        env_ids=env_ids(model.env) if model.env is not None else None,
         n_envs=model.n_envs,
         batch_size=model.batch_size,
         parameters=[(name, tuple(tensor.shape), str(tensor.dtype)) for name, tensor in model.policy.state_dict().items()],
@@ -121,6 +123,30 @@ def fingerprint(
         versions=(stable_baselines3.__version__, th.__version__),
     )
     return {name: _stable_repr(value) for name, value in values.items()}
+
+
+def env_ids(venv: VecEnv) -> list[str]:
+    """
+    The ids of a VecEnv's envs (gymnasium's ``spec.id``; the game of a native Procgen VecEnv; the class of an env made
+    without ``gymnasium.make``): ranks on other envs with the same spaces would otherwise train together silently.
+
+    :param venv: the model's env
+    :return: one id per env
+    """
+    base = vec_env_chain(venv)[-1]
+    get_env_settings = getattr(base, "get_env_settings", None)
+    if callable(get_env_settings):
+        return [f"procgen/{get_env_settings().get('env_name')}"] * base.num_envs
+    if isinstance(base, DummyVecEnv):
+        specs = [env.spec for env in base.envs]
+        classes = [type(env.unwrapped).__qualname__ for env in base.envs]
+    else:
+        try:
+            specs = base.get_attr("spec")
+        except Exception:  # a VecEnv of another kind
+            return [type(base).__qualname__] * base.num_envs
+        classes = [type(base).__qualname__] * base.num_envs
+    return [spec.id if spec is not None else name for spec, name in zip(specs, classes, strict=True)]
 
 
 def _boundary_callbacks(callback: MaybeCallback) -> list[tuple[Any, ...]]:
@@ -172,7 +198,7 @@ def check_consistency(fingerprint_of_rank: dict[str, str]) -> None:
     if differences:
         raise ValueError(
             "Data-parallel PPG: the ranks disagree on settings that must be the same on every rank (every rank needs "
-            "the same hyperparameters, spaces, number of envs, learn() arguments, checkpoint callbacks and model "
+            "the same hyperparameters, envs, spaces, number of envs, learn() arguments, checkpoint callbacks and model "
             "state):\n" + "\n".join(differences)
         )
 

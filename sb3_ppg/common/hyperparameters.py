@@ -3,10 +3,9 @@ Checks of PPG's hyperparameters: each takes values and returns values (or raises
 and the fix); none reads or changes a model.
 """
 
-import difflib
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,11 +15,14 @@ from sb3_ppg.common.precision import resolve_precision
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 #: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
 VALUE_CLIPPINGS = ("sb3", "max")
+#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.buffers.resolve_aux_buffer_storage``)
+AUX_BUFFER_DEVICES = ("cpu", "pinned", "device", "auto")
 #: ``policy_minibatches``: shuffled transitions (SB3's PPO, CleanRL), or whole env rollouts (the paper's code)
 POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
-#: ``precision``, ``value_clipping``, ``policy_minibatches``) take their defaults, which keep the older models' behaviour.
+#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``overlap_rollouts``) take their
+#: defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -47,7 +49,15 @@ SAVED_HYPERPARAMETERS = (
     "target_kl",
 )
 #: The hyperparameters :func:`check_hyperparameters` checks (those that do not depend on the env)
-CHECKED_HYPERPARAMETERS = (*SAVED_HYPERPARAMETERS, "micro_batch_size", "precision", "value_clipping", "policy_minibatches")
+CHECKED_HYPERPARAMETERS = (
+    *SAVED_HYPERPARAMETERS,
+    "micro_batch_size",
+    "precision",
+    "value_clipping",
+    "policy_minibatches",
+    "aux_buffer_device",
+    "overlap_rollouts",
+)
 
 
 def is_integer(value: object) -> bool:
@@ -168,7 +178,11 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         isinstance(values["normalize_advantage"], str) and values["normalize_advantage"] in ADVANTAGE_NORMALIZATIONS,
         f"normalize_advantage must be one of {ADVANTAGE_NORMALIZATIONS} (or a bool), got {values['normalize_advantage']!r}",
     )
-    for name, choices in (("value_clipping", VALUE_CLIPPINGS), ("policy_minibatches", POLICY_MINIBATCHES)):
+    for name, choices in (
+        ("value_clipping", VALUE_CLIPPINGS),
+        ("policy_minibatches", POLICY_MINIBATCHES),
+        ("aux_buffer_device", AUX_BUFFER_DEVICES),
+    ):
         checker.check(
             name,
             isinstance(values[name], str) and values[name] in choices,
@@ -176,11 +190,8 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    checker.check(
-        "separate_aux_optimizer",
-        isinstance(values["separate_aux_optimizer"], (bool, np.bool_)),
-        f"separate_aux_optimizer must be a bool, got {values['separate_aux_optimizer']!r}",
-    )
+    for name in ("separate_aux_optimizer", "overlap_rollouts"):
+        checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):
@@ -203,125 +214,6 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
     if checker.problems:
         raise HyperparameterError(checker.problems)
     return checker.values
-
-
-def load_arguments(kwargs: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
-    """
-    ``load()``'s keyword arguments with the meaning the constructor gives them: ``batch_size=None`` follows the number
-    of envs again (and a number stops following it); ``n_value_epochs=None`` is ``n_epochs``, and a new ``n_epochs``
-    alone keeps the value epochs joint with the policy epochs when they were (``n_value_epochs == n_epochs`` in the
-    file), as ``n_value_epochs=None`` does in the constructor.
-
-    :param kwargs: the keyword arguments given to ``load()``
-    :param saved: the hyperparameters stored in the file (its plain JSON values)
-    :return: the keyword arguments to set on the model (a new dict)
-    """
-    kwargs = dict(kwargs)
-    if "batch_size" in kwargs:
-        kwargs["_auto_batch_size"] = kwargs["batch_size"] is None
-    n_epochs = kwargs.get("n_epochs", saved.get("n_epochs"))
-    if is_integer(n_epochs):
-        if "n_value_epochs" in kwargs and kwargs["n_value_epochs"] is None:
-            kwargs["n_value_epochs"] = n_epochs
-        elif "n_epochs" in kwargs and "n_value_epochs" not in kwargs and saved.get("n_value_epochs") == saved.get("n_epochs"):
-            kwargs["n_value_epochs"] = n_epochs
-    return kwargs
-
-
-def check_load_arguments(kwargs: dict[str, Any], saved: dict[str, Any], parameters: Iterable[str], where: str) -> None:
-    """
-    Refuse keyword arguments of ``load()`` that are neither constructor parameters nor attributes stored in the file
-    (SB3's ``load`` would set a misspelled name as a new attribute, silently), and a file that lacks one of the
-    :data:`SAVED_HYPERPARAMETERS` (loading would silently use the constructor's default) unless ``load()`` is given it.
-
-    :param kwargs: the keyword arguments given to ``load()``
-    :param saved: the file's ``data`` (plain JSON)
-    :param parameters: the names of the constructor's parameters
-    :param where: the file, for the messages
-    :raises HyperparameterError: naming each unknown argument (with the closest valid name) or missing hyperparameter
-    """
-    known = set(parameters) | set(saved)
-    unknown = [name for name in kwargs if name not in known]
-    if unknown:
-        problems = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            problems.append((name, f"{name!r} is neither a PPG hyperparameter nor an attribute stored in the file{hint}"))
-        raise HyperparameterError(problems, header=f"Unknown keyword arguments of load() for {where}:")
-    missing = [name for name in SAVED_HYPERPARAMETERS if name not in saved and name not in kwargs]
-    if missing:
-        raise HyperparameterError(
-            [(name, f"{name} is missing") for name in missing],
-            header=(
-                f"{where} holds no value for these PPG hyperparameters, which every PPG model zip stores (the file was "
-                "edited or damaged; loading it would silently use the constructor's defaults):"
-            ),
-            footer=(
-                f"Pass the run's values to load() (e.g. PPG.load(path, env, {missing[0]}=...)), or load an intact copy "
-                "of the file."
-            ),
-        )
-
-
-def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: Iterable[str], where: str) -> None:
-    """
-    Refuse hyperparameters that need other optimizers than those a model zip holds: ``load()`` restores the saved
-    optimizers as they are, so it can neither add one (its state would be missing) nor drop one. The auxiliary phase
-    has its own optimizer when ``n_aux_epochs > 0`` and ``separate_aux_optimizer``; separate value epochs have theirs
-    when ``n_value_epochs != n_epochs``. Values of a wrong type are left to ``check_hyperparameters``.
-
-    :param values: the hyperparameters the model would be loaded with (the file's, replaced by ``load()``'s)
-    :param members: the names of the zip's members (``aux_optimizer.pth``, ``value_optimizer.pth``)
-    :param changed: the names given to ``load()`` (keyword arguments or ``custom_objects``)
-    :param where: the file, for the message
-    :raises HyperparameterError: naming the optimizer, the values and what to do
-    """
-    n_aux_epochs, separate = values.get("n_aux_epochs"), values.get("separate_aux_optimizer")
-    n_epochs, n_value_epochs = values.get("n_epochs"), values.get("n_value_epochs")
-    optimizers = []  # (name, needed, saved, the hyperparameters that decide it, what it is for)
-    if is_integer(n_aux_epochs) and isinstance(separate, (bool, np.bool_)):
-        optimizers.append(
-            (
-                "aux_optimizer",
-                n_aux_epochs > 0 and bool(separate),
-                "aux_optimizer.pth" in members,
-                ("n_aux_epochs", "separate_aux_optimizer"),
-                "the auxiliary phase's own optimizer (n_aux_epochs > 0 with separate_aux_optimizer=True)",
-            )
-        )
-    if is_integer(n_epochs) and is_integer(n_value_epochs):
-        optimizers.append(
-            (
-                "value_optimizer",
-                n_epochs != n_value_epochs,
-                "value_optimizer.pth" in members,
-                ("n_epochs", "n_value_epochs"),
-                "the optimizer of separate value epochs (n_value_epochs != n_epochs)",
-            )
-        )
-    problems = []
-    for name, needed, saved, deciding, purpose in optimizers:
-        if needed == saved:
-            continue
-        settings = ", ".join(f"{key}={values[key]!r}" for key in deciding)
-        given = [key for key in deciding if key in changed]
-        source = f"{', '.join(given)} given to load()" if given else "the file's own values (an edited or damaged file)"
-        if saved:
-            problems.append((name, f"{settings} ({source}) drops {name}: the file holds the state of {purpose}"))
-        else:
-            problems.append((name, f"{settings} ({source}) needs {name}, {purpose}, which the file does not hold"))
-    if problems:
-        raise HyperparameterError(
-            problems,
-            header=f"Cannot load {where} with these hyperparameters: load() restores the saved optimizers, it cannot "
-            "add or drop one:",
-            footer=(
-                "Load the file without changing these settings. To train its weights with other settings, build a model "
-                "with them (and the saved policy_kwargs) and copy the policy's weights: model = PPG(policy, env, ...); "
-                "model.policy.load_state_dict(PPG.load(path).policy.state_dict())."
-            ),
-        )
 
 
 def schedule_value(schedule: Callable[[float], float], name: str, progress_remaining: float) -> float:
@@ -417,34 +309,3 @@ def resolve_batch_size(
                 "a batch_size that divides n_steps * n_envs."
             )
     return batch_size
-
-
-def with_sources(
-    error: HyperparameterError, where: str, kwargs: dict[str, Any], custom_objects: dict[str, Any] | None
-) -> HyperparameterError:
-    """
-    ``check_hyperparameters``' error for a model being loaded: each value says where it came from, and the fix.
-
-    :param error: the error
-    :param where: the file
-    :param kwargs: the keyword arguments given to ``load()``
-    :param custom_objects: the ``custom_objects`` given to ``load()``
-    :return: the error to raise
-    """
-
-    def source(name: str) -> str:
-        if name in kwargs:
-            return "given to load()"
-        if custom_objects is not None and name in custom_objects:
-            return "from custom_objects"
-        return "stored in the file"
-
-    problems = [(name, f"{message} ({source(name)})") for name, message in error.problems]
-    return HyperparameterError(
-        problems,
-        header=f"Cannot load {where}: invalid PPG hyperparameters:",
-        footer=(
-            f"Pass valid values as keyword arguments of load() (e.g. PPG.load(path, env, {problems[0][0]}=...)): they "
-            "replace the file's values."
-        ),
-    )

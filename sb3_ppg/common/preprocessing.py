@@ -3,6 +3,7 @@ What PPG's policies take as observations and actions: the spaces SB3's buffers a
 error that names the fix), observations given to ``predict``, and preprocessing that SB3 leaves out.
 """
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,66 @@ def _check_zero_start(space: spaces.Space, name: str, values: str) -> None:
         f"PPG does not support the {name} with start={start}: SB3's networks number the {values} from 0, so {problem}. "
         f"Declare the space with start=0, or {fix}."
     )
+
+
+def has_integer_box(observation_space: spaces.Space) -> bool:
+    """Whether an observation space is (or a Dict holds) a Box of an integer dtype, e.g. ``Box(0, 255, uint8)`` images."""
+    if isinstance(observation_space, spaces.Dict):
+        return any(has_integer_box(subspace) for subspace in observation_space.spaces.values())
+    return isinstance(observation_space, spaces.Box) and np.issubdtype(observation_space.dtype, np.integer)
+
+
+def check_observation_dtype(observation: Any, observation_space: spaces.Space, key: str | None = None) -> None:
+    """
+    Refuse an observation of a Box space that SB3's VecEnvs would change when they store it in the space's dtype (they
+    cast without a word): floats in [0, 1) given to a ``Box(0, 255, uint8)`` space become all zeros, values outside
+    an integer dtype's range wrap around.
+
+    :param observation: an observation the env returned (one, not a batch), before any VecEnv
+    :param observation_space: the env's observation space
+    :param key: the entry's key when ``observation_space`` is inside a Dict space
+    :raises ValueError: naming the space, the observation's dtype and range, and the fix
+    """
+    if isinstance(observation_space, spaces.Dict) and isinstance(observation, dict) and key is None:
+        for sub_key, subspace in observation_space.spaces.items():
+            if sub_key in observation:
+                check_observation_dtype(observation[sub_key], subspace, sub_key)
+        return
+    if not isinstance(observation_space, spaces.Box) or observation_space.dtype is None:
+        return
+    try:
+        values = np.asarray(observation)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy's warning for a cast of NaN or inf
+            cast = values.astype(observation_space.dtype)
+    except (TypeError, ValueError):
+        return  # not an array of numbers: SB3's own checks say so
+    if values.dtype == observation_space.dtype or values.dtype.kind not in "biuf" or values.size == 0:
+        return
+    if np.array_equal(cast.astype(values.dtype), values, equal_nan=values.dtype.kind == "f"):
+        return
+    where = "" if key is None else f" (key {key!r})"
+    low, high = np.nanmin(values), np.nanmax(values)
+    raise ValueError(
+        f"The env's observations{where} are {values.dtype} (values from {low:g} to {high:g}) but its observation space "
+        f"{observation_space} is {observation_space.dtype}: SB3's VecEnv casts them to {observation_space.dtype}, which "
+        f"changes them (floats in [0, 1) would all become 0). Return {observation_space.dtype} observations within the "
+        f"space from the env (e.g. (obs * 255).astype(np.uint8) for images in [0, 1)), or declare the space with the "
+        f"observations' dtype and range (e.g. Box(0.0, 1.0, shape, np.float32))."
+    )
+
+
+def check_first_observation(env: Any) -> None:
+    """
+    Reset a gymnasium env (not yet vectorized) and check its observation with :func:`check_observation_dtype`, for an
+    observation space that is or holds a Box of an integer dtype (the only ones where SB3's cast loses values); other
+    envs are not reset.
+
+    :param env: the env
+    """
+    if has_integer_box(env.observation_space):
+        observation, _ = env.reset()
+        check_observation_dtype(observation, env.observation_space)
 
 
 def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:

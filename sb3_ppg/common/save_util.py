@@ -1,17 +1,24 @@
 """
 Reading and writing model zips: the policy class a PPG zip stores, what a zip holds (read without unpickling), the file
-SB3's ``save`` writes for a path.
+SB3's ``save`` writes for a path, and the checks of ``PPG.load`` (the zip, its optimizers, ``load()``'s arguments).
 """
 
+import difflib
+import inspect
 import io
 import json
 import os
 import pathlib
 import warnings
 import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
+import numpy as np
 from stable_baselines3.common.save_util import json_to_data, open_path
+
+from sb3_ppg.common.hyperparameters import SAVED_HYPERPARAMETERS, HyperparameterError, is_integer
 
 
 def class_name(cls: Any) -> str:
@@ -121,4 +128,222 @@ def check_policy_class(where: str, data: dict[str, Any], policy_class: Any, expe
     lacks = ", and it lacks PPG's hyperparameters" if "n_policy_iters" not in data else ""
     raise ValueError(
         f"{where} does not hold a PPG model: its policy is {name}, not a PPG policy (sb3_ppg.PPGPolicy){lacks}. {how}"
+    )
+
+
+def check_model_zip(
+    path: str | pathlib.Path | io.BufferedIOBase,
+    algorithm: type,
+    policy_base: type,
+    custom_objects: dict[str, Any] | None,
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """
+    The checks of ``PPG.load`` before SB3's ``load``, on the zip read as plain JSON: its policy is one of
+    ``algorithm``'s, ``load()``'s arguments are known, and the saved optimizers are the ones the model needs.
+
+    :param path: the model file, as given to ``load()``
+    :param algorithm: the class loading it (``PPG``, ``MaskablePPG``)
+    :param policy_base: the policy base class of PPG (``PPGPolicy``)
+    :param custom_objects: as given to ``load()``
+    :param kwargs: the keyword arguments given to ``load()``
+    :return: the keyword arguments to pass on to SB3's ``load`` (see :func:`load_arguments`)
+    :raises HyperparameterError: naming each unknown argument, missing hyperparameter or optimizer change
+    :raises ValueError: when the file holds a model of another algorithm
+    """
+    saved = read_model_zip(path)
+    if saved is None:
+        return kwargs
+    where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
+    data, members = saved
+    policy_class = saved_policy_class(data, custom_objects)
+    check_policy_class(where, data, policy_class, policy_base)
+    # The algorithm of the zip's policy and of this class's policies (MlpPolicy: "PPG" for PPG and its subclasses,
+    # "MaskablePPG" for MaskablePPG): a MaskablePPG zip given to PPG.load would load, then train and predict without
+    # the masks
+    saved_algorithm = getattr(policy_class, "algorithm_name", None)
+    expected = getattr(algorithm.policy_aliases.get("MlpPolicy"), "algorithm_name", None)  # type: ignore[attr-defined]
+    if saved_algorithm is not None and expected is not None and saved_algorithm != expected:
+        raise ValueError(
+            f"{where} holds a {saved_algorithm} model (policy {class_name(policy_class)}), not a {expected} one: "
+            f"load it with sb3_ppg.{saved_algorithm}.load(path)."
+        )
+    check_load_arguments(kwargs, data, inspect.signature(algorithm.__init__).parameters, where)
+    replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
+    arguments = load_arguments(kwargs, {**data, **replaced})
+    check_saved_optimizers({**data, **replaced, **arguments}, members, {*replaced, *kwargs}, where)
+    return arguments
+
+
+@contextmanager
+def load_errors(
+    path: str | pathlib.Path | io.BufferedIOBase, kwargs: dict[str, Any], custom_objects: dict[str, Any] | None
+) -> Iterator[None]:
+    """
+    Around SB3's ``load``: a ``HyperparameterError`` says where each value came from (:func:`with_sources`), and SB3's
+    assertion on a truncated zip becomes a ``ValueError``.
+
+    :param path: the model file, as given to ``load()``
+    :param kwargs: the keyword arguments given to ``load()``
+    :param custom_objects: as given to ``load()``
+    """
+    where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
+    try:
+        yield
+    except HyperparameterError as error:
+        raise with_sources(error, where, kwargs, custom_objects) from None
+    except AssertionError as error:
+        # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
+        if "No data found" in str(error):
+            raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
+        raise
+
+
+def load_arguments(kwargs: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``load()``'s keyword arguments with the meaning the constructor gives them: ``batch_size=None`` follows the number
+    of envs again (and a number stops following it); ``n_value_epochs=None`` is ``n_epochs``, and a new ``n_epochs``
+    alone keeps the value epochs joint with the policy epochs when they were (``n_value_epochs == n_epochs`` in the
+    file), as ``n_value_epochs=None`` does in the constructor.
+
+    :param kwargs: the keyword arguments given to ``load()``
+    :param saved: the hyperparameters stored in the file (its plain JSON values)
+    :return: the keyword arguments to set on the model (a new dict)
+    """
+    kwargs = dict(kwargs)
+    if "batch_size" in kwargs:
+        kwargs["_auto_batch_size"] = kwargs["batch_size"] is None
+    n_epochs = kwargs.get("n_epochs", saved.get("n_epochs"))
+    if is_integer(n_epochs):
+        if "n_value_epochs" in kwargs and kwargs["n_value_epochs"] is None:
+            kwargs["n_value_epochs"] = n_epochs
+        elif "n_epochs" in kwargs and "n_value_epochs" not in kwargs and saved.get("n_value_epochs") == saved.get("n_epochs"):
+            kwargs["n_value_epochs"] = n_epochs
+    return kwargs
+
+
+def check_load_arguments(kwargs: dict[str, Any], saved: dict[str, Any], parameters: Iterable[str], where: str) -> None:
+    """
+    Refuse keyword arguments of ``load()`` that are neither constructor parameters nor attributes stored in the file
+    (SB3's ``load`` would set a misspelled name as a new attribute, silently), and a file that lacks one of the
+    :data:`SAVED_HYPERPARAMETERS` (loading would silently use the constructor's default) unless ``load()`` is given it.
+
+    :param kwargs: the keyword arguments given to ``load()``
+    :param saved: the file's ``data`` (plain JSON)
+    :param parameters: the names of the constructor's parameters
+    :param where: the file, for the messages
+    :raises HyperparameterError: naming each unknown argument (with the closest valid name) or missing hyperparameter
+    """
+    known = set(parameters) | set(saved)
+    unknown = [name for name in kwargs if name not in known]
+    if unknown:
+        problems = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            problems.append((name, f"{name!r} is neither a PPG hyperparameter nor an attribute stored in the file{hint}"))
+        raise HyperparameterError(problems, header=f"Unknown keyword arguments of load() for {where}:")
+    missing = [name for name in SAVED_HYPERPARAMETERS if name not in saved and name not in kwargs]
+    if missing:
+        raise HyperparameterError(
+            [(name, f"{name} is missing") for name in missing],
+            header=(
+                f"{where} holds no value for these PPG hyperparameters, which every PPG model zip stores (the file was "
+                "edited or damaged; loading it would silently use the constructor's defaults):"
+            ),
+            footer=(
+                f"Pass the run's values to load() (e.g. PPG.load(path, env, {missing[0]}=...)), or load an intact copy "
+                "of the file."
+            ),
+        )
+
+
+def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: Iterable[str], where: str) -> None:
+    """
+    Refuse hyperparameters that need other optimizers than those a model zip holds: ``load()`` restores the saved
+    optimizers as they are, so it can neither add one (its state would be missing) nor drop one. The auxiliary phase
+    has its own optimizer when ``n_aux_epochs > 0`` and ``separate_aux_optimizer``; separate value epochs have theirs
+    when ``n_value_epochs != n_epochs``. Values of a wrong type are left to ``check_hyperparameters``.
+
+    :param values: the hyperparameters the model would be loaded with (the file's, replaced by ``load()``'s)
+    :param members: the names of the zip's members (``aux_optimizer.pth``, ``value_optimizer.pth``)
+    :param changed: the names given to ``load()`` (keyword arguments or ``custom_objects``)
+    :param where: the file, for the message
+    :raises HyperparameterError: naming the optimizer, the values and what to do
+    """
+    n_aux_epochs, separate = values.get("n_aux_epochs"), values.get("separate_aux_optimizer")
+    n_epochs, n_value_epochs = values.get("n_epochs"), values.get("n_value_epochs")
+    optimizers = []  # (name, needed, saved, the hyperparameters that decide it, what it is for)
+    if is_integer(n_aux_epochs) and isinstance(separate, (bool, np.bool_)):
+        optimizers.append(
+            (
+                "aux_optimizer",
+                n_aux_epochs > 0 and bool(separate),
+                "aux_optimizer.pth" in members,
+                ("n_aux_epochs", "separate_aux_optimizer"),
+                "the auxiliary phase's own optimizer (n_aux_epochs > 0 with separate_aux_optimizer=True)",
+            )
+        )
+    if is_integer(n_epochs) and is_integer(n_value_epochs):
+        optimizers.append(
+            (
+                "value_optimizer",
+                n_epochs != n_value_epochs,
+                "value_optimizer.pth" in members,
+                ("n_epochs", "n_value_epochs"),
+                "the optimizer of separate value epochs (n_value_epochs != n_epochs)",
+            )
+        )
+    problems = []
+    for name, needed, saved, deciding, purpose in optimizers:
+        if needed == saved:
+            continue
+        settings = ", ".join(f"{key}={values[key]!r}" for key in deciding)
+        given = [key for key in deciding if key in changed]
+        source = f"{', '.join(given)} given to load()" if given else "the file's own values (an edited or damaged file)"
+        if saved:
+            problems.append((name, f"{settings} ({source}) drops {name}: the file holds the state of {purpose}"))
+        else:
+            problems.append((name, f"{settings} ({source}) needs {name}, {purpose}, which the file does not hold"))
+    if problems:
+        raise HyperparameterError(
+            problems,
+            header=f"Cannot load {where} with these hyperparameters: load() restores the saved optimizers, it cannot "
+            "add or drop one:",
+            footer=(
+                "Load the file without changing these settings. To train its weights with other settings, build a model "
+                "with them (and the saved policy_kwargs) and copy the policy's weights: model = PPG(policy, env, ...); "
+                "model.policy.load_state_dict(PPG.load(path).policy.state_dict())."
+            ),
+        )
+
+
+def with_sources(
+    error: HyperparameterError, where: str, kwargs: dict[str, Any], custom_objects: dict[str, Any] | None
+) -> HyperparameterError:
+    """
+    ``check_hyperparameters``' error for a model being loaded: each value says where it came from, and the fix.
+
+    :param error: the error
+    :param where: the file
+    :param kwargs: the keyword arguments given to ``load()``
+    :param custom_objects: the ``custom_objects`` given to ``load()``
+    :return: the error to raise
+    """
+
+    def source(name: str) -> str:
+        if name in kwargs:
+            return "given to load()"
+        if custom_objects is not None and name in custom_objects:
+            return "from custom_objects"
+        return "stored in the file"
+
+    problems = [(name, f"{message} ({source(name)})") for name, message in error.problems]
+    return HyperparameterError(
+        problems,
+        header=f"Cannot load {where}: invalid PPG hyperparameters:",
+        footer=(
+            f"Pass valid values as keyword arguments of load() (e.g. PPG.load(path, env, {problems[0][0]}=...)): they "
+            "replace the file's values."
+        ),
     )

@@ -38,6 +38,25 @@ class PhaseStats:
         """The last minibatch's value of a diagnostic, or None when no minibatch had it."""
         return self.values[name][-1].item() if self.values.get(name) else None
 
+    def read(self, last: tuple[str, ...] = ("loss",)) -> dict[str, float]:
+        """
+        Every diagnostic's mean over the minibatches (as ``mean``), and the last minibatch's value of those in ``last``
+        under ``"last_<name>"`` (as ``last``), copied from the device at once: one host sync per phase.
+
+        :param last: the diagnostics whose last value is read too
+        :return: the values by name (diagnostics that no minibatch had are left out)
+        """
+        names = [name for name, values in self.values.items() if values]
+        tensors = [th.stack(self.values[name]).mean() for name in names]
+        for name in last:
+            if self.values.get(name):
+                names.append(f"last_{name}")
+                tensors.append(self.values[name][-1])
+        if not tensors:
+            return {}
+        # float64 holds every float32 (or float64) value exactly: the same numbers as mean() and last()
+        return dict(zip(names, th.stack([tensor.to(th.float64) for tensor in tensors]).tolist(), strict=True))
+
 
 def normalize_advantages(advantages: th.Tensor) -> th.Tensor:
     """

@@ -1,14 +1,13 @@
 """Phasic Policy Gradient (Cobbe et al., 2021) as a Stable-Baselines3 on-policy algorithm."""
 
-import inspect
 import io
 import os
 import pathlib
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
@@ -29,16 +28,14 @@ from stable_baselines3.common.utils import (
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
-from sb3_ppg.common import data_parallel, distributed
+from sb3_ppg.common import data_parallel, distributed, optim
 from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
-    Minibatch,
     check_aux_buffer_memory,
     env_minibatches,
-    split_minibatch,
-    split_observations,
+    resolve_aux_buffer_storage,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import checkpoint
@@ -48,27 +45,16 @@ from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     HyperparameterError,
     check_hyperparameters,
-    check_load_arguments,
-    check_saved_optimizers,
-    load_arguments,
     resolve_batch_size,
     resolve_normalize_advantage,
     schedule_value,
-    with_sources,
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_observation_space
+from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
+from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
 from sb3_ppg.common.run_state import RunState
-from sb3_ppg.common.save_util import (
-    SavedPolicyClass,
-    check_policy_class,
-    class_name,
-    read_model_zip,
-    saved_policy_class,
-    zip_destination,
-)
-from sb3_ppg.common.utils import check_finite_loss, clip_gradients
+from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
 from sb3_ppg.ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn
@@ -81,87 +67,64 @@ RUN_LAYOUT_HYPERPARAMETERS = ("n_steps", "n_policy_iters")
 
 class PPG(OnPolicyAlgorithm):
     """
-    Phasic Policy Gradient (PPG).
+    Phasic Policy Gradient (PPG)
 
-    Paper: https://arxiv.org/abs/2009.04416 (Cobbe, Hilton, Klimov, Schulman, ICML 2021).
-    Reference code: https://github.com/openai/phasic-policy-gradient
+    Paper: https://arxiv.org/abs/2009.04416
+    Code: https://github.com/openai/phasic-policy-gradient
+    Introduction and parameters: docs/ppg.md (the presets of the paper and CleanRL: docs/hyperparams.md)
 
-    Training alternates two phases. The **policy phase** is a PPO update on each fresh rollout (``n_epochs``
-    policy epochs and ``n_value_epochs`` value epochs). Each rollout is also stored, env by env, as whole
-    rollouts in an ``AuxiliaryBuffer``. Every ``n_policy_iters`` rollouts the **auxiliary phase** runs
-    ``n_aux_epochs`` epochs over that buffer, minimizing
-    ``beta_clone * KL(pi_old || pi) + 0.5 * MSE(aux_value, target) + vf_true_coef * 0.5 * MSE(value, target)``,
-    where ``pi_old`` is the policy right before the phase and the targets are the GAE returns of each rollout.
-    With ``n_aux_epochs=0`` this is PPO (the paper's baseline, with ``policy_kwargs=dict(arch="shared")``).
-
-    The defaults are the paper's Procgen settings but for the form of the policy-phase minibatches (shuffled
-    transitions, as SB3's PPO; ``policy_minibatches="envs"`` gives the paper's whole env rollouts); docs/hyperparams.md
-    lists the presets, with which PPG makes the original code's and CleanRL's updates (docs/fidelity.md).
+    Each rollout trains a PPO update (the policy phase) and is stored in an ``AuxiliaryBuffer``; every
+    ``n_policy_iters`` rollouts an auxiliary phase trains the policy network's value head and the value network on
+    the buffer, with a behaviour-cloning KL that keeps the policy in place. ``n_aux_epochs=0`` is PPO.
 
     :param policy: The policy model to use (MlpPolicy, CnnPolicy, MultiInputPolicy, ProcgenCnn, ...)
     :param env: The environment to learn from (if registered in Gym, can be str)
-    :param learning_rate: The learning rate of the policy phase, a constant or a function of the remaining
-        progress (from 1 to 0); default 5e-4 (the paper's)
-    :param n_steps: The number of steps to run for each environment per update (rollout length); default 256 (the
-        paper's)
-    :param batch_size: Policy-phase minibatch size; ``None`` (default) gives ``n_steps * n_envs // 8`` (8 minibatches,
-        the paper's; with ``policy_minibatches="envs"``, ``ceil(n_envs / 8)`` whole env rollouts)
-    :param policy_minibatches: What the policy phase's minibatches are made of: ``"transitions"`` (default, as SB3's
-        PPO and CleanRL): each epoch draws one permutation of all ``n_steps * n_envs`` transitions, cut into
-        minibatches of ``batch_size``; ``"envs"`` (the paper's code): each epoch draws one permutation of the envs,
-        cut into groups of ``batch_size // n_steps`` envs, each minibatch all the steps of its envs (``batch_size``
-        must be a multiple of ``n_steps``). Both draw from NumPy's global generator, which SB3 seeds. The paper's
-        preset uses ``"envs"``; see docs/fidelity.md for the measurement behind the default
+    :param learning_rate: The learning rate, a constant or a function of the remaining progress (from 1 to 0);
+        default 5e-4 (the paper's)
+    :param n_steps: The number of steps to run for each environment per update; default 256 (the paper's)
+    :param batch_size: Policy-phase minibatch size; ``None`` (default): 8 minibatches per rollout (the paper's)
+    :param policy_minibatches: ``"transitions"`` (default, SB3's PPO) or ``"envs"`` (whole env rollouts, the paper's
+        code; ``batch_size`` must be a multiple of ``n_steps``)
     :param n_epochs: Policy epochs per iteration (E_pi); default 1 (the paper's)
-    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default) means ``n_epochs`` (the paper's
-        E_V = E_pi = 1). When equal to ``n_epochs`` each minibatch minimizes the joint loss with one optimizer;
-        otherwise ``n_value_epochs`` value-only epochs (with a separate value optimizer) run first, then ``n_epochs``
-        policy-only epochs (the reference code's order).
+    :param n_value_epochs: Value epochs per iteration (E_V); ``None`` (default): ``n_epochs``, joint with the policy
+        epochs (the paper's). Another value runs value-only epochs first, with their own optimizer
     :param gamma: Discount factor; default 0.999 (the paper's)
     :param gae_lambda: Factor for trade-off of bias vs variance for Generalized Advantage Estimator; default 0.95
         (the paper's)
-    :param clip_range: Clipping parameter of the surrogate objective, a constant or a function of the remaining
-        progress; default 0.2 (the paper's); ``None`` disables clipping (the paper's KL-penalty variant, with
-        ``kl_coef > 0``)
-    :param clip_range_vf: Clipping parameter for the value function (policy phase only; the auxiliary phase's
-        value losses are never clipped); ``None`` (default, the paper's) for no value clipping
-    :param value_clipping: The form of the clipped value loss, used only with ``clip_range_vf``: ``"sb3"`` (default,
-        SB3's PPO) minimizes the squared error of the clipped prediction; ``"max"`` (OpenAI baselines and CleanRL,
-        whose preset uses it) the larger of the unclipped and the clipped squared errors (see
-        :func:`~sb3_ppg.ppg.losses.value_loss`). The paper's code clips no values
-    :param normalize_advantage: ``"batch"`` (default: once over the whole rollout, as the paper's code),
-        ``"minibatch"`` (per minibatch, as SB3's PPO) or ``"none"``; ``True`` means ``"batch"``, ``False`` ``"none"``
+    :param clip_range: Clipping parameter of the surrogate objective (constant or schedule); default 0.2 (the
+        paper's); ``None``: no clipping (the KL-penalty variant, with ``kl_coef > 0``)
+    :param clip_range_vf: Clipping parameter of the policy phase's value function; ``None`` (default, the paper's):
+        no value clipping
+    :param value_clipping: The form of the clipped value loss: ``"sb3"`` (default, SB3's PPO) or ``"max"``
+        (baselines and CleanRL; see :func:`~sb3_ppg.ppg.losses.value_loss`)
+    :param normalize_advantage: ``"batch"`` (default, the paper's), ``"minibatch"`` (SB3's PPO) or ``"none"``;
+        ``True`` means ``"batch"``, ``False`` ``"none"``
     :param ent_coef: Entropy coefficient of the policy loss; default 0.01 (the paper's)
-    :param vf_coef: Value function coefficient of the policy phase; default 0.5 (SB3's value loss is a plain MSE, so
-        this is the paper's ``0.5 * MSE``)
-    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's)
-        disables clipping
-    :param kl_coef: Coefficient of the KL penalty ``0.5 * mean((log pi - log pi_behaviour) ** 2)`` added to the
-        policy loss; default 0 (no penalty; the paper's "ppgkl" uses 1.0 with ``clip_range=None``)
+    :param vf_coef: Value function coefficient of the policy phase; default 0.5 (the paper's)
+    :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None`` (default, the paper's): no
+        clipping
+    :param kl_coef: Coefficient of the KL penalty of the policy loss; default 0 (the paper's "ppgkl": 1.0)
     :param n_policy_iters: Policy iterations (rollouts) per auxiliary phase (N_pi); default 32 (the paper's)
-    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); default 6 (the paper's); 0 disables the auxiliary
-        phase (PPO)
-    :param aux_batch_rollouts: Whole rollouts (of one env, ``n_steps`` steps each) per auxiliary minibatch; default 4
-        (CleanRL's; the paper's 4 workers x 4 rollouts are 16 in one process)
-    :param beta_clone: Weight of the behaviour-cloning KL term of the auxiliary phase; default 1 (the paper's)
-    :param vf_true_coef: Weight of the true value function's loss in the auxiliary phase; default 1 (the paper's)
-    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` (default) uses
-        ``learning_rate``, evaluated at the same progress point (the paper's 5e-4 for both)
-    :param separate_aux_optimizer: Use a separate, persistent optimizer for the auxiliary phase (True, default, as
-        the paper's code) or share the policy phase's optimizer (False, as CleanRL)
-    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1 (a
-        memory knob: the effective batch is ``aux_batch_rollouts * n_aux_grad_accum`` rollouts)
-    :param micro_batch_size: The most samples that one forward and backward pass holds. Larger minibatches of
-        either phase run as micro-batches whose gradients add up before the optimizer step: the same update up to
-        float rounding, with the activations of one micro-batch at a time (the old-policy pass runs in parts of
-        this size too). ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, whole minibatches
-        elsewhere (MLP extractors, GPUs); see docs/throughput.md. ``None``: whole minibatches.
-    :param precision: The precision of the features extractors: ``"auto"`` (default) is bfloat16 autocast in the
-        policy and auxiliary phases (float32 rollouts) for a convolutional features extractor on a CPU with AMX,
-        float32 otherwise (see docs/throughput.md and docs/bf16_parity.md). ``"fp32"`` or ``"bf16"``: every phase;
-        with ``"bf16"`` the features extractors run under bfloat16 autocast (the heads, distributions, losses and
-        optimizer stay in float32). Or a dict choosing per phase, e.g. ``{"rollout": "bf16", "policy": "fp32",
-        "aux": "bf16"}`` (missing phases are ``"fp32"``). ``phase_precision`` tells what a model uses.
+    :param n_aux_epochs: Epochs of each auxiliary phase (E_aux); default 6 (the paper's); 0: no auxiliary phase (PPO)
+    :param aux_batch_rollouts: Whole env rollouts per auxiliary minibatch; default 4 (CleanRL's)
+    :param beta_clone: Weight of the behaviour-cloning KL of the auxiliary phase; default 1 (the paper's)
+    :param vf_true_coef: Weight of the value network's loss in the auxiliary phase; default 1 (the paper's)
+    :param aux_learning_rate: Learning rate of the auxiliary phase (constant or schedule); ``None`` (default):
+        ``learning_rate``
+    :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (default, the paper's code) or
+        shares the policy phase's (CleanRL)
+    :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step; default 1
+    :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"`` (default), ``"pinned"`` (page-locked CPU
+        memory: non-blocking copies, the next minibatch prepared ahead), ``"device"`` or ``"auto"`` (on CUDA, the
+        device when the buffer takes at most half its free memory, else pinned); the same updates whatever the choice
+    :param overlap_rollouts: With an env made of groups (``make_procgen_env(..., n_groups=2)``, a
+        :class:`~sb3_ppg.common.rollout_groups.GroupedVecEnv`), run the rollout's forward pass group by group, each
+        group stepping while the network acts on the next (default ``False``)
+    :param micro_batch_size: The most samples per forward and backward pass (the same update up to float rounding);
+        ``"auto"`` (default): 256 for a convolutional features extractor on a CPU, else ``None`` (whole minibatches)
+    :param precision: The features extractors' precision: ``"auto"`` (default: bfloat16 in the policy and auxiliary
+        phases for a convolutional features extractor on a CPU with AMX, float32 otherwise), ``"fp32"``, ``"bf16"``,
+        or a dict per phase (``"rollout"``, ``"policy"``, ``"aux"``); see ``phase_precision``
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
     :param sde_sample_freq: Sample a new noise matrix every n steps when using gSDE (-1: only at rollout start)
     :param rollout_buffer_class: Rollout buffer class to use. If ``None``, it will be automatically selected.
@@ -175,8 +138,8 @@ class PPG(OnPolicyAlgorithm):
     :param verbose: Verbosity level: 0 for no output, 1 for info messages (such as device or wrappers used), 2 for
         debug messages
     :param seed: Seed for the pseudo random generators
-    :param device: Device (cpu, cuda, ...) on which the code should be run. The auxiliary buffer always lives in
-        CPU memory; its minibatches are moved to the device.
+    :param device: Device (cpu, cuda, ...) on which the code should be run (the auxiliary buffer lives where
+        ``aux_buffer_device`` says)
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
     """
 
@@ -219,6 +182,8 @@ class PPG(OnPolicyAlgorithm):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
+        aux_buffer_device: str = "cpu",
+        overlap_rollouts: bool = False,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -275,6 +240,8 @@ class PPG(OnPolicyAlgorithm):
         self.aux_learning_rate = aux_learning_rate
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
+        self.aux_buffer_device = aux_buffer_device
+        self.overlap_rollouts = overlap_rollouts
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -289,6 +256,8 @@ class PPG(OnPolicyAlgorithm):
         self.value_optimizer: th.optim.Optimizer | None = None
         self._phase_dtypes: dict[str, th.dtype] = {}
         self._micro_batch_size: int | None = None
+        # Where the auxiliary buffer lives (see aux_buffer_device) and why, for the log
+        self._aux_buffer_storage: tuple[str, str] = ("host", "")
         # False from the start of a rollout until its train() returns, so also after an exception (Ctrl-C) inside
         # either: see at_rollout_boundary
         self._at_rollout_boundary = True
@@ -300,7 +269,7 @@ class PPG(OnPolicyAlgorithm):
             self._setup_model()
 
     # ------------------------------------------------------------------------------------------------------------
-    # Construction: hyperparameters, env, networks, buffers, optimizers
+    # Construction: hyperparameters, networks, buffers, optimizers
     # ------------------------------------------------------------------------------------------------------------
 
     def _check_hyperparameters(self) -> None:
@@ -308,25 +277,6 @@ class PPG(OnPolicyAlgorithm):
         checked = check_hyperparameters({name: getattr(self, name) for name in CHECKED_HYPERPARAMETERS})
         for name, value in checked.items():
             setattr(self, name, value)
-
-    @staticmethod
-    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
-        """
-        SB3's wrapping of the env (``Monitor``, ``DummyVecEnv``, ``VecTransposeImage``), after checking its spaces:
-        an observation or action space that PPG does not support is a ``ValueError`` naming it and the fix, before
-        SB3 fails on it (a Graph, Sequence or Text space) or runs with it silently wrong (a Discrete action space
-        whose ``start`` is not 0). Called by the constructor, ``set_env()`` and ``load()``.
-
-        :param env: the env
-        :param verbose: Verbosity level: 1 prints the wrappers used
-        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
-        :return: the wrapped env
-        """
-        if not isinstance(env, VecEnv):
-            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
-        check_observation_space(env.observation_space)
-        check_action_space(env.action_space)
-        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def _setup_model(self) -> None:
         # PPG.load() sets the saved hyperparameters (and those given to load()) before this call: check them as the
@@ -351,6 +301,21 @@ class PPG(OnPolicyAlgorithm):
         self.aux_optimizer = self._make_optimizer() if self.n_aux_epochs > 0 and self.separate_aux_optimizer else None
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
+        self._configure_optimizers()
+
+    def _configure_optimizers(self) -> None:
+        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
+        fused = optim.uses_fused_adam(self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        for optimizer in self._optimizers():
+            # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
+            saved_fused = any(group.get("fused") for group in optimizer.param_groups)
+            if fused or (saved_fused and not self.policy.optimizer_kwargs.get("fused")):
+                optim.configure_adam_implementation(optimizer, fused)
+
+    def set_parameters(self, *args: Any, **kwargs: Any) -> None:
+        """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
+        super().set_parameters(*args, **kwargs)
+        self._configure_optimizers()
 
     def _resolve_batch_size(self, n_envs: int) -> int:
         """The policy-phase minibatch size for ``n_envs`` envs, checked (see ``resolve_batch_size``)."""
@@ -365,29 +330,43 @@ class PPG(OnPolicyAlgorithm):
             self.policy_minibatches,
         )
 
-    def _check_aux_buffer_memory(self, n_envs: int) -> None:
-        """Check that the auxiliary buffer for ``n_envs`` envs fits in memory, before allocating it."""
-        if self.n_aux_epochs > 0:
-            args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
-            spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
-            nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
-            check_aux_buffer_memory(nbytes, **args)
-
     def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
         """The auxiliary buffer for the current ``n_envs`` (None when the auxiliary phase is off); see above."""
-        if check_memory:
-            self._check_aux_buffer_memory(self.n_envs)
+        storage, reason = self._check_aux_buffer_memory(self.n_envs) if check_memory else self._aux_buffer_storage
         if self.n_aux_epochs == 0:
             return None
-        return AuxiliaryBuffer(
+        buffer = AuxiliaryBuffer(
             self.n_policy_iters,
             self.n_steps,
             self.n_envs,
             self.observation_space,
             self.action_space,
             device=self.device,
+            storage=storage,
             **self._aux_buffer_kwargs(),
         )
+        if storage == "pinned" and not buffer.pinned:
+            # Its minibatches are still prepared ahead, from pageable memory
+            storage, reason = "host", f"{reason}; page-locking failed, so pageable memory"
+        self._aux_buffer_storage = (storage, reason)
+        return buffer
+
+    def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
+        """
+        Decide where the auxiliary buffer for ``n_envs`` envs lives (``aux_buffer_device``) and check that it fits in
+        host memory when it lives there, before allocating it.
+
+        :return: the buffer's storage and the reason (see ``resolve_aux_buffer_storage``)
+        """
+        if self.n_aux_epochs == 0:
+            return "host", ""
+        args = dict(n_policy_iters=self.n_policy_iters, n_steps=self.n_steps, n_envs=n_envs)
+        spaces = dict(observation_space=self.observation_space, action_space=self.action_space)
+        nbytes = AuxiliaryBuffer.estimate_nbytes(**args, **spaces, **self._aux_buffer_kwargs())
+        storage, reason = resolve_aux_buffer_storage(self.aux_buffer_device, self.device, nbytes)
+        if storage != "device":
+            check_aux_buffer_memory(nbytes, **args)
+        return storage, reason
 
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """
@@ -399,201 +378,6 @@ class PPG(OnPolicyAlgorithm):
     def _make_optimizer(self) -> th.optim.Optimizer:
         """A new optimizer over all policy parameters, of the policy optimizer's class and settings."""
         return self.policy.optimizer_class(self.policy.parameters(), lr=self.lr_schedule(1), **self.policy.optimizer_kwargs)  # type: ignore[call-arg]
-
-    def _optimizers(self) -> list[th.optim.Optimizer]:
-        """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
-        optimizers = (self.policy.optimizer, self.aux_optimizer, self.value_optimizer)
-        return [optimizer for optimizer in optimizers if optimizer is not None]
-
-    @property
-    def phase_precision(self) -> dict[str, str]:
-        """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
-        names = {dtype: name for name, dtype in PRECISIONS.items()}
-        return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
-
-    @contextmanager
-    def _precision(self, phase: str) -> Iterator[None]:
-        """
-        Run the features extractors at ``phase``'s precision inside the context, and at the rollouts' after it (the
-        next rollout and ``predict`` run at the rollout precision, whatever happened inside).
-
-        :param phase: ``"policy"`` or ``"aux"``
-        """
-        self.policy.compute_dtype = self._phase_dtypes[phase]
-        try:
-            yield
-        finally:
-            self.policy.compute_dtype = self._phase_dtypes["rollout"]
-
-    # ------------------------------------------------------------------------------------------------------------
-    # Collecting rollouts: SB3's learn() collects a rollout, then calls train()
-    # ------------------------------------------------------------------------------------------------------------
-
-    def learn(
-        self: SelfPPG,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str = "PPG",
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfPPG:
-        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
-        return super().learn(
-            total_timesteps=total_timesteps,
-            callback=callback,
-            log_interval=log_interval,
-            tb_log_name=tb_log_name,
-            reset_num_timesteps=reset_num_timesteps,
-            progress_bar=progress_bar,
-        )
-
-    def _setup_learn(
-        self,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        reset_num_timesteps: bool = True,
-        tb_log_name: str = "run",
-        progress_bar: bool = False,
-    ) -> tuple[int, BaseCallback]:
-        """SB3's; in data-parallel training, the ranks first check that they agree and take rank 0's state."""
-        if distributed.is_active():
-            aux_rollouts = self.aux_buffer.n_rollouts if self.aux_buffer is not None else None
-            fingerprint = data_parallel.fingerprint(
-                self, self._optimizers(), aux_rollouts, total_timesteps, reset_num_timesteps, callback
-            )
-            self._data_parallel_stats = data_parallel.prepare_learn(self, self._optimizers(), fingerprint)
-        start_timesteps = 0 if reset_num_timesteps else self.num_timesteps
-        total_timesteps, callback = super()._setup_learn(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
-        )
-        if self.aux_buffer is not None and distributed.get_rank() == 0:
-            if reset_num_timesteps:
-                self._log_aux_buffer_size()
-            self._warn_if_no_aux_phase(total_timesteps - start_timesteps, total_timesteps)
-        return total_timesteps, callback
-
-    def _next_aux_phase_step(self) -> int:
-        """The step at which the next auxiliary phase runs: once the auxiliary buffer is full (in ``train()``)."""
-        assert self.aux_buffer is not None
-        n_rollouts = max(1, self.n_policy_iters - self.aux_buffer.n_iterations)
-        return self.num_timesteps + n_rollouts * self.n_steps * self.n_envs * distributed.get_world_size()
-
-    def _log_aux_buffer_size(self) -> None:
-        """State the auxiliary buffer's size and when its next phase runs in the log (printed with ``verbose >= 1``)."""
-        assert self.aux_buffer is not None
-        n_buffer_steps = self.n_policy_iters * self.n_envs * self.n_steps
-        observations = self.aux_buffer.observations
-        nbytes = self.aux_buffer.nbytes
-        size = f"{nbytes / 1e6:,.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:,.1f} kB"
-        obs_arrays = observations.values() if isinstance(observations, dict) else [observations]
-        obs_nbytes = sum(array.nbytes for array in obs_arrays)
-        self.logger.info(
-            f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {self.n_policy_iters} * {self.n_envs} * {self.n_steps} "
-            f"steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of observations), {size}, "
-            "taken as rollouts arrive; next auxiliary phase at step "
-            f"{self._next_aux_phase_step():,}."
-        )
-
-    def _warn_if_no_aux_phase(self, given_timesteps: int, total_timesteps: int) -> None:
-        """
-        Warn when ``learn()`` ends before the run's first auxiliary phase: it then trains as PPO (the paper's N_pi 32
-        rollouts of 256 steps take 8,192 steps per env before the first phase). Rollouts already in the auxiliary
-        buffer (a resumed run) count; no warning once an auxiliary phase has run.
-
-        :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
-        :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start (it stops at the first
-            rollout boundary at or beyond it)
-        """
-        assert self.aux_buffer is not None
-        aux_step = self._next_aux_phase_step()
-        steps_per_rollout = self.n_steps * self.n_envs * distributed.get_world_size()
-        # SB3 collects whole rollouts while num_timesteps < total_timesteps
-        n_rollouts = max(0, -(-(total_timesteps - self.num_timesteps) // steps_per_rollout))
-        stop_step = self.num_timesteps + n_rollouts * steps_per_rollout
-        if self._n_aux_phases > 0 or n_rollouts == 0 or stop_step >= aux_step:
-            return
-        rollout = f"{self.n_steps} steps x {self.n_envs} envs"
-        if distributed.get_world_size() > 1:
-            rollout += f" x {distributed.get_world_size()} ranks"
-        stored = self.aux_buffer.n_iterations
-        if stored > 0:
-            held = f"; the auxiliary buffer holds {stored} of them"
-            fix = ""
-        else:
-            held = ""
-            fix = f"Lower n_policy_iters (to at most {n_rollouts} for this budget) or n_steps, or "
-        warnings.warn(
-            f"learn(total_timesteps={given_timesteps:,}) stops at step {stop_step:,}, before PPG's first auxiliary "
-            f"phase at step {aux_step:,} (after n_policy_iters={self.n_policy_iters} rollouts of {rollout}{held}): "
-            "this learn() trains as plain PPO. "
-            f"{fix}{'r' if fix else 'R'}aise total_timesteps to at least {aux_step - total_timesteps + given_timesteps:,}.",
-            stacklevel=5,
-        )
-
-    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
-        """
-        SB3's, with PPG's progress bar (:class:`~sb3_ppg.common.progress_bar.PPGProgressBarCallback`, which shows the
-        auxiliary phases); in data-parallel training with the callbacks that count every rank's steps.
-        """
-        if distributed.is_active():
-            return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
-        if progress_bar:
-            if isinstance(callback, list):
-                callback = CallbackList(callback)
-            elif not isinstance(callback, BaseCallback):
-                callback = ConvertCallback(callback)
-            callback = CallbackList([callback, PPGProgressBarCallback()])
-        return super()._init_callback(callback)
-
-    def set_random_seed(self, seed: int | None = None) -> None:
-        """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
-        if seed is not None and distributed.is_active():
-            seed += distributed.get_rank() * self.n_envs
-        super().set_random_seed(seed)
-
-    @property
-    def at_rollout_boundary(self) -> bool:
-        """
-        Whether the model is at a rollout boundary: ``train()`` has consumed the last rollout collected (or none was
-        collected yet). False from the start of a rollout until its ``train()`` returns, so also after an exception
-        (Ctrl-C) inside either: ``PPGCheckpointCallback`` writes a checkpoint only at a boundary.
-        """
-        return self._at_rollout_boundary
-
-    def collect_rollouts(
-        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
-    ) -> bool:
-        """
-        SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``RolloutBoundaryCallback`` s,
-        such as ``PPGCheckpointCallback``) that this is a rollout boundary: ``train()`` has consumed the previous
-        rollout and nothing of the next one has been drawn yet. In data-parallel training, the ranks then share its
-        outcome (steps, statistics).
-        """
-        for boundary_callback in rollout_boundary_callbacks(callback):
-            boundary_callback.on_rollout_boundary()
-        # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
-        self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
-        self._at_rollout_boundary = False  # until train() has consumed this rollout
-        if not distributed.is_active():
-            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
-        complete, self._data_parallel_stats = data_parallel.collect_rollouts(
-            self,
-            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
-            self._data_parallel_stats,
-        )
-        return complete
-
-    def _collect_rollout(
-        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
-    ) -> bool:
-        """
-        Collect one rollout into ``rollout_buffer``: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG``
-        collects the action masks with it).
-
-        :return: whether the rollout is complete (False when a callback stopped training)
-        """
-        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
 
     # ------------------------------------------------------------------------------------------------------------
     # Training: one iteration of Algorithm 1 per rollout
@@ -631,11 +415,10 @@ class PPG(OnPolicyAlgorithm):
 
     def _policy_phase(self) -> None:
         """
-        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` (E_V = E_pi, the default) each
-        minibatch of the ``n_epochs`` epochs minimizes the joint loss with the policy optimizer. Otherwise
-        ``n_value_epochs`` value-only epochs with the value optimizer run first, then ``n_epochs`` policy-only epochs
-        (the order of the paper's code). With ``target_kl``, the policy epochs stop at the first minibatch whose
-        approx KL exceeds ``1.5 * target_kl`` (SB3's PPO); that minibatch's update is not applied.
+        The policy phase: PPO on the rollout. When ``n_value_epochs == n_epochs`` each minibatch of the ``n_epochs``
+        epochs minimizes the joint loss with the policy optimizer; otherwise ``n_value_epochs`` value-only epochs with
+        the value optimizer run first, then ``n_epochs`` policy-only epochs. With ``target_kl``, the policy epochs stop
+        at the first minibatch whose approx KL exceeds ``1.5 * target_kl`` (SB3's PPO), without its update.
         """
         progress = self._current_progress_remaining
         self._update_learning_rate(self.policy.optimizer)
@@ -650,7 +433,9 @@ class PPG(OnPolicyAlgorithm):
             value_loss = partial(self._value_loss, clip_range_vf=clip_range_vf)
             for _ in range(self.n_value_epochs):
                 for rollout_data in self._rollout_minibatches():
-                    diagnostics, _ = self._backward(rollout_data, value_loss, "policy")
+                    diagnostics, _ = optim.backward(
+                        rollout_data, value_loss, self._micro_batch_size, "policy", self.num_timesteps
+                    )
                     stats.add(diagnostics)
                     self._step(self.value_optimizer, "policy")
                 self._n_updates += 1
@@ -659,7 +444,15 @@ class PPG(OnPolicyAlgorithm):
         for _ in range(self.n_epochs):
             for rollout_data in self._rollout_minibatches():
                 rollout_data = self._normalize_minibatch_advantages(rollout_data)
-                diagnostics, continue_training = self._backward(rollout_data, policy_epoch_loss, "policy", early_stopping=True)
+                diagnostics, continue_training = optim.backward(
+                    rollout_data,
+                    policy_epoch_loss,
+                    self._micro_batch_size,
+                    "policy",
+                    self.num_timesteps,
+                    target_kl=self.target_kl,
+                    module=self.policy,
+                )
                 stats.add(diagnostics)
                 if not continue_training:
                     break
@@ -724,7 +517,7 @@ class PPG(OnPolicyAlgorithm):
         assert self.aux_buffer is not None
         with th.inference_mode():
             for rows, observations in self.aux_buffer.iter_rollout_chunks(self.aux_batch_rollouts):
-                parts = split_observations(observations, self._micro_batch_size)
+                parts = optim.split_observations(observations, self._micro_batch_size)
                 params = [self._distribution_params(self.policy.get_distribution(part)) for part in parts]
                 self.aux_buffer.store_old_distribution_params(rows, params[0] if len(params) == 1 else th.cat(params))
 
@@ -758,18 +551,39 @@ class PPG(OnPolicyAlgorithm):
                 # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
                 group_start = batch_index - batch_index % accum
                 group_size = min(accum, n_batches - group_start)
-                diagnostics, _ = self._backward(batch, self._aux_loss, "auxiliary", divisor=group_size)
+                diagnostics, _ = optim.backward(
+                    batch, self._aux_loss, self._micro_batch_size, "auxiliary", self.num_timesteps, divisor=group_size
+                )
                 stats.add(diagnostics)
                 if batch_index - group_start == group_size - 1:
                     self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
                 self._notify_aux_phase_callbacks("on_aux_minibatch", epoch + 1, batch_index + 1)
         self._n_aux_phases += 1
+        values = stats.read()
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
-            self.logger.record(f"aux/{name}", stats.mean(name))
+            self.logger.record(f"aux/{name}", values.get(name))
         self.logger.record("aux/learning_rate", learning_rate)
         self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
+
+    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
+        """One optimizer step of the policy's parameters (:func:`~sb3_ppg.common.optim.step`)."""
+        optim.step(optimizer, self.policy, self.max_grad_norm, phase, self.num_timesteps)
+
+    @contextmanager
+    def _precision(self, phase: str) -> Iterator[None]:
+        """
+        Run the features extractors at ``phase``'s precision inside the context, and at the rollouts' after it (the
+        next rollout and ``predict`` run at the rollout precision, whatever happened inside).
+
+        :param phase: ``"policy"`` or ``"aux"``
+        """
+        self.policy.compute_dtype = self._phase_dtypes[phase]
+        try:
+            yield
+        finally:
+            self.policy.compute_dtype = self._phase_dtypes["rollout"]
 
     # ------------------------------------------------------------------------------------------------------------
     # The losses of a minibatch
@@ -840,72 +654,6 @@ class PPG(OnPolicyAlgorithm):
         return kl_divergence_from_params(batch.old_distribution_params, distribution)
 
     # ------------------------------------------------------------------------------------------------------------
-    # One optimizer step: backward (in micro-batches), finite checks, gradient averaging and clipping
-    # ------------------------------------------------------------------------------------------------------------
-
-    def _backward(
-        self,
-        minibatch: Minibatch,
-        compute_loss: Callable[[Minibatch], tuple[th.Tensor, Diagnostics]],
-        phase: str,
-        divisor: int = 1,
-        early_stopping: bool = False,
-    ) -> tuple[Diagnostics, bool]:
-        """
-        Compute a minibatch's loss, check it and backpropagate ``loss / divisor`` (adding to the gradients). With
-        ``micro_batch_size``, a larger minibatch runs as micro-batches, one forward and backward pass each, with their
-        losses weighted by their share of the samples: the same gradient up to float rounding, with the activations
-        of one micro-batch at a time.
-
-        :param minibatch: the minibatch
-        :param compute_loss: its loss (a mean over the samples) and diagnostics (means as well)
-        :param phase: "policy" or "auxiliary", for the error message of a non-finite loss
-        :param divisor: what the loss is divided by (the minibatches of an accumulated gradient)
-        :param early_stopping: leave the minibatch out (no gradient) when its approx KL exceeds ``1.5 * target_kl``
-        :return: the minibatch's diagnostics (with its ``loss``) and whether its gradient was kept
-        """
-        micro_batches = split_minibatch(minibatch, self._micro_batch_size)
-        results = []
-        for micro_batch, share in micro_batches:
-            loss, diagnostics = compute_loss(micro_batch)
-            check_finite_loss(loss, phase, self.num_timesteps)
-            if early_stopping and len(micro_batches) == 1 and self._exceeds_target_kl(diagnostics["approx_kl"]):
-                # One forward pass: decided before backward(), as SB3's PPO does
-                return {**diagnostics, "loss": loss.detach()}, False
-            (loss * share / divisor).backward()
-            results.append((share, loss.detach(), diagnostics))
-        if len(results) == 1:
-            return {**results[0][2], "loss": results[0][1]}, True
-        names = results[0][2].keys()
-        totals = {name: sum(share * diagnostics[name] for share, _, diagnostics in results) for name in names}
-        totals["loss"] = sum(share * loss for share, loss, _ in results)  # type: ignore[assignment]
-        if early_stopping and self._exceeds_target_kl(totals["approx_kl"]):  # type: ignore[arg-type]
-            # Several micro-batches: their approx KL is known only once every one has run backward(), so the
-            # minibatch's gradients are dropped here instead
-            self.policy.optimizer.zero_grad(set_to_none=True)
-            return totals, False  # type: ignore[return-value]
-        return totals, True  # type: ignore[return-value]
-
-    def _exceeds_target_kl(self, approx_kl: th.Tensor) -> bool:
-        """
-        Whether a minibatch's approx KL stops the policy epochs (SB3's PPO: above ``1.5 * target_kl``). In
-        data-parallel training it is the ranks' mean, so that every rank decides the same.
-        """
-        if self.target_kl is None:
-            return False
-        if distributed.is_active():
-            approx_kl = distributed.all_reduce_mean(approx_kl)
-        return not approx_kl.item() <= 1.5 * self.target_kl  # a NaN stops too
-
-    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
-        """Average the gradients over the ranks, check and clip them, step the optimizer and clear them."""
-        if distributed.is_active():
-            distributed.average_gradients(self.policy.parameters())
-        clip_gradients(self.policy, self.max_grad_norm, phase, self.num_timesteps)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    # ------------------------------------------------------------------------------------------------------------
     # Schedules and logging
     # ------------------------------------------------------------------------------------------------------------
 
@@ -938,12 +686,13 @@ class PPG(OnPolicyAlgorithm):
     def _log_policy_phase(
         self, stats: PhaseStats, clip_range: float | None, clip_range_vf: float | None, continue_training: bool
     ) -> None:
-        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss."""
+        """Record the policy phase's diagnostics: means over its minibatches, the last minibatch's loss (read at once)."""
+        values = stats.read()
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
-            if (mean := stats.mean(name)) is not None:
+            if (mean := values.get(name)) is not None:
                 self.logger.record(f"train/{name}", mean)
         explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
-        self.logger.record("train/loss", stats.last("loss"))
+        self.logger.record("train/loss", values.get("last_loss"))
         self.logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):
             self.logger.record("train/std", th.exp(self.policy.log_std).mean().item())
@@ -956,8 +705,220 @@ class PPG(OnPolicyAlgorithm):
             print(f"Early stopping of the policy phase: approx_kl reached 1.5 * target_kl = {1.5 * self.target_kl:.4f}")  # type: ignore[operator]
 
     # ------------------------------------------------------------------------------------------------------------
+    # learn(): SB3's, which collects a rollout and calls train(); its hooks for data-parallel training
+    # ------------------------------------------------------------------------------------------------------------
+
+    def learn(
+        self: SelfPPG,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "PPG",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfPPG:
+        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
+
+    def _setup_learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        reset_num_timesteps: bool = True,
+        tb_log_name: str = "run",
+        progress_bar: bool = False,
+    ) -> tuple[int, BaseCallback]:
+        """SB3's; in data-parallel training, the ranks first check that they agree and take rank 0's state."""
+        if distributed.is_active():
+            aux_rollouts = self.aux_buffer.n_rollouts if self.aux_buffer is not None else None
+            fingerprint = data_parallel.fingerprint(
+                self, self._optimizers(), aux_rollouts, total_timesteps, reset_num_timesteps, callback
+            )
+            self._data_parallel_stats = data_parallel.prepare_learn(self, self._optimizers(), fingerprint)
+        start_timesteps = 0 if reset_num_timesteps else self.num_timesteps
+        total_timesteps, callback = super()._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self.aux_buffer is not None and distributed.get_rank() == 0:
+            if reset_num_timesteps:
+                self._log_aux_buffer_size()
+            self._warn_if_no_aux_phase(total_timesteps - start_timesteps, total_timesteps)
+        return total_timesteps, callback
+
+    def _next_aux_phase_step(self) -> int:
+        """The step at which the next auxiliary phase runs: once the auxiliary buffer is full (in ``train()``)."""
+        assert self.aux_buffer is not None
+        n_rollouts = max(1, self.n_policy_iters - self.aux_buffer.n_iterations)
+        return self.num_timesteps + n_rollouts * self.n_steps * self.n_envs * distributed.get_world_size()
+
+    def _log_aux_buffer_size(self) -> None:
+        """State the auxiliary buffer's size and when its next phase runs in the log (printed with ``verbose >= 1``)."""
+        assert self.aux_buffer is not None
+        n_buffer_steps = self.n_policy_iters * self.n_envs * self.n_steps
+        observations = self.aux_buffer.observations
+        nbytes = self.aux_buffer.nbytes
+        size = f"{nbytes / 1e6:,.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:,.1f} kB"
+        obs_arrays = observations.values() if isinstance(observations, dict) else [observations]
+        obs_nbytes = sum(array.nbytes for array in obs_arrays)
+        self.logger.info(
+            f"Auxiliary buffer: n_policy_iters * n_envs * n_steps = {self.n_policy_iters} * {self.n_envs} * {self.n_steps} "
+            f"steps of {nbytes // n_buffer_steps:,} bytes ({obs_nbytes // n_buffer_steps:,} of observations), {size}, "
+            "taken as rollouts arrive; next auxiliary phase at step "
+            f"{self._next_aux_phase_step():,}. {self._aux_buffer_location()}"
+        )
+
+    def _aux_buffer_location(self) -> str:
+        """Where the auxiliary buffer lives and why, for the log."""
+        storage, reason = self._aux_buffer_storage
+        places = {"host": "CPU memory", "pinned": "page-locked CPU memory", "device": f"{self.device} memory"}
+        return f"It lives in {places[storage]} ({reason})."
+
+    def _warn_if_no_aux_phase(self, given_timesteps: int, total_timesteps: int) -> None:
+        """
+        Warn when ``learn()`` ends before the run's first auxiliary phase: it then trains as PPO (the paper's N_pi 32
+        rollouts of 256 steps take 8,192 steps per env before the first phase). Rollouts already in the auxiliary
+        buffer (a resumed run) count; no warning once an auxiliary phase has run.
+
+        :param given_timesteps: ``learn()``'s ``total_timesteps`` argument
+        :param total_timesteps: SB3's total of this ``learn()``, counted from the run's start (it stops at the first
+            rollout boundary at or beyond it)
+        """
+        assert self.aux_buffer is not None
+        aux_step = self._next_aux_phase_step()
+        steps_per_rollout = self.n_steps * self.n_envs * distributed.get_world_size()
+        # SB3 collects whole rollouts while num_timesteps < total_timesteps
+        n_rollouts = max(0, -(-(total_timesteps - self.num_timesteps) // steps_per_rollout))
+        stop_step = self.num_timesteps + n_rollouts * steps_per_rollout
+        if self._n_aux_phases > 0 or n_rollouts == 0 or stop_step >= aux_step:
+            return
+        rollout = f"{self.n_steps} steps x {self.n_envs} envs"
+        if distributed.get_world_size() > 1:
+            rollout += f" x {distributed.get_world_size()} ranks"
+        stored = self.aux_buffer.n_iterations
+        if stored > 0:
+            held = f"; the auxiliary buffer holds {stored} of them"
+            fix = ""
+        else:
+            held = ""
+            fix = f"Lower n_policy_iters (to at most {n_rollouts} for this budget) or n_steps, or "
+        warnings.warn(
+            f"learn(total_timesteps={given_timesteps:,}) stops at step {stop_step:,}, before PPG's first auxiliary "
+            f"phase at step {aux_step:,} (after n_policy_iters={self.n_policy_iters} rollouts of {rollout}{held}): "
+            "this learn() trains as plain PPO. "
+            f"{fix}{'r' if fix else 'R'}aise total_timesteps to at least {aux_step - total_timesteps + given_timesteps:,}.",
+            stacklevel=5,
+        )
+
+    def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
+        """
+        SB3's, with PPG's progress bar (:class:`~sb3_ppg.common.progress_bar.PPGProgressBarCallback`, which shows the
+        auxiliary phases); in data-parallel training with the callbacks that count every rank's steps.
+        """
+        if distributed.is_active():
+            return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
+        if progress_bar:
+            if isinstance(callback, list):
+                callback = CallbackList(callback)
+            elif not isinstance(callback, BaseCallback):
+                callback = ConvertCallback(callback)
+            callback = CallbackList([callback, PPGProgressBarCallback()])
+        return super()._init_callback(callback)
+
+    def set_random_seed(self, seed: int | None = None) -> None:
+        """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
+        if seed is not None and distributed.is_active():
+            seed += distributed.get_rank() * self.n_envs
+        super().set_random_seed(seed)
+
+    def collect_rollouts(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        SB3's ``collect_rollouts()``, after telling the callbacks that want to know (``RolloutBoundaryCallback`` s,
+        such as ``PPGCheckpointCallback``) that this is a rollout boundary: ``train()`` has consumed the previous
+        rollout and nothing of the next one has been drawn yet. In data-parallel training, the ranks then share its
+        outcome (steps, statistics).
+        """
+        for boundary_callback in rollout_boundary_callbacks(callback):
+            boundary_callback.on_rollout_boundary()
+        # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
+        self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
+        self._at_rollout_boundary = False  # until train() has consumed this rollout
+        with self._overlapped_rollout(env):
+            if not distributed.is_active():
+                return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+            complete, self._data_parallel_stats = data_parallel.collect_rollouts(
+                self,
+                partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
+                self._data_parallel_stats,
+            )
+        return complete
+
+    def _overlapped_rollout(self, env: VecEnv) -> AbstractContextManager:
+        """
+        The context of a rollout's collection: with ``overlap_rollouts``, the policy's forward pass runs group by group
+        and starts each group's step (``overlapped_forward``); otherwise nothing.
+
+        :raises ValueError: when the env has no groups, or with gSDE (its noise is drawn for all envs at once)
+        """
+        if not self.overlap_rollouts:
+            return nullcontext()
+        grouped = find_grouped_vec_env(env)
+        if grouped is None:
+            raise ValueError(
+                "overlap_rollouts=True needs an env made of groups (a GroupedVecEnv at the bottom of its VecEnv chain): "
+                "make_procgen_env(..., n_groups=2), or GroupedVecEnv([venv_1, venv_2]); or set overlap_rollouts=False."
+            )
+        if self.use_sde:
+            raise ValueError("overlap_rollouts=True does not support gSDE (use_sde=True): set overlap_rollouts=False.")
+        return overlapped_forward(self.policy, grouped, self.action_space)
+
+    def _collect_rollout(
+        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
+    ) -> bool:
+        """
+        Collect one rollout into ``rollout_buffer``: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG``
+        collects the action masks with it).
+
+        :return: whether the rollout is complete (False when a callback stopped training)
+        """
+        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _optimizers(self) -> list[th.optim.Optimizer]:
+        """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
+        optimizers = (self.policy.optimizer, self.aux_optimizer, self.value_optimizer)
+        return [optimizer for optimizer in optimizers if optimizer is not None]
+
+    # ------------------------------------------------------------------------------------------------------------
     # Run state: what checkpoints and data-parallel training read and write
     # ------------------------------------------------------------------------------------------------------------
+
+    @property
+    def n_aux_phases(self) -> int:
+        """The number of auxiliary phases the model has run (saved with it)."""
+        return self._n_aux_phases
+
+    @property
+    def phase_precision(self) -> dict[str, str]:
+        """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
+        names = {dtype: name for name, dtype in PRECISIONS.items()}
+        return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
+
+    @property
+    def at_rollout_boundary(self) -> bool:
+        """
+        Whether the model is at a rollout boundary: ``train()`` has consumed the last rollout collected (or none was
+        collected yet). False from the start of a rollout until its ``train()`` returns, so also after an exception
+        (Ctrl-C) inside either: ``PPGCheckpointCallback`` writes a checkpoint only at a boundary.
+        """
+        return self._at_rollout_boundary
 
     def get_run_state(self) -> RunState:
         """
@@ -1003,7 +964,7 @@ class PPG(OnPolicyAlgorithm):
         self._last_episode_starts = state.last_episode_starts  # type: ignore[assignment]
 
     # ------------------------------------------------------------------------------------------------------------
-    # SB3's BaseAlgorithm contract: save, load, set_env; the auxiliary buffer on disk
+    # Persistence: SB3's save, load and set_env; checkpoints; the auxiliary buffer on disk
     # ------------------------------------------------------------------------------------------------------------
 
     def save(
@@ -1013,12 +974,8 @@ class PPG(OnPolicyAlgorithm):
         include: Iterable[str] | None = None,
     ) -> None:
         """
-        SB3's ``save``, atomic for a path: the zip is written to a temporary file in the same folder, flushed to disk
-        and renamed over the destination, so that a failure (a full disk, Ctrl-C, a kill) leaves the previous file
-        intact and no partial file. Paths follow SB3's rules (".zip" is appended to a path without suffix, missing
-        folders are created); a file object is written directly. The zip stores the policy class wrapped in a
-        :class:`SavedPolicyClass`, so that another algorithm's ``load()`` refuses it clearly. In data-parallel training
-        only rank 0 writes (every rank holds the same model).
+        SB3's ``save``, atomic for a path (a failure leaves the previous file intact); the zip stores the policy class
+        wrapped in a :class:`SavedPolicyClass`, which other algorithms' ``load()`` refuse. Only rank 0 writes.
 
         :param path: path to the file where the model should be saved, or a writable binary file object
         :param exclude: name of parameters that should be excluded in addition to the default ones
@@ -1056,13 +1013,9 @@ class PPG(OnPolicyAlgorithm):
         **kwargs: Any,
     ) -> SelfPPG:
         """
-        Load the model from a zip file (see SB3's ``BaseAlgorithm.load``). The hyperparameters it is loaded with (the
-        file's, replaced by ``custom_objects`` and the keyword arguments) are checked as the constructor checks its
-        arguments, and keyword arguments mean what they mean there (``batch_size=None``: 8 minibatches;
-        ``n_value_epochs=None``: ``n_epochs``; a new ``n_epochs`` keeps joint value epochs joint). Changes that would add
-        or drop an optimizer (``n_aux_epochs`` 0 or not, ``separate_aux_optimizer``, ``n_value_epochs`` equal to
-        ``n_epochs`` or not) are refused: the saved optimizers are restored as they are. Every other hyperparameter may
-        change (the rollout and auxiliary buffers are rebuilt; the auxiliary buffer is not saved anyway).
+        Load the model from a zip file (SB3's ``load``). The hyperparameters it is loaded with (the file's, replaced by
+        ``custom_objects`` and the keyword arguments) are checked as the constructor's, and keyword arguments mean what
+        they mean there; a change that would add or drop an optimizer is refused (see docs/differences_from_ppo.md).
 
         :param path: path to the file (".zip" is tried after the path as given), or a readable binary file object
         :param env: the environment to run the loaded model on (None: prediction only)
@@ -1076,28 +1029,8 @@ class PPG(OnPolicyAlgorithm):
             it came from, or a change that would add or drop an optimizer
         :raises ValueError: when the file holds a model of another algorithm (naming it) or is truncated or corrupt
         """
-        where = repr(str(path)) if isinstance(path, (str, pathlib.Path)) else "the model file"
-        given = dict(kwargs)
-        saved = read_model_zip(path)
-        if saved is not None:
-            data, members = saved
-            policy_class = saved_policy_class(data, custom_objects)
-            check_policy_class(where, data, policy_class, PPGPolicy)
-            # The algorithm of the zip's policy and of this class's policies (MlpPolicy: "PPG" for PPG and its
-            # subclasses, "MaskablePPG" for MaskablePPG): a MaskablePPG zip given to PPG.load would load, then train and
-            # predict without the masks
-            algorithm = getattr(policy_class, "algorithm_name", None)
-            expected = getattr(cls.policy_aliases.get("MlpPolicy"), "algorithm_name", None)
-            if algorithm is not None and expected is not None and algorithm != expected:
-                raise ValueError(
-                    f"{where} holds a {algorithm} model (policy {class_name(policy_class)}), not a {expected} one: "
-                    f"load it with sb3_ppg.{algorithm}.load(path)."
-                )
-            check_load_arguments(given, data, inspect.signature(cls.__init__).parameters, where)
-            replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
-            kwargs = load_arguments(given, {**data, **replaced})
-            check_saved_optimizers({**data, **replaced, **kwargs}, members, {*replaced, *given}, where)
-        try:
+        arguments = check_model_zip(path, cls, PPGPolicy, custom_objects, kwargs)
+        with load_errors(path, kwargs, custom_objects):
             return super().load(
                 path,
                 env=env,
@@ -1105,15 +1038,8 @@ class PPG(OnPolicyAlgorithm):
                 custom_objects=custom_objects,
                 print_system_info=print_system_info,
                 force_reset=force_reset,
-                **kwargs,
+                **arguments,
             )
-        except HyperparameterError as error:
-            raise with_sources(error, where, given, custom_objects) from None
-        except AssertionError as error:
-            # SB3 asserts when a truncated zip still opens (the nested policy.pth zip's directory is found)
-            if "No data found" in str(error):
-                raise ValueError(f"{path!r} is not a complete PPG model zip (truncated or corrupt file).") from error
-            raise
 
     @classmethod
     def load_checkpoint(
@@ -1121,26 +1047,21 @@ class PPG(OnPolicyAlgorithm):
         path: str | os.PathLike,
         env: GymEnv | None = None,
         device: th.device | str = "auto",
+        allow_pickle: bool = True,
         **kwargs: Any,
     ) -> SelfPPG:
         """
-        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run:
-        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (SB3 counts the steps of
-        ``learn()`` from the current ``num_timesteps``) ends, on CPU with a seed, with the same parameters, bit for
-        bit, as the run that was never interrupted. Every file is checked against the manifest's checksums first.
-        Under torchrun every rank calls it and restores its own part (envs, random generators, auxiliary buffer),
-        with the checkpoint's world size. Checkpoints hold pickles (the model zip, DummyVecEnv envs): load trusted ones.
+        Load a checkpoint written by :class:`~sb3_ppg.PPGCheckpointCallback`, ready to continue the run with
+        ``model.learn(total_timesteps - model.num_timesteps, reset_num_timesteps=False)`` (see docs/checkpoints.md).
+        Every file is checked against the manifest first. Checkpoints hold pickles, which run code when loaded: load
+        trusted ones, or pass ``allow_pickle=False`` (see docs/checkpoints.md).
 
-        :param path: a checkpoint folder, or the callback's ``save_path``: then the newest checkpoint (the one written
-            last) that verifies is used, and a warning names the damaged newer ones it skipped
-        :param env: the env to continue with, built as in the run (same wrappers, same number of envs); the states
-            of its envs are restored (the envs of a ``DummyVecEnv`` are replaced by their saved copies). Where they
-            could not be saved, the episodes restart, with a warning. ``None``: the model comes without env.
+        :param path: a checkpoint folder, or the callback's ``save_path`` (then its newest checkpoint that verifies)
+        :param env: the env to continue with, built as in the run; its envs' states are restored. ``None``: no env
         :param device: the device of the model
-        :param kwargs: passed to :meth:`load` (e.g. ``custom_objects``, ``verbose``, ``tensorboard_log``), checked as
-            there. Hyperparameters given here apply from the checkpoint on (the run then no longer repeats the
-            uninterrupted one); ``n_steps`` and ``n_policy_iters`` cannot change (the stored rollouts and the auxiliary
-            buffer are laid out for them): start anew from the checkpoint's ``model.zip`` with :meth:`load` for that
+        :param allow_pickle: False: unpickle nothing (the zip's pickled objects are rebuilt from plain descriptions);
+            a checkpoint that needs pickle (``env_states.pkl``, objects without description) is a ``ValueError``
+        :param kwargs: passed to :meth:`load`; ``n_steps`` and ``n_policy_iters`` cannot change
         :return: the model
         :raises FileNotFoundError: when ``path`` holds no complete checkpoint
         :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), every
@@ -1148,7 +1069,7 @@ class PPG(OnPolicyAlgorithm):
             ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
-        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, **kwargs)
+        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
         changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
         if changed:
             raise HyperparameterError(
@@ -1160,9 +1081,6 @@ class PPG(OnPolicyAlgorithm):
             )
         return model  # type: ignore[return-value]
 
-    def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
-        super()._maybe_recommend_cpu(mlp_class_name)
-
     def _excluded_save_params(self) -> list[str]:
         excluded = [
             "aux_buffer",
@@ -1170,6 +1088,7 @@ class PPG(OnPolicyAlgorithm):
             "value_optimizer",
             "_data_parallel_stats",
             "_at_rollout_boundary",
+            "_aux_buffer_storage",
             "_aux_phase_callbacks",
         ]
         return [*super()._excluded_save_params(), *excluded]
@@ -1181,6 +1100,29 @@ class PPG(OnPolicyAlgorithm):
         if self.value_optimizer is not None:
             state_dicts.append("value_optimizer")
         return state_dicts, []
+
+    def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
+        super()._maybe_recommend_cpu(mlp_class_name)
+
+    @staticmethod
+    def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
+        """
+        SB3's wrapping of the env, after checking its spaces: one that PPG does not support is a ``ValueError``. An env
+        that is not a VecEnv, with an integer Box observation space, is reset once to check its observations
+        (``check_first_observation``).
+
+        :param env: the env
+        :param verbose: Verbosity level: 1 prints the wrappers used
+        :param monitor_wrapper: Whether to wrap a gymnasium env in a ``Monitor``
+        :return: the wrapped env
+        """
+        if not isinstance(env, VecEnv):
+            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
+        check_observation_space(env.observation_space)
+        check_action_space(env.action_space)
+        if not isinstance(env, VecEnv):
+            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
+        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """
@@ -1197,7 +1139,7 @@ class PPG(OnPolicyAlgorithm):
             return
         # Check everything before changing anything
         check_for_correct_spaces(env, self.observation_space, self.action_space)
-        self._check_aux_buffer_memory(env.num_envs)
+        self._aux_buffer_storage = self._check_aux_buffer_memory(env.num_envs)
         self.batch_size = self._resolve_batch_size(env.num_envs)
         if self.aux_buffer is not None and self.aux_buffer.n_rollouts > 0:
             warnings.warn(
@@ -1221,10 +1163,8 @@ class PPG(OnPolicyAlgorithm):
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
-        Save the auxiliary buffer, so that a run can resume mid-phase without losing data. It is not part of the
-        model zip because it can be many GB. The file holds plain arrays (``.npz`` with JSON metadata and a checksum
-        of every array), written atomically; nothing is pickled. For resuming a run exactly, prefer the checkpoints
-        of :class:`~sb3_ppg.PPGCheckpointCallback`.
+        Save the auxiliary buffer (not part of the model zip: it can be many GB) as plain arrays, checksummed, written
+        atomically. For resuming a run exactly, prefer the checkpoints of :class:`~sb3_ppg.PPGCheckpointCallback`.
 
         :param path: Path to the file where the buffer should be saved; ".npz" is appended to a str path without
             a suffix
@@ -1235,15 +1175,12 @@ class PPG(OnPolicyAlgorithm):
 
     def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
-        Load an auxiliary buffer saved by ``save_aux_buffer``; the rollouts it holds count toward the next
-        auxiliary phase. The file is checked completely (checksums, layout, spaces) before the model's buffer is
-        replaced; a pickle or any other file gives a ``ValueError`` and nothing in it is executed.
+        Load an auxiliary buffer saved by ``save_aux_buffer``, checked completely first (a pickle is refused); its
+        rollouts count toward the next auxiliary phase.
 
         :param path: Path to the saved buffer
         """
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
-        buffer = AuxiliaryBuffer.load(path, self.verbose)
-        buffer.check_compatible(self.aux_buffer, path)
-        buffer.device = self.device
-        self.aux_buffer = buffer
+        # Loaded into CPU memory, then copied into the model's buffer (which may live elsewhere: aux_buffer_device)
+        self.aux_buffer.copy_from(AuxiliaryBuffer.load(path, self.verbose), path)

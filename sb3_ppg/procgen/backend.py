@@ -38,6 +38,31 @@ class Backend(NamedTuple):
     procgen_gym: ModuleType | None
 
 
+#: The Debian / Ubuntu packages of the system libraries that procgen's ``libenv.so`` links besides those it bundles
+#: (``ldd libenv.so``: libGL.so.1, libglib-2.0.so.0 / libgthread-2.0.so.0, libX11.so.6): CUDA container images and
+#: headless servers often lack them
+SYSTEM_PACKAGES = ("libgl1", "libglib2.0-0", "libx11-6")
+
+
+def missing_library_error(error: OSError) -> OSError:
+    """
+    The error for procgen's C++ library failing to load (``OSError: cannot load library '.../libenv.so': libGL.so.1:
+    cannot open shared object file``): it names the system packages to install. Other ``OSError`` are returned as
+    they are.
+
+    :param error: the error of loading the library (or of importing the package)
+    :return: the error to raise
+    """
+    message = str(error)
+    if "cannot open shared object file" not in message and "cannot load library" not in message:
+        return error
+    return OSError(
+        f"Procgen's C++ library could not be loaded ({message}). Its renderer links the system's OpenGL, X11 and GLib "
+        f"libraries, which headless servers and CUDA container images often lack; on Debian / Ubuntu install them "
+        f"with: apt-get install -y {' '.join(SYSTEM_PACKAGES)} (the package is libglib2.0-0t64 on Ubuntu 24.04)."
+    )
+
+
 @functools.cache
 def backend() -> Backend:
     """
@@ -50,6 +75,8 @@ def backend() -> Backend:
         procgen = importlib.import_module("procgen")
         env_module = importlib.import_module("procgen.env")
         name, gym3_env_class, procgen_gym = "procgen", procgen.ProcgenGym3Env, None
+    except OSError as error:  # a C++ library loaded on import lacks a system library
+        raise missing_library_error(error) from error
     except ImportError:  # Python 3.13: procgen-gym
         try:
             procgen_gym = importlib.import_module("procgen_gym")
@@ -57,6 +84,8 @@ def backend() -> Backend:
             name, gym3_env_class = "procgen-gym", None
         except ImportError:
             return Backend(None, None, None, None, None)
+        except OSError as error:  # its C++ library, loaded on import, lacks a system library
+            raise missing_library_error(error) from error
     assets_dir = os.path.join(env_module.SCRIPT_DIR, "data", "assets") + os.sep
     return Backend(name, env_module, assets_dir, gym3_env_class, procgen_gym)
 
@@ -179,7 +208,10 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
         collecting = gc.isenabled()
         gc.disable()
         try:
-            env = installed.gym3_env_class(num=num, env_name=env_name, render_mode=render_mode, **options)
+            try:
+                env = installed.gym3_env_class(num=num, env_name=env_name, render_mode=render_mode, **options)
+            except OSError as error:  # gym3 loads procgen's C++ library here: a system library may be missing
+                raise missing_library_error(error) from error
             library = getattr(env, "_c_lib", None)
             for name in dir(library) if library is not None else ():
                 getattr(library, name, None)
@@ -188,7 +220,10 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
                 gc.enable()
         return env
     if installed.procgen_gym is not None:
-        return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
+        try:
+            return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
+        except OSError as error:
+            raise missing_library_error(error) from error
     raise ImportError(
         "No Procgen package is installed: sb3-ppg installs procgen-mirror (Python 3.11, 3.12), procgen (3.10) or "
         "procgen-gym (3.13) as a dependency; reinstall sb3-ppg (pip install -e . in its folder)."

@@ -155,7 +155,8 @@ class ProcgenVecEnv(VecEnv):
 
     def step_async(self, actions: np.ndarray) -> None:
         """
-        Check and store the actions.
+        Check the actions and start the step: procgen's threads step the games while the caller goes on, until
+        ``step_wait``.
 
         :param actions: Integer actions in ``[0, 15)``, shape ``(num_envs,)`` or ``(num_envs, 1)``
         """
@@ -174,15 +175,15 @@ class ProcgenVecEnv(VecEnv):
         if actions.min() < 0 or actions.max() >= PROCGEN_N_ACTIONS:
             raise ValueError(f"Actions must be in [0, {PROCGEN_N_ACTIONS}), got {actions.ravel()}")
         self._actions[:] = actions
+        self._env.act(self._actions)
+        self._stepped = True
 
     def step_wait(self) -> VecEnvStepReturn:
         """
-        Step all games with the stored actions.
+        Wait for the step started by ``step_async``.
 
         :return: observations, rewards, dones, infos
         """
-        self._env.act(self._actions)
-        self._stepped = True
         rewards, observations, dones = self._env.observe()
         observations = observations["rgb"]
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]

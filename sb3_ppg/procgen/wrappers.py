@@ -12,11 +12,34 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
 from sb3_ppg.common.array_files import read_array_file, write_array_file
+from sb3_ppg.common.rollout_groups import GroupedVecEnv
 from sb3_ppg.procgen.games import check_argument_names
 from sb3_ppg.procgen.presets import get_procgen_preset
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
 
 NUMBER_OF_GAMES = "pass the number of games as n_envs"
+
+
+def grouped_procgen_vec_env(n_envs: int, env_name: str, n_groups: int, **vec_env_kwargs: Any) -> VecEnv:
+    """
+    One ``ProcgenVecEnv`` of ``n_envs`` games (``n_groups=1``), or a ``GroupedVecEnv`` of ``n_groups`` of them (see
+    :func:`make_monitored_procgen_env`).
+    """
+    if not isinstance(n_groups, int) or isinstance(n_groups, bool) or not 1 <= n_groups <= n_envs:
+        raise ValueError(f"n_groups must be an integer from 1 to n_envs={n_envs}, got {n_groups!r}.")
+    if n_groups == 1:
+        return ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
+    seed = vec_env_kwargs.pop("rand_seed", None)
+    sizes = [len(part) for part in np.array_split(np.arange(n_envs), n_groups)]
+    starts = np.cumsum([0, *sizes[:-1]])
+    return GroupedVecEnv(
+        [
+            ProcgenVecEnv(size, env_name, rand_seed=None if seed is None else seed + int(start), **vec_env_kwargs)
+            for size, start in zip(sizes, starts, strict=True)
+        ]
+    )
+
+
 #: Names that :func:`make_procgen_env` refuses in ``procgen_kwargs``: what it sets itself, under another API's name
 MAKE_PROCGEN_ENV_OTHER_NAMES = {
     "rand_seed": "procgen's name for the seed of the level sampler, which make_procgen_env() sets itself: pass seed= instead",
@@ -39,6 +62,7 @@ def make_monitored_procgen_env(
     monitor_filename: str | None = None,
     monitor_info_keywords: tuple[str, ...] = (),
     monitor_override_existing: bool = True,
+    n_groups: int = 1,
     **vec_env_kwargs: Any,
 ) -> VecMonitor:
     """
@@ -52,11 +76,14 @@ def make_monitored_procgen_env(
         folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
     :param monitor_override_existing: False: append to an existing log (a resumed run) instead of starting it anew
+    :param n_groups: 1 (default): one ``ProcgenVecEnv``; more: a :class:`~sb3_ppg.common.rollout_groups.GroupedVecEnv`
+        of that many ``ProcgenVecEnv`` (as equal as can be, each with ``num_threads`` threads; the level sampler of the
+        group that starts at env ``i`` seeded with ``rand_seed + i``), for ``PPG(overlap_rollouts=True)``
     :param vec_env_kwargs: Arguments of :class:`~sb3_ppg.procgen.ProcgenVecEnv`
     :return: The monitored env
     """
     check_argument_names("make_monitored_procgen_env()", vec_env_kwargs, {"num_envs": NUMBER_OF_GAMES, "num": NUMBER_OF_GAMES})
-    venv = ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
+    venv = grouped_procgen_vec_env(n_envs, env_name, n_groups, **vec_env_kwargs)
     if monitor_filename is not None:
         directory = os.path.dirname(monitor_filename)
         if directory:
@@ -141,7 +168,7 @@ def make_procgen_env(
         ``distribution_mode``, ``num_levels``, ``start_level``, ``reward_gamma`` and ``clip_reward``
         (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`); ``None``: the defaults above
     :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
-        :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
+        :class:`~sb3_ppg.procgen.ProcgenVecEnv`), and ``n_groups`` (see :func:`make_monitored_procgen_env`)
     :return: The wrapped env
     """
     check_argument_names("make_procgen_env()", procgen_kwargs, MAKE_PROCGEN_ENV_OTHER_NAMES)

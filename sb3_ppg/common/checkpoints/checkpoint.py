@@ -35,17 +35,26 @@ from sb3_ppg.common.checkpoints.manifest import (
     read_manifest,
     write_manifest,
 )
+from sb3_ppg.common.checkpoints.model_objects import rebuild
 from sb3_ppg.common.checkpoints.rollouts import check_rollout, read_rollouts, write_rollouts
 from sb3_ppg.common.checkpoints.run_state import read_run_state, restore_run_state, write_run_state
 from sb3_ppg.common.hyperparameters import HyperparameterError
 from sb3_ppg.common.run_state import ResumableModel
+from sb3_ppg.common.save_util import read_model_zip
 
 Model = TypeVar("Model", bound=ResumableModel)
 
 #: The files of a checkpoint folder (and of its ``rank_<r>/`` folders) that ``write_checkpoint`` writes
 CHECKPOINT_FILES = (MANIFEST, "model.zip", "run_state.npz", "env_states.pkl")
-#: Errors of the arguments (hyperparameters, the env), not of the checkpoint: an older checkpoint would not fit either
-ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError)
+
+
+class PickleRefusedError(ValueError):
+    """``load_checkpoint(..., allow_pickle=False)`` of a checkpoint that cannot be loaded without unpickling."""
+
+
+#: Errors of the arguments (hyperparameters, the env, ``allow_pickle``), not of the checkpoint: an older checkpoint
+#: would not fit either
+ARGUMENT_ERRORS = (HyperparameterError, EnvMismatchError, PickleRefusedError)
 
 
 def write_checkpoint(
@@ -279,7 +288,12 @@ def restore_run(model: ResumableModel, directory: pathlib.Path, manifest: dict[s
 
 
 def load_checkpoint(
-    cls: type[Model], path: str | os.PathLike, env: Any = None, device: th.device | str = "auto", **kwargs: Any
+    cls: type[Model],
+    path: str | os.PathLike,
+    env: Any = None,
+    device: th.device | str = "auto",
+    allow_pickle: bool = True,
+    **kwargs: Any,
 ) -> Model:
     """
     Load a checkpoint: verify it, load its model with ``cls.load`` and restore the run (see ``PPG.load_checkpoint``).
@@ -288,10 +302,14 @@ def load_checkpoint(
     :param path: a checkpoint folder, or a folder of checkpoints (the newest that verifies is loaded)
     :param env: the env to continue with
     :param device: the model's device
+    :param allow_pickle: False: unpickle nothing (see :func:`pickle_free_objects`), refuse a checkpoint that needs it
     :param kwargs: passed to ``cls.load``
     :return: the model
     """
     device = distributed.auto_init(device)  # a process started by torchrun joins the job before anything is read
+    path = os.path.expanduser(path)  # as PPGCheckpointCallback's save_path
+    if not allow_pickle:
+        kwargs["allow_pickle"] = False  # read by _load_one
     if distributed.is_active():
         return _load_distributed(cls, path, env, device, **kwargs)
     explicit, candidates = _candidates(path)
@@ -346,9 +364,54 @@ def _load_one(
 ) -> Model:
     """Verify a checkpoint (this rank's part under torchrun), load its model and restore its run state."""
     verify_files(directory, manifest, rank)
+    kwargs = dict(kwargs)
+    if not kwargs.pop("allow_pickle", True):
+        part = rank_folder(rank) if rank is not None else ""
+        kwargs["custom_objects"] = pickle_free_objects(directory, manifest, part, kwargs.get("custom_objects"))
     model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
     restore_run(model, directory, manifest, rank_folder(rank) if rank is not None else "")
     return model
+
+
+def pickle_free_objects(
+    directory: pathlib.Path, manifest: dict[str, Any], part: str, custom_objects: dict[str, Any] | None
+) -> dict[str, Any]:
+    """
+    The ``custom_objects`` that load a checkpoint's ``model.zip`` without unpickling anything: the objects SB3 pickled
+    into the zip's ``data``, rebuilt from their plain description in the run state (see
+    :mod:`.model_objects`), with those given by the caller taking precedence.
+
+    :param directory: the checkpoint (files verified)
+    :param manifest: its manifest
+    :param part: this rank's folder under torchrun, else ""
+    :param custom_objects: the caller's ``custom_objects``
+    :return: ``custom_objects`` covering every pickled object of the zip
+    :raises PickleRefusedError: when the checkpoint holds pickled envs (``env_states.pkl``), or a pickled object of
+        the zip has no plain description (a checkpoint written before sb3_ppg described them, a lambda schedule, ...)
+    """
+    where = f"Checkpoint {str(directory)!r}"
+    fix = "Load it with allow_pickle=True only if you trust where it comes from (pickles run code when loaded)"
+    pickled_envs = f"{part}/env_states.pkl" if part else "env_states.pkl"
+    if pickled_envs in manifest["files"]:
+        raise PickleRefusedError(
+            f"{where} holds the pickled envs of a DummyVecEnv ({pickled_envs}), which allow_pickle=False refuses. {fix}; "
+            "checkpoints of envs whose states are arrays (Procgen's ProcgenVecEnv) need no pickle."
+        )
+    metadata, _ = read_run_state(directory / part / "run_state.npz", os.path.join(part, "run_state.npz"))
+    given = dict(custom_objects or {})
+    described = metadata.get("model_objects", {"objects": {}, "not_described": {}})
+    objects = {name: rebuild(value) for name, value in described["objects"].items()}
+    saved = read_model_zip(directory / "model.zip")
+    pickled = [name for name, item in (saved[0] if saved else {}).items() if isinstance(item, dict) and ":serialized:" in item]
+    missing = [name for name in pickled if name not in given and name not in objects]
+    if saved is None or missing:
+        why = {name: described["not_described"].get(name, "not described in its run state") for name in missing}
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in why.items()) or "model.zip cannot be read"
+        raise PickleRefusedError(
+            f"{where} cannot be loaded without unpickling objects of its model.zip ({reasons}). {fix}, or pass those "
+            "objects in custom_objects (checkpoints of earlier sb3_ppg versions describe none of them)."
+        )
+    return {**{name: objects[name] for name in pickled if name not in given}, **given}
 
 
 def damaged_error(directory: pathlib.Path, reason: str) -> CheckpointDamagedError:

@@ -214,7 +214,7 @@ def get_vec_env_state(venv: VecEnv) -> tuple[dict[str, Any], dict[str, np.ndarra
         elif isinstance(layer, VecEnvWrapper) and not isinstance(layer, STATELESS_WRAPPERS):
             description["unsaved"] = "its state is not saved (unknown wrapper)"
         elif not isinstance(layer, VecEnvWrapper):
-            if hasattr(layer, "get_env_states"):
+            if hasattr(layer, "get_env_states") and getattr(layer, "has_env_states", True):
                 for env_index, state in enumerate(layer.get_env_states()):
                     arrays[f"{prefix}.state{env_index}"] = np.frombuffer(bytes(state), dtype=np.uint8)
                 description["native_states"] = True

@@ -17,6 +17,7 @@ from sb3_ppg.common import distributed
 from sb3_ppg.common.array_files import atomic_write, file_digest, read_array_file, write_array_file
 from sb3_ppg.common.checkpoints.env_state import get_vec_env_state, monitor_log_sizes, set_vec_env_state, unsaved_parts
 from sb3_ppg.common.checkpoints.manifest import CheckpointDamagedError, rank_folder
+from sb3_ppg.common.checkpoints.model_objects import describe_model_objects
 from sb3_ppg.common.run_state import ResumableModel, RunState
 
 RUN_STATE_FORMAT = "sb3_ppg.run_state"
@@ -87,6 +88,8 @@ def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: 
         arrays.update(env_arrays)
         metadata["monitor_log_sizes"] = monitor_log_sizes(model.env)
     metadata["n_envs"] = model.n_envs
+    # What load_checkpoint(..., allow_pickle=False) gives load() in place of the zip's pickled objects
+    metadata["model_objects"] = describe_model_objects(model)
     write_array_file(folder / "run_state.npz", arrays, json.loads(json.dumps(metadata, default=_json_value)))
     files = {"run_state.npz": file_digest(folder / "run_state.npz")}
     if pickled_envs is not None:
