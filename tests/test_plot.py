@@ -308,3 +308,25 @@ def test_plot_paper_over_an_easy_run_says_so(zoo_logs: Path, tmp_path: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         plot.plot_learning_curves([str(run)], output=str(tmp_path / "hard.png"), paper=["ppg"])
+
+
+def test_reference_lines_and_points(zoo_logs: Path, tmp_path: Path, monkeypatch):
+    """The quick start's PNG: random actions as a horizontal line, evaluations as points with error bars."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: (saved.append(self), savefig(self, *args, **kwargs)))
+    plot.plot_learning_curves(
+        [str(zoo_logs / "ppg" / "procgen-coinrun-v0_1")],
+        output=str(tmp_path / "extras.png"),
+        reference_lines={"random actions": 1.5},
+        points={"evaluations": (np.array([1000, 2000]), np.array([2.0, 3.0]), np.array([0.5, 0.4]))},
+    )
+    (axis,) = saved[0].axes
+    labels = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert "random actions" in labels and "evaluations" in labels
+    random_line = next(line for line in axis.get_lines() if line.get_label() == "random actions")
+    assert list(random_line.get_ydata()) == [1.5, 1.5]
+    points = next(container for container in axis.containers if container.get_label() == "evaluations")
+    np.testing.assert_array_equal(points.lines[0].get_xydata(), [[1000, 2.0], [2000, 3.0]])

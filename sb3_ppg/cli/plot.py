@@ -90,6 +90,8 @@ def plot_learning_curves(  # noqa: C901
     figsize: tuple[float, float] = (8.0, 5.0),
     dpi: int = 100,
     title: str | None = None,
+    reference_lines: dict[str, float] | None = None,
+    points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
 ) -> str:
     """
     Draw learning curves to a PNG file.
@@ -112,6 +114,8 @@ def plot_learning_curves(  # noqa: C901
     :param figsize: Figure size in inches (width, height); the PNG is ``figsize * dpi`` pixels
     :param dpi: Dots per inch
     :param title: Figure title
+    :param reference_lines: Horizontal lines to draw, by label (e.g. the return of random actions)
+    :param points: Points with error bars to draw, by label: ``(steps, values, errors)`` (e.g. evaluations)
     :return: The path of the written PNG
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -180,13 +184,18 @@ def plot_learning_curves(  # noqa: C901
         if len(seeds) > 1:
             axis.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
 
+    for name, value in (reference_lines or {}).items():
+        axis.axhline(value, linestyle=":", color="gray", label=name)
+    for name, (steps, values, errors) in (points or {}).items():
+        axis.errorbar(steps, values, yerr=errors, fmt="o", capsize=3, label=name)
+
     axis.set_xlabel("environment steps")
     axis.set_ylabel("episode return" if curve_type == "train" else "mean evaluation return")
     axis.xaxis.set_major_formatter(EngFormatter(sep=""))
     if x_max is not None:
         axis.set_xlim(left=0, right=x_max)
     axis.grid(True, alpha=0.3)
-    if len(all_groups) > 0:
+    if len(all_groups) > 0 or reference_lines or points:
         axis.legend(loc="best", fontsize="small")
     notes = []
     if any(len(seeds) > 1 for _, seeds, _ in all_groups):

@@ -419,8 +419,18 @@ def evaluation_line(label: str, episode_returns: np.ndarray) -> str:
     :return: ``"  <label>: <mean> +/- <standard error of the mean>  (<n> episodes)"``
     """
     n_episodes = len(episode_returns)
-    standard_error = np.std(episode_returns, ddof=1) / np.sqrt(n_episodes) if n_episodes > 1 else float("nan")
-    return f"  {label + ':':36}{np.mean(episode_returns):5.2f} +/- {standard_error:.2f}  ({n_episodes} episodes)"
+    return (
+        f"  {label + ':':36}{np.mean(episode_returns):5.2f} +/- {standard_error(episode_returns):.2f}  ({n_episodes} episodes)"
+    )
+
+
+def standard_error(episode_returns: np.ndarray) -> float:
+    """
+    :param episode_returns: The return of each episode
+    :return: The standard error of their mean (NaN for one episode)
+    """
+    n_episodes = len(episode_returns)
+    return float(np.std(episode_returns, ddof=1) / np.sqrt(n_episodes)) if n_episodes > 1 else float("nan")
 
 
 def quickstart(argv: list[str]) -> dict[str, str | float]:
@@ -505,11 +515,21 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
 
     curve_path = os.path.join(output_folder, "learning_curve.png")
     title = f"PPG on {env_id} (easy), quick start"
+    # Beside the training episodes: the evaluations the summary prints (mean +/- standard error) and random actions
+    with np.load(os.path.join(run_folder, "evaluations.npz")) as evaluations:
+        steps = np.append(evaluations["timesteps"], model.num_timesteps)
+        evaluated = [*evaluations["results"], returns["model"]]
+    means = np.array([np.mean(episode_returns) for episode_returns in evaluated])
+    errors = np.array([standard_error(episode_returns) for episode_returns in evaluated])
+    extras: dict[str, Any] = {
+        "reference_lines": {f"random actions ({len(returns['random'])} episodes)": float(np.mean(returns["random"]))},
+        "points": {f"evaluations ({QUICKSTART_EVAL_EPISODES} episodes, +/- standard error)": (steps, means, errors)},
+    }
     try:
-        plot_learning_curves([run_folder], output=curve_path, smoothing=20, title=title)
+        plot_learning_curves([run_folder], output=curve_path, smoothing=20, title=title, **extras)
     except ValueError:
         # No training episode finished (very short run): plot the evaluations instead
-        plot_learning_curves([run_folder], output=curve_path, curve_type="eval", title=title)
+        plot_learning_curves([run_folder], output=curve_path, curve_type="eval", title=title, **extras)
 
     results: dict[str, str | float] = {
         "run_folder": os.path.abspath(run_folder),
