@@ -36,14 +36,14 @@ def machine(monkeypatch):
 @pytest.mark.parametrize(
     "cpus, affinity, load, ranks, expected",
     [
-        (2, 2, 0.2, None, 2),  # idle 2-core machine: both CPUs
-        (2, 2, 0.7, None, 1),  # 1.3 idle CPUs round to 1
+        (2, 2, 0.0, None, 1),  # idle 2-core machine: one CPU for torch, one for Python and the env
         (2, 2, 5.0, None, 1),  # busy: at least one thread
-        (16, 16, 0.0, None, 16),  # idle: all usable CPUs
+        (4, 4, 0.4, None, 3),  # 3.6 idle CPUs round to 4, less one
+        (16, 16, 0.0, None, 15),  # idle: the usable CPUs, less one
         (16, 4, 0.0, None, 4),  # affinity (taskset, a cgroup's cpuset) caps it
         (16, 16, 0.0, 4, 4),  # torchrun: 4 ranks share the 16 CPUs
         (16, 16, 0.0, 32, 1),  # more ranks than CPUs: one each
-        (16, 16, 10.4, None, 6),  # 5.6 idle CPUs round to 6
+        (16, 16, 10.4, None, 5),  # 5.6 idle CPUs round to 6, less one
         (16, 16, None, None, 16),  # no load average: the usable CPUs
     ],
 )
@@ -94,7 +94,7 @@ def test_procgen_threads(machine):
     from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env
 
     machine(16, 3, 0.0)
-    env = ProcgenVecEnv(2, "coinrun", distribution_mode="easy", rand_seed=0)
+    env = ProcgenVecEnv(2, "coinrun", distribution_mode="easy", rand_seed=0)  # 3 usable CPUs
     assert env.num_threads == 3
     env.close()
     env = make_procgen_env("coinrun", n_envs=2, seed=0, num_threads=1)
