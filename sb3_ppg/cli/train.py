@@ -82,7 +82,7 @@ QUICKSTART_EVAL_SEED = 12345
 QUICKSTART_EVAL_ENV_KWARGS = ("distribution_mode:'easy'", "num_levels:0", "start_level:0")
 QUICKSTART_OUTPUT = "quickstart_output"
 # Measured: python -m sb3_ppg.train from start to end (see docs/guide/quickstart.rst)
-QUICKSTART_DURATION = "about 2 minutes on a 2-core CPU, longer on a busy machine"
+QUICKSTART_DURATION = "about 3 minutes on a 2-core CPU, longer on a busy machine"
 
 EPILOG = """
 sb3_ppg options (the RL Zoo's train options are listed below):
