@@ -4,7 +4,8 @@ import os
 
 from sb3_ppg.common import distributed as distributed
 from sb3_ppg.common.buffers import AuxiliaryBuffer
-from sb3_ppg.common.callbacks import PPGCheckpointCallback, PPGEvalCallback
+from sb3_ppg.common.callbacks import PPGEvalCallback
+from sb3_ppg.common.checkpoints import PPGCheckpointCallback
 from sb3_ppg.ppg import PPG, CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
 from sb3_ppg.ppg_mask import MaskablePPG
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs

@@ -6,7 +6,7 @@ import signal
 import sys
 
 import numpy as np
-from small_model import small_ppg  # tests/: this script's folder
+from helpers import small_ppg  # tests/: this script's folder
 from stable_baselines3.common.env_util import make_vec_env
 
 import sb3_ppg.common.array_files

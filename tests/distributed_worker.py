@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import torch as th
 from double_precision import run_in_float64  # tests/ is on sys.path: this script's folder, or added by the test
+from helpers import parameters, small_ppg
 from sb3_contrib.common.wrappers import ActionMasker
-from small_model import small_ppg
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
 from sb3_ppg.common import distributed
-from sb3_ppg.common.checkpoints.checkpoint import write_checkpoint
+from sb3_ppg.common.checkpoints import write_checkpoint
 
 th.set_num_threads(1)
 
@@ -117,10 +117,6 @@ class SyntheticRollout(BaseCallback):
 def allow_all(env: Any) -> np.ndarray:
     """Action masks that allow both CartPole actions."""
     return np.ones(2, dtype=bool)
-
-
-def parameters(model: PPG) -> dict[str, th.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
 
 
 def equality(config_name: str) -> dict[str, Any]:

@@ -202,7 +202,7 @@ def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0)
 
 def test_the_updates_are_the_same_whatever_the_storage():
     reference = train_masked("cpu")
-    assert reference._n_aux_phases == 2
+    assert reference.n_aux_phases == 2
     for choice, staged in (("device", False), ("auto", False), ("pinned", False), ("cpu", True)):
         model = train_masked(choice, staged)
         if choice == "device":

@@ -11,11 +11,11 @@ import shutil
 
 import pytest
 import torch as th
+from helpers import assert_identical, hold_lock, parameters
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.common.checkpoints.lock import lock_folder
 
 # Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
 # that learn() then trains as plain PPO is meant
@@ -29,16 +29,6 @@ RUN = dict(n_policy_iters=3, n_steps=N_STEPS)
 
 def make_env():
     return make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=0)
-
-
-def parameters(model: PPG) -> dict[str, th.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
-
-
-def assert_identical(params_a: dict[str, th.Tensor], params_b: dict[str, th.Tensor]) -> None:
-    assert params_a.keys() == params_b.keys()
-    for name in params_a:
-        assert th.equal(params_a[name], params_b[name]), f"{name} differs"
 
 
 def callback(folder: pathlib.Path, keep_last: int | None = None) -> PPGCheckpointCallback:
@@ -212,12 +202,6 @@ def test_interrupted_train_writes_no_checkpoint(tmp_path, monkeypatch, make_mode
         model.learn(TOTAL, callback=checkpoints)
     checkpoints.on_training_end()
     assert checkpoint_names(tmp_path) == [f"ppg_{ITERATION}_steps", f"ppg_{2 * ITERATION}_steps"]
-
-
-def hold_lock(folder: str, ready, release) -> None:
-    lock_folder(folder)
-    ready.set()
-    release.wait(30)
 
 
 def test_another_process_writing_here(tmp_path, make_model):

@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-import torch as th
+from helpers import assert_identical, parameters
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
 
@@ -32,16 +32,6 @@ RUN = dict(n_policy_iters=3, n_steps=N_STEPS)
 def make_env(seed: int = 0, normalize: bool = False):
     env = make_vec_env("CartPole-v1", n_envs=N_ENVS, seed=seed)
     return VecNormalize(env, gamma=0.99) if normalize else env
-
-
-def parameters(model: PPG) -> dict[str, th.Tensor]:
-    return {name: tensor.detach().clone() for name, tensor in model.policy.state_dict().items()}
-
-
-def assert_identical(params_a: dict[str, th.Tensor], params_b: dict[str, th.Tensor]) -> None:
-    assert params_a.keys() == params_b.keys()
-    for name in params_a:
-        assert th.equal(params_a[name], params_b[name]), f"{name} differs"
 
 
 def checkpoint_dir(folder: pathlib.Path, steps: int) -> pathlib.Path:
@@ -330,3 +320,31 @@ def test_procgen_resume_bit_identical(tmp_path, make_model):
     resumed.learn(total - resumed.num_timesteps, reset_num_timesteps=False)
     assert resumed.n_aux_phases == model.n_aux_phases == 2
     assert_identical(params, parameters(resumed))
+
+
+def test_stored_rollouts_are_read_once_until_the_buffer_is_reset(tmp_path, make_model, monkeypatch):
+    """
+    A policy iteration already stored is not read again by the next checkpoint: the checkpoints remember what they
+    stored (the buffer holds no bookkeeping of theirs), until the buffer is reset and its rows hold other rollouts.
+    """
+    from sb3_ppg.common.buffers import AuxiliaryBuffer
+    from sb3_ppg.common.checkpoints import write_checkpoint
+
+    model = make_model(make_env(), **RUN)
+    model.learn(2 * ITERATION)
+    read = []
+    original = AuxiliaryBuffer.iteration_arrays
+    monkeypatch.setattr(AuxiliaryBuffer, "iteration_arrays", lambda self, i, *a: read.append(i) or original(self, i, *a))
+    rollouts = tmp_path / "rollouts"
+    write_checkpoint(model, tmp_path / "first", rollouts)
+    assert read == [0, 1] and not hasattr(model.aux_buffer, "saved_rollout_files")
+    write_checkpoint(model, tmp_path / "second", rollouts)
+    assert read == [0, 1]
+    first = json.loads((tmp_path / "first" / "manifest.json").read_text())["aux_rollout_files"]
+    model.aux_buffer.reset()
+    model.aux_buffer.add(model.rollout_buffer)
+    write_checkpoint(model, tmp_path / "third", rollouts)
+    assert read == [0, 1, 0]
+    third = json.loads((tmp_path / "third" / "manifest.json").read_text())["aux_rollout_files"]
+    # Row 0 now holds the last rollout (the second stored before): its file, not the stale name of the old row 0
+    assert third == [first[1]]

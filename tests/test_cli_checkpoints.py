@@ -15,17 +15,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch as th
+from helpers import hold_lock
 
 from sb3_ppg import PPG
-from sb3_ppg.cli import train, zoo
-from sb3_ppg.common.checkpoints.lock import lock_folder
-
-# Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
-# is meant
-pytestmark = [
-    pytest.mark.slow,  # command-line runs through the zoo, some in new interpreters
-    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
-]
+from sb3_ppg.cli import arguments, train
 
 CARTPOLE = [
     "--env",
@@ -84,9 +77,13 @@ PROCGEN = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
+# Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
+# is meant
+pytestmark = [
+    pytest.mark.slow,  # command-line runs through the zoo, some in new interpreters
+    pytest.mark.usefixtures("registered_zoo"),
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 
 def assert_same_run(folder_a: Path, folder_b: Path, env_name: str) -> None:
@@ -242,12 +239,6 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninte
     assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
 
 
-def hold_lock(folder: str, ready, release) -> None:
-    lock_folder(folder)
-    ready.set()
-    release.wait(30)
-
-
 def test_resume_while_another_run_writes_there(tmp_path: Path):
     """A job started twice: the second one stops before touching the run, naming the first one's process."""
     checkpoints = tmp_path / "ppg" / "CartPole-v1_1" / "checkpoints"
@@ -323,12 +314,12 @@ def test_keep_checkpoints(tmp_path: Path):
 
 
 def test_split_argv():
-    known, rest = train.split_argv(["--resume", "--env", "x", "--keep-checkpoints", "3", "--traceback", "-n", "5"])
+    known, rest = arguments.split_argv(["--resume", "--env", "x", "--keep-checkpoints", "3", "--traceback", "-n", "5"])
     assert (known.resume, known.keep_checkpoints, known.traceback, known.n_timesteps) == ("latest", 3, True, 5)
     assert rest == ["--env", "x", "-n", "5"]
-    known, rest = train.split_argv(["--resume", "runs/x", "--seed", "1", "--resume=y"])
+    known, rest = arguments.split_argv(["--resume", "runs/x", "--seed", "1", "--resume=y"])
     assert known.resume == "y" and rest == ["--seed", "1"]
-    assert "--resume" not in train.build_zoo_argv(["--env", "CartPole-v1", "--resume", "some/run"])
+    assert "--resume" not in arguments.build_zoo_argv(["--env", "CartPole-v1", "--resume", "some/run"])
 
 
 @pytest.mark.parametrize(

@@ -20,13 +20,8 @@ from stable_baselines3.common.vec_env import VecNormalize
 from torch import nn
 
 from sb3_ppg import PPG, PPGCheckpointCallback, PPGEvalCallback
-from sb3_ppg.cli import enjoy, train, zoo
-from sb3_ppg.cli.experiment_manager import read_run_file
-from sb3_ppg.cli.run_folders import UnsafeRunFileError
-
-# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
-# that learn() then trains as plain PPO is meant
-pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+from sb3_ppg.cli import arguments, enjoy, train, zoo
+from sb3_ppg.cli.run_folders import UnsafeRunFileError, read_run_file
 
 ENV_NAME = "CartPole-v1"
 RUN = [
@@ -60,9 +55,12 @@ PARAMS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = [
+    pytest.mark.usefixtures("registered_zoo"),
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +68,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The log folder of one complete command-line run (checkpoints at 128 and 256 steps, two evaluations)."""
     folder = tmp_path_factory.mktemp("finished")
     config = folder / "hyperparams.yml"
-    shutil.copy(train.hyperparams_file(), config)
+    shutil.copy(arguments.hyperparams_file(), config)
     train.main([*RUN, *TOTAL, "-conf", str(config), "-f", str(folder / "logs"), *PARAMS])
     return folder
 
@@ -304,7 +302,7 @@ def test_vecnormalize_is_replaced_atomically(tmp_path: Path, monkeypatch: pytest
         seed=0,
         verbose=0,
         device="cpu",
-        config=train.hyperparams_file(),
+        config=arguments.hyperparams_file(),
     )
     model, _ = manager.setup_experiment()
     path = Path(manager.params_path) / "vecnormalize.pkl"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium.envs.classic_control import CartPoleEnv
+from helpers import assert_identical
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import DummyVecEnv
@@ -75,12 +76,6 @@ def wait_all(processes: list[subprocess.Popen], out_dir: Path, timeout: float = 
 
 def results(out_dir: Path) -> list[dict[str, Any]]:
     return [th.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
-
-
-def assert_identical(first: dict[str, th.Tensor], second: dict[str, th.Tensor]) -> None:
-    assert first.keys() == second.keys()
-    for name in first:
-        assert th.equal(first[name], second[name]), name
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """
 The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) -> ppg (the algorithm) -> common`` and
 ``cli -> procgen -> common``,
-no import cycle. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
+no import cycle; inside ``common``, checkpointing has one front door and the building blocks import no run
+management. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
 (relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
 that breaks it, so that it is shown to fail.
 """
@@ -27,6 +28,10 @@ ALLOWED = {
     "cli": {"cli", "maskable", "algorithm", "procgen", "common"},
     "facade": {"facade", "cli", "maskable", "algorithm", "procgen", "common"},
 }
+#: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
+BUILDING_BLOCKS = ("buffers", "distributions", "torch_layers", "optim", "preprocessing", "precision")
+#: The modules of ``common`` that run, save, resume and scale a training run (checkpoints: the package and its modules)
+RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "rollout_groups", "save_util")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
@@ -92,6 +97,29 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
         for target in sorted(imported):
             if layer_of(target) not in ALLOWED[layer_of(module)]:
                 violations.append(f"{module} ({layer_of(module)}) -> {target} ({layer_of(target)})")
+    return violations
+
+
+def front_door_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Each import of a module inside ``common/checkpoints/`` from outside it (only the package itself may be)."""
+    door = f"{package}.common.checkpoints"
+    violations = []
+    for module, imported in sorted(graph.items()):
+        if module == door or module.startswith(door + "."):
+            continue
+        violations += [f"{module} -> {target}" for target in sorted(imported) if target.startswith(door + ".")]
+    return violations
+
+
+def building_block_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Each import of run management (:data:`RUN_MANAGEMENT`) by a building block of ``common`` (:data:`BUILDING_BLOCKS`)."""
+    managers = [f"{package}.common.{name}" for name in RUN_MANAGEMENT]
+    violations = []
+    for name in BUILDING_BLOCKS:
+        module = f"{package}.common.{name}"
+        for target in sorted(graph.get(module, ())):
+            if any(target == manager or target.startswith(manager + ".") for manager in managers):
+                violations.append(f"{module} -> {target}")
     return violations
 
 
@@ -166,10 +194,33 @@ def test_no_import_cycle(graph):
     assert import_cycles(graph) == []
 
 
+def test_checkpointing_has_one_front_door(graph):
+    """Outside ``common/checkpoints/`` only the package ``sb3_ppg.common.checkpoints`` is imported, never its modules."""
+    assert front_door_violations(graph, "sb3_ppg") == []
+    assert "sb3_ppg.common.checkpoints" in graph["sb3_ppg.ppg.ppg"]
+
+
+def test_building_blocks_import_no_run_management(graph):
+    assert building_block_violations(graph, "sb3_ppg") == []
+    assert all(f"sb3_ppg.common.{name}" in graph for name in BUILDING_BLOCKS)
+
+
+def test_callbacks_do_not_import_checkpoints(graph):
+    """The rollout-boundary protocol and the eval callback stand alone: data-parallel training needs no checkpoints."""
+    assert not any(target.startswith("sb3_ppg.common.checkpoints") for target in graph["sb3_ppg.common.callbacks"])
+
+
+def test_train_and_the_quick_start_share_their_argument_helpers(graph):
+    """The quick start does not import train (train dispatches to it); both take the arguments from a third module."""
+    assert "sb3_ppg.cli.train" not in graph["sb3_ppg.cli.quickstart"]
+    assert "sb3_ppg.cli.arguments" in graph["sb3_ppg.cli.train"] & graph["sb3_ppg.cli.quickstart"]
+    assert not {"sb3_ppg.cli.train", "sb3_ppg.cli.quickstart"} & graph["sb3_ppg.cli.arguments"]
+
+
 def test_the_graph_sees_every_layer(graph):
     """The parser finds the package's real imports (a graph without edges would pass the checks above)."""
     assert "sb3_ppg.common.buffers" in graph["sb3_ppg.ppg.ppg"]
-    assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.train"]  # from sb3_ppg.ppg import PPG: the package
+    assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.quickstart"]  # from sb3_ppg.ppg import PPG: the package
     assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
     assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
     assert "sb3_ppg.ppg.ppg" in graph["sb3_ppg.ppg_mask.ppg_mask"]
@@ -228,6 +279,55 @@ def synthetic_graph(tmp_path: pathlib.Path, sources: dict[str, str]) -> dict[str
 def test_layer_check_fails_on_a_wrong_import(tmp_path, sources, violation):
     sources = {"ppg/losses.py": "", "ppg/ppg.py": "", "procgen/games.py": "", "cli/zoo.py": "", **sources}
     assert layer_violations(synthetic_graph(tmp_path, sources)) == [violation]
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # a module of the algorithm reaches into checkpoints/ (inside a function)
+        (
+            {"ppg/ppg.py": "def f():\n    from pkg.common.checkpoints.checkpoint import load_checkpoint\n"},
+            "pkg.ppg.ppg -> pkg.common.checkpoints.checkpoint",
+        ),
+        # a module of common, relatively
+        (
+            {"common/callbacks.py": "from .checkpoints import manifest\n"},
+            "pkg.common.callbacks -> pkg.common.checkpoints.manifest",
+        ),
+    ],
+)
+def test_front_door_check_fails_on_an_import_of_a_checkpoints_module(tmp_path, sources, violation):
+    sources = {"common/checkpoints/checkpoint.py": "from . import manifest\n", "common/checkpoints/manifest.py": "", **sources}
+    sources["common/checkpoints/__init__.py"] = "from pkg.common.checkpoints.checkpoint import load_checkpoint\n"
+    graph = synthetic_graph(tmp_path, {"ppg/ppg.py": "from pkg.common.checkpoints import load_checkpoint\n", **sources})
+    assert front_door_violations(graph, "pkg") == [violation]
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # the buffer imports checkpoint bookkeeping, under TYPE_CHECKING
+        (
+            {"common/buffers.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.common import checkpoints\n"},
+            "pkg.common.buffers -> pkg.common.checkpoints",
+        ),
+        # the optimizer step imports the callbacks; a module of a checkpoints' format; the data-parallel hooks
+        ({"common/optim.py": "from pkg.common.callbacks import x\n"}, "pkg.common.optim -> pkg.common.callbacks"),
+        (
+            {"common/buffers.py": "from .checkpoints.manifest import x\n"},
+            "pkg.common.buffers -> pkg.common.checkpoints.manifest",
+        ),
+        ({"common/precision.py": "import pkg.common.data_parallel\n"}, "pkg.common.precision -> pkg.common.data_parallel"),
+    ],
+)
+def test_building_block_check_fails_on_an_import_of_run_management(tmp_path, sources, violation):
+    blocks = {f"common/{name}.py": "" for name in BUILDING_BLOCKS}
+    others = {f"common/{name}.py": "" for name in ("array_files", "distributed", "hyperparameters", *RUN_MANAGEMENT)}
+    del others["common/checkpoints.py"]  # a package
+    sources = {**blocks, **others, "common/checkpoints/__init__.py": "", "common/checkpoints/manifest.py": "", **sources}
+    sources["common/optim.py"] = sources["common/optim.py"] + "from pkg.common import distributed, buffers\n"
+    graph = synthetic_graph(tmp_path, sources)
+    assert building_block_violations(graph, "pkg") == [violation]
 
 
 def test_cycle_check_fails_on_a_cycle_closed_by_a_type_only_import(tmp_path):

@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from helpers import QUIET_CPU_RUN
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
 from sb3_contrib.common.maskable.callbacks import MaskableEvalCallback
 from sb3_contrib.common.maskable.evaluation import evaluate_policy
@@ -25,7 +26,7 @@ from sb3_ppg.ppg_mask.distributions import make_maskable_distribution, masked_kl
 # that learn() then trains as plain PPO is meant
 pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
 
-# One auxiliary phase every 2 iterations of 16 steps, one-rollout aux minibatches, a 16-unit MLP (tests/small_model.py)
+# One auxiliary phase every 2 iterations of 16 steps, one-rollout aux minibatches, a 16-unit MLP (tests/helpers.py)
 SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1)
 
 # Each action space, with only the right action(s) valid: a model that acts among the valid actions scores 100
@@ -402,7 +403,6 @@ def test_checkpoint_resume_bit_identical(tmp_path):
 
 
 #: Command line options of the tests' training runs: seeded, on the CPU, without the zoo's output
-QUIET_CPU_RUN = ["--seed", "0", "--device", "cpu", "--verbose", "0"]
 
 
 def test_command_line_trains_maskable_ppg(tmp_path):

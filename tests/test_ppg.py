@@ -1,4 +1,5 @@
-"""The PPG algorithm: phase schedule, losses, optimizers, advantage normalization, validation and failure modes."""
+"""The PPG algorithm: phase schedule, losses, optimizers, advantage normalization and failure modes (the constructor's
+validation is in test_hostile_inputs.py)."""
 
 import copy
 import warnings
@@ -469,47 +470,6 @@ def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
         "(aux_buffer_device='cpu')."
     )
     assert line in (tmp_path / "log.txt").read_text().splitlines()
-
-
-def test_invalid_hyperparameters_raise_clear_errors(make_model):
-    cases = [
-        (dict(n_policy_iters=0), "n_policy_iters must be >= 1 when n_aux_epochs > 0"),
-        (
-            dict(aux_batch_rollouts=3),
-            r"aux_batch_rollouts=3 is larger than the auxiliary buffer \(n_policy_iters \* n_envs = 2 \* 1 = 2",
-        ),
-        (dict(n_epochs=0), "n_epochs must be >= 1"),
-        (dict(gamma=1.5), "gamma must be in"),
-        (dict(normalize_advantage="sometimes"), "normalize_advantage must be one of"),
-        (dict(clip_range=0.0), "pass None to disable clipping"),
-        (dict(max_grad_norm=0.0), "pass None to disable gradient clipping"),
-        (dict(ent_coef=-0.1), "ent_coef must be a number >= 0"),
-        (dict(n_aux_grad_accum=0), "n_aux_grad_accum must be >= 1"),
-        (dict(n_aux_epochs=-1), "n_aux_epochs must be >= 0"),
-        (dict(policy_kwargs=dict(arch="quad")), "Unknown PPG arch 'quad'"),
-        (dict(value_clipping="min"), r"value_clipping must be one of \('sb3', 'max'\), got 'min'"),
-        (dict(policy_minibatches="rows"), r"policy_minibatches must be one of \('transitions', 'envs'\), got 'rows'"),
-        (
-            dict(policy_minibatches="envs", batch_size=8),
-            r"policy_minibatches='envs' .* batch_size must be a multiple of n_steps, got batch_size=8: use e.g. "
-            r"batch_size=16 \(1 env\(s\) per minibatch\)",
-        ),
-    ]
-    for kwargs, message in cases:
-        with pytest.raises(ValueError, match=message):
-            make_model(**kwargs)
-    # n_policy_iters does not matter without an aux phase
-    assert make_model(n_policy_iters=0, n_aux_epochs=0).aux_buffer is None
-    # Several problems are reported together
-    with pytest.raises(ValueError, match=r"(?s)n_epochs.*gamma"):
-        make_model(n_epochs=0, gamma=2.0)
-    with pytest.warns(UserWarning, match="not a multiple of batch_size"):
-        make_model(batch_size=5)
-    # A minibatch larger than the rollout: SB3's PPO warns and trains on the whole rollout, and so does PPG
-    with pytest.warns(UserWarning, match=r"batch_size=1000 is larger than the rollout .* Pass batch_size=None"):
-        make_model(batch_size=1000)
-    with pytest.warns(UserWarning, match="n_envs=3 is not a multiple of the 2 envs per minibatch"):
-        make_model("CartPole-v1", n_envs=3, policy_minibatches="envs", batch_size=32)
 
 
 class NaNRewardEnv(gym.Wrapper):

@@ -110,7 +110,7 @@ def ppg_default(key: str):
 
 
 def test_command_line_presets_are_the_same_files():
-    from sb3_ppg.cli.train import hyperparams_file
+    from sb3_ppg.cli.arguments import hyperparams_file
 
     for name, preset in PROCGEN_PRESETS.items():
         assert Path(hyperparams_file(name)).name == preset.zoo_file

@@ -84,7 +84,7 @@ def test_format_duration():
 def test_quickstart_bar_shows_the_aux_phase(monkeypatch):
     """The quick start's bar (python -m sb3_ppg.train) says which epoch and minibatch of the auxiliary phase runs."""
     pytest.importorskip("rl_zoo3")
-    from sb3_ppg.cli.train import QuickstartProgressBar
+    from sb3_ppg.cli.quickstart import QuickstartProgressBar
 
     seen = []
 

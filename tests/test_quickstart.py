@@ -22,7 +22,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
 from sb3_ppg import PPG
-from sb3_ppg.cli import train
+from sb3_ppg.cli import quickstart
 from sb3_ppg.procgen import ProcgenVecEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +39,11 @@ def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str,
     log_folder = tmp_path_factory.mktemp("quickstart") / "logs"
     output = io.StringIO()
     with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(output):
-        monkeypatch.setattr(train, "QUICKSTART_EVAL_EPISODES", TINY_EVAL_EPISODES)
-        monkeypatch.setattr(train, "QUICKSTART_EVAL_ENVS", 2)
-        results = train.quickstart(["--quickstart", "-f", str(log_folder), "-n", str(TINY_TIMESTEPS), "-params", *TINY_PARAMS])
+        monkeypatch.setattr(quickstart, "QUICKSTART_EVAL_EPISODES", TINY_EVAL_EPISODES)
+        monkeypatch.setattr(quickstart, "QUICKSTART_EVAL_ENVS", 2)
+        results = quickstart.quickstart(
+            ["--quickstart", "-f", str(log_folder), "-n", str(TINY_TIMESTEPS), "-params", *TINY_PARAMS]
+        )
     return results, output.getvalue(), log_folder
 
 
@@ -71,18 +73,20 @@ def test_quickstart_evaluations_are_alike_and_beside_random_actions(quickstart_r
         assert list(evaluations["timesteps"]) == [TINY_TIMESTEPS // 2, TINY_TIMESTEPS]
         assert evaluations["results"].shape == (2, TINY_EVAL_EPISODES)
         for step, returns in zip(evaluations["timesteps"], evaluations["results"], strict=True):
-            assert train.evaluation_line(f"during training, at step {step:,}", returns) in output
+            assert quickstart.evaluation_line(f"during training, at step {step:,}", returns) in output
     # Random actions: measured, on the levels of the saved model's evaluation
     eval_env = VecMonitor(
         ProcgenVecEnv(
-            2, "starpilot", distribution_mode="easy", num_levels=0, start_level=0, rand_seed=train.QUICKSTART_EVAL_SEED
+            2, "starpilot", distribution_mode="easy", num_levels=0, start_level=0, rand_seed=quickstart.QUICKSTART_EVAL_SEED
         )
     )
-    policy = train.UniformRandomPolicy(eval_env.action_space, seed=train.QUICKSTART_EVAL_SEED)
+    policy = quickstart.UniformRandomPolicy(eval_env.action_space, seed=quickstart.QUICKSTART_EVAL_SEED)
     random_returns, _ = evaluate_policy(policy, eval_env, n_eval_episodes=TINY_EVAL_EPISODES, return_episode_rewards=True)
     eval_env.close()
     assert results["random_mean_reward"] == pytest.approx(np.mean(random_returns))
-    assert train.evaluation_line("random actions, the same levels", np.asarray(random_returns, dtype=np.float64)) in output
+    assert (
+        quickstart.evaluation_line("random actions, the same levels", np.asarray(random_returns, dtype=np.float64)) in output
+    )
     assert "trained model, saved and loaded:" in output
     assert "Mean return per episode (sampled actions, levels from the full distribution as in training" in output
     assert re.search(r"The trained model (beats|is not clearly better than) random actions", output)
@@ -95,20 +99,20 @@ def test_final_evaluation_runs_with_one_torch_thread(quickstart_run, monkeypatch
     """
     results, _, _ = quickstart_run
     model = PPG.load(results["model"], device="cpu")
-    monkeypatch.setattr(train, "QUICKSTART_EVAL_EPISODES", TINY_EVAL_EPISODES)
-    monkeypatch.setattr(train, "QUICKSTART_EVAL_ENVS", 2)
-    evaluate = train.evaluate_with_progress
+    monkeypatch.setattr(quickstart, "QUICKSTART_EVAL_EPISODES", TINY_EVAL_EPISODES)
+    monkeypatch.setattr(quickstart, "QUICKSTART_EVAL_ENVS", 2)
+    evaluate = quickstart.evaluate_with_progress
     threads_seen = []
 
     def evaluate_and_record_threads(*args, **kwargs):
         threads_seen.append(th.get_num_threads())
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(train, "evaluate_with_progress", evaluate_and_record_threads)
+    monkeypatch.setattr(quickstart, "evaluate_with_progress", evaluate_and_record_threads)
     threads = th.get_num_threads()
     th.set_num_threads(2)
     try:
-        returns = train.evaluate_against_random_actions(model, "starpilot")
+        returns = quickstart.evaluate_against_random_actions(model, "starpilot")
         assert th.get_num_threads() == 2
     finally:
         th.set_num_threads(threads)
@@ -122,7 +126,7 @@ def test_quickstart_output(quickstart_run):
     """What the quick start prints says what it does: how long, the settings trained, progress, no misleading line."""
     _, output, _ = quickstart_run
     # Said beforehand, before the zoo's first line
-    assert output.index(train.QUICKSTART_DURATION) < output.index("==========")
+    assert output.index(quickstart.QUICKSTART_DURATION) < output.index("==========")
     # No "Same as: <a command that is not the same>" line
     assert "Same as" not in output
     # The hyperparameters shown are the ones trained: the total steps and the -params given, merged with the quick start's
@@ -132,7 +136,7 @@ def test_quickstart_output(quickstart_run):
     # The progress bar, given to the zoo by its import path
     callback_path = re.search(r"\('callback', '([\w.]+)'\)", output).group(1)
     module_name, class_name = callback_path.rsplit(".", 1)
-    assert getattr(importlib.import_module(module_name), class_name) is train.QuickstartProgressBar
+    assert getattr(importlib.import_module(module_name), class_name) is quickstart.QuickstartProgressBar
     # The zoo's env messages are printed once per env: not at all in the quick start
     assert "Normalization activated" not in output and "VecTransposeImage" not in output
     # Progress of the training phases and of the evaluations (the last state of each bar)
@@ -144,7 +148,7 @@ def test_quickstart_output(quickstart_run):
 def test_quickstart_duration_in_docs():
     for path in ("README.md", "docs/guide/quickstart.rst"):
         text = " ".join((ROOT / path).read_text().split())
-        assert train.QUICKSTART_DURATION.split(",")[0] in text, path
+        assert quickstart.QUICKSTART_DURATION.split(",")[0] in text, path
 
 
 def test_progress_bar_estimates_from_the_average_rate(make_model, monkeypatch, capsys):
@@ -170,7 +174,7 @@ def test_progress_bar_estimates_from_the_average_rate(make_model, monkeypatch, c
         policy_phase()
 
     monkeypatch.setattr(model, "train", slow_train)
-    model.learn(128, callback=train.QuickstartProgressBar())
+    model.learn(128, callback=quickstart.QuickstartProgressBar())
     output = capsys.readouterr().out
     states = re.findall(r"(\d+)/128 \[(\d\d):(\d\d)<(\d\d):(\d\d)", output)
     assert len(states) >= 4
@@ -183,18 +187,18 @@ def test_progress_bar_estimates_from_the_average_rate(make_model, monkeypatch, c
 
 
 def test_split_quickstart_params():
-    params, rest = train.split_quickstart_params(["-n", "10", "-params", "n_envs:2", "gamma:0.9", "--seed", "1"])
+    params, rest = quickstart.split_quickstart_params(["-n", "10", "-params", "n_envs:2", "gamma:0.9", "--seed", "1"])
     assert params == {"n_envs": "n_envs:2", "gamma": "gamma:0.9"}
     assert rest == ["-n", "10", "--seed", "1"]
-    params, rest = train.split_quickstart_params(["--hyperparams", "ent_coef:-0.0", "-f", "logs"])
+    params, rest = quickstart.split_quickstart_params(["--hyperparams", "ent_coef:-0.0", "-f", "logs"])
     assert params == {"ent_coef": "ent_coef:-0.0"} and rest == ["-f", "logs"]
 
 
 def test_learning_verdict():
     rng = np.random.default_rng(0)
     random_returns = rng.normal(1.5, 2.0, size=32)
-    assert train.learning_verdict(random_returns + 5.0, random_returns, 16_384).startswith("The trained model beats")
-    verdict = train.learning_verdict(random_returns + 0.1, random_returns, 16_384)
+    assert quickstart.learning_verdict(random_returns + 5.0, random_returns, 16_384).startswith("The trained model beats")
+    verdict = quickstart.learning_verdict(random_returns + 0.1, random_returns, 16_384)
     assert verdict.startswith("The trained model is not clearly better than random actions yet (+0.10 +/- ")
     assert "16,384 steps" in verdict
 

@@ -732,8 +732,9 @@ def test_ppo_and_ppg_zips_say_which_algorithm_they_hold(tmp_path, make_model):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A checkpoint of a small run (2 envs x 16 steps, N_pi 2) after 3 iterations: one rollout stored."""
+    from helpers import small_ppg
+
     from sb3_ppg import PPGCheckpointCallback
-    from tests.conftest import small_ppg
 
     folder = tmp_path_factory.mktemp("run")
     small_ppg(make_env("CartPole-v1")).learn(3 * 32, callback=PPGCheckpointCallback(16, str(folder), name_prefix="ppg"))

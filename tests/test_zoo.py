@@ -13,35 +13,29 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+from helpers import run_folder_args
 from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.cli import enjoy, train, vec_env, zoo
-from sb3_ppg.cli import experiment_manager as zoo_manager
+from sb3_ppg.cli import arguments, enjoy, run_folders, train, vec_env, zoo
 from sb3_ppg.common.envs import DICT_CARTPOLE_ID
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
 
-# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
-# that learn() then trains as plain PPO is meant
-pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
-
-PAPER_FILE = train.hyperparams_file("paper")
-EASY_FILE = train.hyperparams_file("easy")
+PAPER_FILE = arguments.hyperparams_file("paper")
+EASY_FILE = arguments.hyperparams_file("easy")
 CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", DICT_CARTPOLE_ID)
 # Tiny PPG settings with at least one auxiliary phase (zoo -params syntax)
 TINY_PARAMS = ["n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered_zoo():
-    zoo.register_zoo()
-
-
-def run_folder_args(folder: Path, seed: int = 0) -> list[str]:
-    """The zoo arguments every run of these tests shares: log folder, seed, CPU, quiet."""
-    return ["-f", str(folder), "--seed", str(seed), "--device", "cpu", "--verbose", "0"]
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = [
+    pytest.mark.usefixtures("registered_zoo"),
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 
 def load_yaml(path: str) -> dict:
@@ -167,9 +161,9 @@ def test_folders_in_the_home_folder(monkeypatch):
     """
     for name in ("HOME", "USERPROFILE"):
         monkeypatch.setenv(name, "/home/someone")
-    argv = train.build_zoo_argv(["--env", "CartPole-v1", "--log-folder=~/logs", "-tb", "~/tb", "--seed", "1"])
+    argv = arguments.build_zoo_argv(["--env", "CartPole-v1", "--log-folder=~/logs", "-tb", "~/tb", "--seed", "1"])
     assert "--log-folder=/home/someone/logs" in argv and argv[argv.index("-tb") + 1] == "/home/someone/tb"
-    assert train.build_zoo_argv(["-f", "~/logs"])[2:4] == ["-f", "/home/someone/logs"]
+    assert arguments.build_zoo_argv(["-f", "~/logs"])[2:4] == ["-f", "/home/someone/logs"]
     started = {}
     monkeypatch.setattr(train, "run_zoo", lambda command, argv, **kwargs: started.update(kwargs))
     train.main(["--env", "CartPole-v1", "--resume=~/logs/ppg/CartPole-v1_1"])
@@ -177,16 +171,16 @@ def test_folders_in_the_home_folder(monkeypatch):
 
 
 def test_build_zoo_argv():
-    argv = train.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
+    argv = arguments.build_zoo_argv(["--env", "CartPole-v1", "-n", "100"])
     assert argv[:2] == ["--algo", "ppg"] and argv[-2:] == ["-conf", PAPER_FILE]
-    argv = train.build_zoo_argv(["--env", "procgen/coinrun-v0", "--preset", "easy", "--seed", "3"])
+    argv = arguments.build_zoo_argv(["--env", "procgen/coinrun-v0", "--preset", "easy", "--seed", "3"])
     assert "--preset" not in argv and "easy" not in argv and argv[-2:] == ["-conf", EASY_FILE]
-    argv = train.build_zoo_argv(["-conf", "my.yml"])
+    argv = arguments.build_zoo_argv(["-conf", "my.yml"])
     assert argv == ["--algo", "ppg", "-conf", "my.yml"]
     with pytest.raises(ValueError, match="only one"):
-        train.build_zoo_argv(["--preset", "easy", "-conf", "my.yml"])
+        arguments.build_zoo_argv(["--preset", "easy", "-conf", "my.yml"])
     # Another algorithm keeps the zoo's own hyperparameters
-    assert train.build_zoo_argv(["--algo", "ppo"]) == ["--algo", "ppo"]
+    assert arguments.build_zoo_argv(["--algo", "ppo"]) == ["--algo", "ppo"]
 
     argv = enjoy.build_zoo_argv(["--env", "procgen/coinrun-v0"])
     assert {"--stochastic", "--no-render"} <= set(argv) and argv[argv.index("-f") + 1] == "logs"
@@ -387,7 +381,7 @@ def test_train_enjoy_procgen(tmp_path: Path, capsys):
     assert [path.name for path in run_folder.glob("*monitor.csv")] == ["0.monitor.csv"]
     # --env-kwargs set over the preset's env_kwargs, recorded where enjoy reads them
     for name in ("config.yml", "args.yml"):
-        saved = zoo_manager.read_run_file(run_folder / "procgen-starpilot-v0" / name)
+        saved = run_folders.read_run_file(run_folder / "procgen-starpilot-v0" / name)
         assert saved["env_kwargs"] == {"distribution_mode": "easy", "num_levels": 10, "start_level": 0}
 
     capsys.readouterr()

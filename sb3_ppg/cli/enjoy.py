@@ -1,25 +1,9 @@
 """
 Run a trained PPG agent with the RL Baselines3 Zoo: ``python -m sb3_ppg.enjoy [zoo enjoy options]``
-(console script ``sb3_ppg_enjoy``).
-
-This is the zoo's own ``enjoy`` (``rl_zoo3.enjoy.enjoy()``) with PPG registered (see :mod:`sb3_ppg.cli.zoo`) and these
-defaults:
-
-- ``--algo ppg``;
-- ``-f logs`` (where ``python -m sb3_ppg.train`` writes; the zoo's default, ``rl-trained-agents``, has no PPG agents);
-- ``--algo maskable_ppg``: the model plays with the masks of its env (:mod:`sb3_ppg.cli.masked_play`);
-- Procgen ids: sampled actions (``--stochastic``, pass ``--deterministic`` for greedy actions) and ``--no-render``
-  (procgen only renders ``rgb_array`` frames); they run on the native vectorized env;
-- ``--record``: a video of ``-n`` steps (default 1000) instead of playing, with the zoo's ``record_video``
-  (``-o FOLDER``; default: ``<run folder>/videos/``);
-- without ``--exp-id``: the newest run that has the model asked for (the final model, ``--load-best``,
-  ``--load-checkpoint N``, ``--load-last-checkpoint``), not merely the newest run (which may have failed or still be
-  training): a line names the run and model file picked and the newer runs skipped;
-- ``--load-checkpoint N`` and ``--load-last-checkpoint`` play the model of sb3_ppg's own checkpoints
-  (``<run folder>/checkpoints/ppg_<N>_steps/model.zip``, written by ``--save-freq``) as well as the zoo's
-  ``rl_model_<N>_steps.zip``; a missing one is an error naming the checkpoints the runs have.
-
-Errors end the command with one line (``--traceback`` shows the zoo's traceback instead).
+(console script ``sb3_ppg_enjoy``): the zoo's own ``enjoy`` with PPG registered (see :mod:`sb3_ppg.cli.zoo`) and
+sb3_ppg's defaults (``--algo ppg``, ``-f logs``, sampled actions for Procgen, the newest run that has the model asked
+for, sb3_ppg's own checkpoints for ``--load-checkpoint N``, ``--record`` for a video), described in
+docs/command_line.md. Errors end the command with one line (``--traceback`` shows the zoo's traceback instead).
 
 Example::
 
@@ -39,7 +23,7 @@ from typing import Any
 from sb3_ppg.cli.run_folders import CHECKPOINT_PREFIX, CHECKPOINTS_FOLDER, UnsafeRunFileError
 from sb3_ppg.cli.vec_env import is_procgen_env_id
 from sb3_ppg.cli.zoo import ZooNotInstalledError, command_line_threads, import_zoo, run_zoo
-from sb3_ppg.common.checkpoints.manifest import MANIFEST
+from sb3_ppg.common.checkpoints import MANIFEST
 
 #: sb3_ppg's own flag (not passed to the zoo): show the traceback of an error instead of its one-line message
 TRACEBACK_FLAG = "--traceback"

@@ -1,26 +1,10 @@
 """
 RL Baselines3 Zoo (``rl_zoo3``) integration: what ``python -m sb3_ppg.train`` / ``python -m sb3_ppg.enjoy`` install
-in the zoo before handing over to the zoo's own ``train()`` / ``enjoy()`` (:func:`run_zoo`).
-
-The zoo has no plugin mechanism, but its registries are plain dictionaries and class attributes, shared by all its
-modules. :func:`register_zoo` fills them (:func:`run_zoo` for its run only, putting back what they held after it):
-
-- ``rl_zoo3.utils.ALGOS["ppg"] = PPG`` (``--algo ppg``) and ``ALGOS["maskable_ppg"] = MaskablePPG`` (``--algo
-  maskable_ppg``);
-- ``rl_zoo3.hyperparams_opt.HYPERPARAMS_SAMPLER["ppg"]`` / ``HYPERPARAMS_CONVERTER["ppg"]`` (``-optimize``, ``--trial-id``),
-  the same for ``"maskable_ppg"``;
-- the gymnasium ids ``procgen/<game>-v0``, ``sb3_ppg/DictCartPole-v1`` (a Dict-observation CartPole) and
-  ``sb3_ppg/InvalidActionEnv{Discrete,MultiDiscrete,MultiBinary}-v0`` (sb3-contrib's invalid-action envs);
-- ``ExperimentManager.default_vec_env_cls``: a :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`, which turns the
-  zoo's list of single Procgen envs into one native :class:`~sb3_ppg.procgen.ProcgenVecEnv` and leaves every other
-  env to the usual ``DummyVecEnv`` / ``SubprocVecEnv``;
-- ``rl_zoo3.train.ExperimentManager``: :func:`make_experiment_manager`, the zoo's experiment manager adjusted for PPG
-  (:class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`): stochastic evaluation for Procgen (the zoo only evaluates
-  Atari and MiniGrid stochastically; Procgen policies are evaluated with sampled actions, as in the paper), PPG
-  checkpoints for ``--save-freq`` and ``--resume``.
-
-The zoo is an optional extra (``pip install -e ".[zoo]"`` in the sb3-ppg folder): nothing here imports it at module
-import time, and :func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
+in the zoo before handing over to the zoo's own ``train()`` / ``enjoy()`` (:func:`run_zoo`): PPG and MaskablePPG in
+its algorithm and hyperparameter-sampler registries, the gymnasium ids of the package's envs, the native Procgen
+VecEnv (:class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`) and :class:`~sb3_ppg.cli.experiment_manager.PPGExperimentManager`
+(see docs/command_line.md). The zoo is an optional extra: nothing here imports it at module import time, and
+:func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
 """
 
 import argparse
@@ -285,7 +269,7 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     (:func:`zoo_registered`): the zoo's registries and ``sys.argv`` (which the zoo's ``train()`` / ``enjoy()`` read)
     are put back after it. A missing zoo exits with the one-line message of :func:`missing_zoo_message`, as the zoo's
     own command line errors exit. The zoo's ``enjoy`` reads the run folder's ``config.yml`` and ``args.yml`` with
-    :class:`sb3_ppg.cli.experiment_manager.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``, and plays
+    :class:`sb3_ppg.cli.run_folders.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``, and plays
     MaskablePPG models with the masks of its env (:func:`sb3_ppg.cli.masked_play.zoo_plays_with_masks`).
 
     :param command: ``"train"`` (``rl_zoo3.train.train``), ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``) or ``"record_video"``
@@ -302,8 +286,8 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
         import_zoo()
     except ZooNotInstalledError as error:
         sys.exit(str(error))
-    from sb3_ppg.cli.experiment_manager import zoo_reads_run_files_safely
     from sb3_ppg.cli.masked_play import zoo_plays_with_masks
+    from sb3_ppg.cli.run_folders import zoo_reads_run_files_safely
 
     plays = command in ("enjoy", "record_video")
     saved_argv = sys.argv

@@ -280,8 +280,8 @@ class AuxiliaryBuffer:
             self.action_masks = self._zeros((self.buffer_size, n_steps, mask_dims), bool)
             self.action_masks[:] = True
         self.pos = 0
-        # Checkpoint file of each stored policy iteration already on disk (see PPGCheckpointCallback)
-        self.saved_rollout_files: dict[int, str] = {}
+        # How many times reset() emptied the buffer: a row holds the same rollout while this count stays
+        self.n_resets = 0
 
     def _zeros(self, shape: tuple[int, ...], dtype: Any) -> StoredArray:
         """A zero array of the buffer's storage (a pinned one falls back to pageable memory, see ``pinned``)."""
@@ -361,7 +361,7 @@ class AuxiliaryBuffer:
     def reset(self) -> None:
         """Forget the stored rollouts (the arrays are reused)."""
         self.pos = 0
-        self.saved_rollout_files = {}
+        self.n_resets += 1
 
     @property
     def nbytes(self) -> int:

@@ -23,7 +23,6 @@ from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecNormalize
 
 from sb3_ppg.common.callbacks import rollout_boundary_callbacks
-from sb3_ppg.common.checkpoints.env_state import vec_env_chain
 from sb3_ppg.common.distributed import (
     RunningStats,
     all_gather_object,
@@ -133,7 +132,7 @@ def env_ids(venv: VecEnv) -> list[str]:
     :param venv: the model's env
     :return: one id per env
     """
-    base = vec_env_chain(venv)[-1]
+    base = venv.unwrapped  # the innermost VecEnv, under every VecEnvWrapper
     get_env_settings = getattr(base, "get_env_settings", None)
     if callable(get_env_settings):
         return [f"procgen/{get_env_settings().get('env_name')}"] * base.num_envs

@@ -1,30 +1,10 @@
 """
-Data-parallel PPG over ``torch.distributed`` (launched with ``torchrun``).
-
-Every rank (process) runs its own envs and holds a full copy of the model. PPG trains data-parallel whenever the default
-process group is initialized with more than one rank; a PPG built in a process that ``torchrun`` started initializes
-that group itself (:func:`auto_init`; set ``SB3_PPG_DISTRIBUTED=0`` to opt out). What the ranks share:
-
-* at the start of every ``learn()``: a check that all ranks agree (hyperparameters, spaces, env counts, parameter
-  shapes, timesteps: :func:`check_consistency`), then the parameters, optimizer states and VecNormalize statistics of
-  rank 0 (:func:`broadcast_training_state`);
-* at every optimizer step (policy phase, value epochs, auxiliary phase): the gradients are averaged over the ranks
-  (:func:`average_gradients`) before clipping and stepping, so the parameters stay identical on every rank;
-* before the policy phase: the advantages are normalized with the mean and population std of all ranks' samples
-  (:func:`global_mean_std`); with ``target_kl``, the approx KL that decides early stopping is the ranks' mean;
-* at every rollout end (:func:`finish_rollout`): the env-step count (``num_timesteps`` counts the steps of all ranks),
-  the episode statistics, the VecNormalize running statistics (merged as if one process had seen all ranks' data:
-  :func:`merge_running_stats`) and whether a callback stopped training on any rank.
-
-The rollout buffer, the old-policy pass and the auxiliary buffer stay local to each rank. Rank 0 alone logs, shows the
-progress bar and saves; a checkpoint holds every rank's part (:mod:`sb3_ppg.common.checkpoints.checkpoint`). A
-collective that fails (a rank died, or did not arrive within the process group's timeout) raises
-:class:`DistributedError` on the ranks still alive; a step that each rank runs alone (writing or reading its part of a
-checkpoint) shares its errors with :func:`gather_errors`, so that every rank raises at once.
-
-This module holds only what ``torch.distributed`` needs (process group, collectives, merging running statistics);
-the hooks that apply them to a PPG model are in :mod:`sb3_ppg.common.data_parallel`. Single-process training never calls
-into either beyond :func:`is_active` and :func:`get_rank`.
+Data-parallel PPG over ``torch.distributed`` (launched with ``torchrun``): the process group (:func:`auto_init`; set
+``SB3_PPG_DISTRIBUTED=0`` to opt out), the collectives PPG uses (gradient averaging before every optimizer step,
+global advantage statistics, the ranks' mean approx KL, broadcasts), merging running statistics, and
+:class:`DistributedError` for a collective that fails. What the ranks share and when is in docs/scaling_out.md; the
+hooks that apply these to a PPG model are in :mod:`sb3_ppg.common.data_parallel`. Single-process training calls
+nothing here beyond :func:`is_active` and :func:`get_rank`.
 """
 
 import atexit

@@ -84,24 +84,16 @@ def _layer_sizes(layers: object, where: str) -> list[int]:
 
 class PPGPolicy(ActorCriticPolicy):
     """
-    Actor-critic policy for PPG: SB3's ``ActorCriticPolicy`` plus an auxiliary value head on the policy network,
-    in one of the paper's three architectures (``arch``):
-
-    - ``"dual"`` (default, the paper's PPG): separate policy and value networks (features extractor and MLP each);
-      the auxiliary value head reads the policy network's latent.
-    - ``"detach"`` (the paper's single-network PPG, and CleanRL's choice): one network; the value head reads the
-      policy latent with the gradient stopped, so the value loss trains the value head only. In the auxiliary phase
-      the value head stays detached unless ``detach_value_in_aux=False`` (the paper's literal reading, where the
-      auxiliary phase trains the value function through the trunk).
-    - ``"shared"`` (the paper's PPO baseline): one network trained by both the policy and the value losses.
-
-    With ``"detach"`` and ``"shared"`` there is no separate value MLP: ``net_arch`` describes the policy network
-    (a list, or a dict whose ``vf`` entry is empty) and the value head sits on its latent.
+    Actor-critic policy for PPG: SB3's ``ActorCriticPolicy`` plus an auxiliary value head on the policy network, in one
+    of the paper's three architectures (``arch``, see docs/ppg.md): ``"dual"`` (separate policy and value networks),
+    ``"detach"`` (one network, the value head on the policy latent with the gradient stopped) or ``"shared"`` (one
+    network trained by both losses, the paper's PPO baseline).
 
     :param observation_space: Observation space
     :param action_space: Action space
     :param lr_schedule: Learning rate schedule (could be constant)
-    :param net_arch: The specification of the policy and value networks (see above for ``detach`` / ``shared``)
+    :param net_arch: The specification of the policy and value networks (with ``detach`` / ``shared``: the policy
+        network's, a list or a dict whose ``vf`` entry is empty)
     :param activation_fn: Activation function
     :param ortho_init: Whether to use SB3's orthogonal initialization (mutually exclusive with ``normed_init``)
     :param use_sde: Whether to use State Dependent Exploration or not
@@ -110,25 +102,21 @@ class PPGPolicy(ActorCriticPolicy):
         when using gSDE
     :param use_expln: Use ``expln()`` function instead of ``exp()`` to ensure a positive standard deviation (cf paper)
     :param squash_output: Whether to squash the output using a tanh function (only with gSDE)
-    :param features_extractor_class: Features extractor to use; ``None`` uses the class's
-        ``default_features_extractor_class`` (``FlattenExtractor``; ``NatureCNN`` for ``CnnPolicy``,
-        ``CombinedExtractor`` for ``MultiInputPolicy``, ``ImpalaCNN`` for ``ProcgenCnn``)
+    :param features_extractor_class: Features extractor to use; ``None``: the class's
+        ``default_features_extractor_class``
     :param features_extractor_kwargs: Keyword arguments to pass to the features extractor.
-    :param share_features_extractor: ``None`` (default): it follows from ``arch`` (False for ``"dual"``, True
-        otherwise). Without ``arch``, ``True`` selects ``arch="shared"`` (SB3's PPO shares the features extractor,
-        and its value loss trains it) and ``False`` ``arch="dual"``. A value that contradicts ``arch`` raises a
-        ``ValueError``.
+    :param share_features_extractor: ``None`` (default): it follows from ``arch``; without ``arch``, ``True`` selects
+        ``"shared"`` and ``False`` ``"dual"``; a contradiction is a ``ValueError``
     :param normalize_images: Whether to normalize images or not, dividing by 255.0 (True by default)
     :param optimizer_class: The optimizer to use, ``th.optim.Adam`` by default
-    :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer.
-        Defaults to ``{"eps": 1e-8}`` for Adam (the paper's value; SB3's own policies use 1e-5).
-    :param arch: ``"dual"``, ``"detach"`` or ``"shared"`` (see above); ``None`` (default): ``"dual"``, or
-        ``"shared"`` with ``share_features_extractor=True``
-    :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached from the trunk in the
-        auxiliary phase too (True, the reference code's behaviour) or let the true value loss reach the trunk there
-        (False, the paper's text). Ignored by the other architectures.
-    :param normed_init: Use the paper's normalized initialization for the heads (row norm 0.1, zero bias) and
-        hidden MLP layers (row norm 1.4) instead of PyTorch's default. The features extractor keeps its own init.
+    :param optimizer_kwargs: Additional keyword arguments, excluding the learning rate, to pass to the optimizer;
+        default ``{"eps": 1e-8}`` for Adam (the paper's)
+    :param arch: ``"dual"``, ``"detach"`` or ``"shared"``; ``None`` (default): ``"dual"``, or ``"shared"`` with
+        ``share_features_extractor=True``
+    :param detach_value_in_aux: With ``arch="detach"``, keep the value head detached in the auxiliary phase too (True,
+        the reference code's) or not (False, the paper's text)
+    :param normed_init: Use the paper's normalized initialization for the heads and hidden MLP layers instead of
+        PyTorch's default
     """
 
     default_features_extractor_class: type[BaseFeaturesExtractor] = FlattenExtractor

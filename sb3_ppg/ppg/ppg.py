@@ -38,7 +38,7 @@ from sb3_ppg.common.buffers import (
     resolve_aux_buffer_storage,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
-from sb3_ppg.common.checkpoints import checkpoint
+from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
 from sb3_ppg.common.hyperparameters import (
@@ -53,7 +53,6 @@ from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.rollout_groups import find_grouped_vec_env, overlapped_forward
-from sb3_ppg.common.run_state import RunState
 from sb3_ppg.common.save_util import SavedPolicyClass, check_model_zip, load_errors, zip_destination
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics, PhaseStats
@@ -922,7 +921,7 @@ class PPG(OnPolicyAlgorithm):
 
     def get_run_state(self) -> RunState:
         """
-        Where the run is, beyond its weights and optimizers (see :class:`~sb3_ppg.common.run_state.RunState`): what
+        Where the run is, beyond its weights and optimizers (see :class:`~sb3_ppg.common.checkpoints.RunState`): what
         ``PPGCheckpointCallback`` saves, with the auxiliary buffer, the envs and the random generators.
 
         :return: the run state (the last observations are the model's arrays, not copies)
@@ -1069,7 +1068,7 @@ class PPG(OnPolicyAlgorithm):
             ``HyperparameterError`` (a ``ValueError``) for invalid hyperparameters or ones that cannot change
         """
         layout = {name: kwargs.pop(name) for name in RUN_LAYOUT_HYPERPARAMETERS if name in kwargs}
-        model = checkpoint.load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
+        model = load_checkpoint(cls, path, env=env, device=device, allow_pickle=allow_pickle, **kwargs)
         changed = [(name, value) for name, value in layout.items() if value != getattr(model, name)]
         if changed:
             raise HyperparameterError(

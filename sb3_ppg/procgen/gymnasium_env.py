@@ -25,22 +25,8 @@ from sb3_ppg.procgen.native import HiresRenderer, check_open, close_native_env, 
 class ProcgenGymnasiumEnv(gymnasium.Env[np.ndarray, int]):
     """
     One procgen game as a ``gymnasium.Env`` (built on ``ProcgenGym3Env(num=1, num_threads=0)``), registered as
-    ``procgen/<game>-v0`` by :func:`~sb3_ppg.procgen.register_procgen_envs`.
-
-    Use it where SB3 wants single envs (``gymnasium.make``, ``make_vec_env``, the RL Zoo); to train on many games at
-    once use :class:`~sb3_ppg.procgen.ProcgenVecEnv` (one C++ env for all games) rather than a ``DummyVecEnv`` of these.
-
-    - ``reset(seed=...)`` rebuilds the C++ env with that seed (procgen seeds only at construction): the same seed gives
-      the same levels. ``reset()`` without a seed in the middle of an episode rebuilds it with a seed from
-      ``self.np_random``; right after an episode end (or after construction) it returns the first frame of the
-      episode procgen already started.
-    - The observation returned with ``terminated=True`` is the last frame of the finished episode (procgen resets
-      automatically and never renders a terminal frame); the next ``reset()`` returns the first frame of the new one.
-      ``truncated`` is always ``False`` (procgen does not tell its time limit from other episode ends).
-    - Rewards are python floats; infos hold procgen's ``level_seed``, ``prev_level_seed`` and ``prev_level_complete``,
-      plus ``is_success`` at episode ends.
-    - ``render()`` draws the current state of the game in 512x512, on demand. Right after an episode end that is the
-      first frame of the next episode, which procgen has already started.
+    ``procgen/<game>-v0`` by :func:`~sb3_ppg.procgen.register_procgen_envs`, for where SB3 wants single envs. Seeding,
+    resets and episode ends are described in docs/procgen.md.
 
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
     :param render_mode: ``None`` or ``"rgb_array"`` (``render()`` returns 512x512 frames)

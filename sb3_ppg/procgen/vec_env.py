@@ -28,29 +28,9 @@ from sb3_ppg.procgen.native import HiresRenderer, check_open, close_native_env, 
 class ProcgenVecEnv(VecEnv):
     """
     Native SB3 ``VecEnv`` over procgen's vectorized C++ environment: ``num_envs`` games of the same kind stepped by
-    ``num_threads`` C++ threads, without one python object per game.
-
-    Observations are ``uint8`` frames of shape ``(64, 64, 3)`` (channel last, procgen's layout), or ``(3, 64, 64)``
-    with ``channels_first=True`` (the layout SB3's CNN policies expect, as
-    :func:`~sb3_ppg.procgen.make_procgen_env` uses it: a transposed view of the same memory, with no copy and no
-    ``VecTransposeImage`` layer); actions ``Discrete(15)``.
-
-    - ``seed(seed)`` + ``reset()`` rebuild the C++ env with ``rand_seed=procgen_seed(seed)``: the same seed gives the
-      same levels (procgen can only be seeded when its C++ env is built). Procgen seeds a whole vectorized env with one
-      seed, the seed of the first env is used.
-    - Any other ``reset()`` after a step also rebuilds the env (all episodes restart), with a seed drawn from a generator
-      seeded by the last seed used, so ``reset()`` always starts new episodes, and runs stay reproducible.
-      A ``reset()`` right after construction or after a rebuild keeps the env as it is.
-    - Procgen resets automatically: the observation that follows the last action of an episode is already the first
-      frame of the next one, and procgen never renders a separate terminal frame. The info dict of a finished
-      episode holds ``terminal_observation`` (the last frame of the episode: the one the agent saw before its last
-      action), ``TimeLimit.truncated=False`` (procgen does not say whether an episode ended on its time limit, so
-      every episode end is terminal, as in the paper), ``is_success`` (the level was completed) and procgen's info:
-      ``prev_level_seed`` and ``prev_level_complete`` (the finished level), ``level_seed`` (the next one). Other step
-      infos are empty; ``reset_infos`` hold procgen's info of every game.
-    - ``get_attr``/``set_attr``/``env_method`` act on this object (there is one env object for all indices) and
-      return one entry per requested index. ``env_is_wrapped`` is always ``False``.
-    - Reset options (``set_options``) are ignored: procgen has none.
+    ``num_threads`` C++ threads, without one python object per game. Observations are ``uint8`` frames, ``(64, 64, 3)``
+    or ``(3, 64, 64)`` with ``channels_first=True``; actions ``Discrete(15)``. Seeding, resets, episode ends and infos
+    are described in docs/procgen.md.
 
     :param num_envs: Number of parallel games
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
@@ -63,9 +43,8 @@ class ProcgenVecEnv(VecEnv):
     :param num_threads: Number of procgen worker threads (0: step in the calling thread); ``None``: this process's
         share of the idle CPUs (:func:`sb3_ppg.common.threads.default_num_threads`)
     :param render_mode: ``None`` or ``"rgb_array"`` (``render()``/``get_images()`` then return 512x512 frames, drawn
-        on demand, so that steps do not pay for them; procgen's own ``render_mode`` draws every game at every step)
-    :param channels_first: Observations (and terminal observations) of shape ``(3, 64, 64)`` instead of ``(64, 64, 3)``.
-        Rendered images keep the ``(height, width, 3)`` layout of images.
+        on demand)
+    :param channels_first: Observations (and terminal observations) of shape ``(3, 64, 64)`` instead of ``(64, 64, 3)``
     :param procgen_kwargs: Other procgen options: ``center_agent``, ``use_backgrounds``, ``use_monochrome_assets``,
         ``restrict_themes``, ``use_generated_assets``, ``paint_vel_info``, ``use_sequential_levels``, ``debug_mode``,
         ``resource_root``

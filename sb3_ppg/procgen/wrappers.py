@@ -115,41 +115,17 @@ def make_procgen_env(
     **procgen_kwargs: Any,
 ) -> VecNormalize:
     """
-    Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)``, SB3's
-    own wrappers over a channel-first ``ProcgenVecEnv``.
-
-    - ``ProcgenVecEnv(..., channels_first=True)``: ``(3, 64, 64)`` uint8 observations, as SB3's CNNs expect (a view
-      of procgen's frames: no copy, and no ``VecTransposeImage`` layer; the algorithm does not add one either).
-    - ``VecMonitor`` records episode returns on the raw rewards (``ep_rew_mean``, ``EvalCallback``'s episode rewards).
-    - ``VecNormalize(norm_obs=False, norm_reward=normalize_reward, gamma=reward_gamma, clip_reward=clip_reward,
-      epsilon=1e-8)``: the paper's return-based reward scaling (rewards divided by the running standard deviation of
-      the discounted return, no mean subtraction, then clipped).
-
-    ``training=False`` gives an evaluation env: frozen statistics (``VecNormalize.training=False``) and raw rewards
-    (``norm_reward=False``). ``VecNormalize`` is kept even with ``normalize_reward=False`` (it then passes rewards
-    through), so training and evaluation chains always match. Its statistics are not saved with a model: save them
-    with ``save_reward_statistics(env, path)`` and pass ``vec_normalize_path=path`` to load them.
-
-    Reward-normalization gamma: the default ``reward_gamma=0.999`` is the discount of the PPG/PPO losses, so the
-    rewards are scaled by the spread of the same returns the value function learns; CleanRL's ``ppg_procgen.py``
-    does this. The original PPG code normalized with its ``RewardNormalizer`` default of 0.99 while discounting with
-    0.999 (CleanRL calls it technically incorrect); pass ``reward_gamma=0.99`` to reproduce the paper exactly.
-    One difference remains: ``VecNormalize`` updates its statistics at every step, the original once per rollout.
-
-    Presets: ``preset="paper"`` gives the paper's setting (hard mode, ``reward_gamma=0.99``), ``preset="cleanrl"``
-    CleanRL's (easy mode, ``reward_gamma=0.999``); arguments given explicitly override the preset's. Without a
-    preset the defaults are ``distribution_mode="easy"``, ``num_levels=0``, ``start_level=0``, ``reward_gamma=0.999``,
-    ``clip_reward=10.0``. The PPG arguments of each preset are in :mod:`sb3_ppg.procgen.presets`.
+    Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)`` over a
+    channel-first ``ProcgenVecEnv`` (``VecMonitor`` logs the raw rewards; ``VecNormalize`` scales the rewards by the
+    running standard deviation of the discounted return). The chain, the reward-normalization gamma and the presets are
+    explained in docs/procgen.md.
 
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
     :param n_envs: Number of parallel games (the paper uses 64 per process, 4 processes)
-    :param distribution_mode: Level difficulty ("easy": CleanRL and quick runs; "hard": the paper's results);
-        default: the preset's, else "easy"
-    :param num_levels: Number of unique levels (0, the default: unlimited, the paper's setting; e.g. 200 for the
-        generalization benchmark, with ``num_levels=0`` for the evaluation env)
+    :param distribution_mode: Level difficulty; default: the preset's, else "easy" ("hard": the paper's results)
+    :param num_levels: Number of unique levels (0, the default: unlimited, the paper's setting)
     :param start_level: Seed of the first level (default 0)
-    :param seed: Seed of the level sampler (mapped into procgen's range); ``None`` for a random one.
-        ``model.set_random_seed``/``PPG(seed=...)`` reseed it through ``VecEnv.seed``.
+    :param seed: Seed of the level sampler (mapped into procgen's range); ``None`` for a random one
     :param normalize_reward: Whether to normalize the rewards (training envs only)
     :param reward_gamma: Discount of the running return used to scale the rewards (default: the preset's, else 0.999)
     :param clip_reward: Normalized rewards are clipped to ``[-clip_reward, clip_reward]`` (default 10)
@@ -161,14 +137,13 @@ def make_procgen_env(
         folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
     :param monitor_override_existing: False: append to an existing log (a resumed run) instead of starting it anew
-    :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays, no
-        pickle; the arguments, ``training`` and ``normalize_reward`` among them, still decide how they are used; any
-        other file, a pickled ``VecNormalize`` included, is a ``ValueError`` and nothing in it runs)
-    :param preset: ``"paper"`` or ``"cleanrl"`` (``"easy"`` is another name for it): the defaults of
-        ``distribution_mode``, ``num_levels``, ``start_level``, ``reward_gamma`` and ``clip_reward``
-        (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`); ``None``: the defaults above
-    :param procgen_kwargs: Other procgen options (``use_backgrounds``, ``restrict_themes``, ...; see
-        :class:`~sb3_ppg.procgen.ProcgenVecEnv`), and ``n_groups`` (see :func:`make_monitored_procgen_env`)
+    :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays; any other
+        file, a pickled ``VecNormalize`` included, is a ``ValueError``)
+    :param preset: ``"paper"`` or ``"cleanrl"`` (``"easy"``): the defaults of ``distribution_mode``, ``num_levels``,
+        ``start_level``, ``reward_gamma`` and ``clip_reward`` (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`);
+        ``None``: the defaults above
+    :param procgen_kwargs: Other procgen options (see :class:`~sb3_ppg.procgen.ProcgenVecEnv`), and ``n_groups`` (see
+        :func:`make_monitored_procgen_env`)
     :return: The wrapped env
     """
     check_argument_names("make_procgen_env()", procgen_kwargs, MAKE_PROCGEN_ENV_OTHER_NAMES)

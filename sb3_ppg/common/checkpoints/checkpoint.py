@@ -37,9 +37,8 @@ from sb3_ppg.common.checkpoints.manifest import (
 )
 from sb3_ppg.common.checkpoints.model_objects import rebuild
 from sb3_ppg.common.checkpoints.rollouts import check_rollout, read_rollouts, write_rollouts
-from sb3_ppg.common.checkpoints.run_state import read_run_state, restore_run_state, write_run_state
+from sb3_ppg.common.checkpoints.run_state import ResumableModel, read_run_state, restore_run_state, write_run_state
 from sb3_ppg.common.hyperparameters import HyperparameterError
-from sb3_ppg.common.run_state import ResumableModel
 from sb3_ppg.common.save_util import read_model_zip
 
 Model = TypeVar("Model", bound=ResumableModel)
@@ -242,6 +241,32 @@ def newest_verified(
     return None, skipped
 
 
+def find_checkpoint(
+    path: str | os.PathLike, verify_named: bool = True
+) -> tuple[tuple[pathlib.Path, dict[str, Any]] | None, list[str]]:
+    """
+    The checkpoint ``path`` names, verified completely (every file against the manifest, every stored rollout read):
+    ``path`` itself when it is a checkpoint, else the newest checkpoint of the folder ``path`` that verifies (see
+    :func:`newest_verified`). ``load_checkpoint`` and the command line's ``--resume`` both choose with it.
+
+    :param path: a checkpoint, or a folder of checkpoints
+    :param verify_named: verify the checkpoint ``path`` when it is one (under torchrun each rank verifies its part)
+    :return: (the checkpoint and its manifest, or None when none verifies; the damaged newer ones skipped, each with
+        the reason)
+    :raises CheckpointDamagedError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies)
+    """
+    path = pathlib.Path(path)
+    if not (path / MANIFEST).is_file():
+        return newest_verified(path)
+    try:
+        manifest = read_manifest(path)
+        if verify_named:
+            verify_files(path, manifest, full=True)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise damaged_error(path, str(error)) from error
+    return (path, manifest), []  # type: ignore[return-value]
+
+
 def check_world_size(directory: pathlib.Path, manifest: dict[str, Any]) -> None:
     """
     Check that a checkpoint was written with this run's world size (1 for a single process): every rank's envs,
@@ -312,45 +337,33 @@ def load_checkpoint(
         kwargs["allow_pickle"] = False  # read by _load_one
     if distributed.is_active():
         return _load_distributed(cls, path, env, device, **kwargs)
-    explicit, candidates = _candidates(path)
-    skipped: list[str] = []
-    for directory, manifest in candidates:
-        check_world_size(directory, manifest)
-        try:
-            model = _load_one(cls, directory, manifest, env, device, kwargs)
-        except CheckpointDamagedError as error:
-            if explicit:
-                raise damaged_error(directory, str(error)) from error
-            skipped.append(f"{str(directory)!r} ({error})")
-            continue
-        except ARGUMENT_ERRORS:
-            raise
-        except (ValueError, KeyError, TypeError, OSError) as error:
-            raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded: {error}") from error
-        _warn_skipped(directory, skipped)
-        return model
-    raise _none_loads(path, skipped)
+    directory, manifest, skipped = _chosen(path)
+    check_world_size(directory, manifest)
+    try:
+        model = _load_one(cls, directory, manifest, env, device, kwargs)
+    except CheckpointDamagedError as error:  # changed since it was verified
+        raise damaged_error(directory, str(error)) from error
+    except ARGUMENT_ERRORS:
+        raise
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded: {error}") from error
+    _warn_skipped(directory, skipped)
+    return model
 
 
-def _candidates(path: str | os.PathLike) -> tuple[bool, list[tuple[pathlib.Path, dict[str, Any]]]]:
+def _chosen(path: str | os.PathLike, verify_named: bool = True) -> tuple[pathlib.Path, dict[str, Any], list[str]]:
     """
-    What ``load_checkpoint(path)`` tries, in order: the checkpoint ``path`` (explicit: True), or the complete
-    checkpoints of the folder ``path``, newest first.
+    The checkpoint ``load_checkpoint(path)`` loads (:func:`find_checkpoint`), with the damaged ones skipped.
 
     :raises FileNotFoundError: when ``path`` holds no complete checkpoint
-    :raises ValueError: when the manifest of the checkpoint ``path`` is damaged (naming one that verifies)
+    :raises ValueError: when the checkpoint ``path`` is damaged (naming one that verifies), or every one is damaged
     """
-    path = pathlib.Path(path)
-    if (path / MANIFEST).is_file():
-        try:
-            manifest = read_manifest(path)
-        except ValueError as error:
-            raise damaged_error(path, str(error)) from error
-        return True, [(path, manifest)]  # type: ignore[list-item]
-    candidates = list_checkpoints(path)
-    if not candidates:
+    found, skipped = find_checkpoint(path, verify_named)
+    if found is None and not skipped:
         raise FileNotFoundError(f"No complete PPG checkpoint (a folder with a {MANIFEST}) in {str(path)!r}.")
-    return False, candidates[::-1]
+    if found is None:
+        raise _none_loads(path, skipped)
+    return found[0], found[1], skipped
 
 
 def _load_one(
@@ -453,15 +466,15 @@ def _none_loads(path: str | os.PathLike, skipped: list[str]) -> ValueError:
 
 def _load_distributed(cls: type[Model], path: str | os.PathLike, env: Any, device: th.device | str, **kwargs: Any) -> Model:
     """
-    ``load_checkpoint`` under torchrun (collective: every rank calls it): rank 0 finds the checkpoints to try and reads
-    their manifests, then each rank verifies and restores its own part; an error on any rank is raised on every rank,
-    and a checkpoint damaged on any rank is skipped by every rank (given a folder).
+    ``load_checkpoint`` under torchrun (collective: every rank calls it): rank 0 chooses the checkpoint
+    (:func:`find_checkpoint`), then each rank verifies and restores its own part; an error on any rank is raised on
+    every rank.
     """
     rank = distributed.get_rank()
     found: tuple[Any, ...] | None = None
     if rank == 0:
         try:
-            found = ("found", *_candidates(path))
+            found = ("found", *_chosen(path, verify_named=False))
         except FileNotFoundError as error:
             found = ("missing", str(error))
         except Exception as error:
@@ -471,27 +484,22 @@ def _load_distributed(cls: type[Model], path: str | os.PathLike, env: Any, devic
         raise FileNotFoundError(found[1])
     if found[0] == "invalid":
         raise ValueError(found[1])
-    _, explicit, candidates = found
-    skipped: list[str] = []
-    for directory, manifest in candidates:
-        check_world_size(directory, manifest)  # the same manifest and world size on every rank: no rank goes on alone
-        model, error = None, None
-        try:
-            model = _load_one(cls, directory, manifest, env, device, kwargs, rank)
-        except Exception as caught:
-            error = caught
-        outcome = None if error is None else (isinstance(error, CheckpointDamagedError), f"{type(error).__name__}: {error}")
-        failures = {failed: item for failed, item in enumerate(distributed.all_gather_object(outcome)) if item is not None}
-        if not failures:
-            _warn_skipped(directory, skipped)
-            return model  # type: ignore[return-value]
-        if isinstance(error, ARGUMENT_ERRORS):
-            raise error
-        reasons = "; ".join(f"rank {failed}: {message}" for failed, (_, message) in failures.items())
-        if not all(damaged for damaged, _ in failures.values()):
-            raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded ({reasons})") from error
-        if explicit:
-            message = distributed.broadcast_object(str(damaged_error(directory, reasons)) if rank == 0 else None)
-            raise CheckpointDamagedError(message) from error
-        skipped.append(f"{str(directory)!r} ({reasons})")
-    raise _none_loads(path, skipped)
+    _, directory, manifest, skipped = found
+    check_world_size(directory, manifest)  # the same manifest and world size on every rank: no rank goes on alone
+    model, error = None, None
+    try:
+        model = _load_one(cls, directory, manifest, env, device, kwargs, rank)
+    except Exception as caught:
+        error = caught
+    outcome = None if error is None else (isinstance(error, CheckpointDamagedError), f"{type(error).__name__}: {error}")
+    failures = {failed: item for failed, item in enumerate(distributed.all_gather_object(outcome)) if item is not None}
+    if not failures:
+        _warn_skipped(directory, skipped)
+        return model  # type: ignore[return-value]
+    if isinstance(error, ARGUMENT_ERRORS):
+        raise error
+    reasons = "; ".join(f"rank {failed}: {message}" for failed, (_, message) in failures.items())
+    if not all(damaged for damaged, _ in failures.values()):
+        raise ValueError(f"Checkpoint {str(directory)!r} cannot be loaded ({reasons})") from error
+    message = distributed.broadcast_object(str(damaged_error(directory, reasons)) if rank == 0 else None)
+    raise CheckpointDamagedError(message) from error

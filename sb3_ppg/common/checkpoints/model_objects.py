@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.utils import ConstantSchedule, FloatSchedule, LinearSchedule
-
-from sb3_ppg.common.run_state import ResumableModel
 
 #: Attributes put back by the checkpoint's run state (``RunState``) after ``load``
 RESTORED_BY_RUN_STATE = ("_last_obs", "_last_original_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer")
@@ -39,7 +38,7 @@ def _is_json(value: Any) -> bool:
     return True
 
 
-def pickled_attributes(model: ResumableModel) -> dict[str, Any]:
+def pickled_attributes(model: BaseAlgorithm) -> dict[str, Any]:
     """
     The attributes of a model that SB3's ``save`` writes cloudpickled into the zip's ``data`` (what it saves, less
     the JSON values, which it writes as they are).
@@ -191,7 +190,7 @@ def _rebuild_space(description: dict[str, Any]) -> spaces.Space:
     raise ValueError(f"unknown space type {kind!r}")
 
 
-def describe_model_objects(model: ResumableModel) -> dict[str, Any]:
+def describe_model_objects(model: BaseAlgorithm) -> dict[str, Any]:
     """
     The description of a model's pickled attributes (see :func:`pickled_attributes`) that a checkpoint's run state
     stores: ``{"objects": {name: description}, "not_described": {name: why}}``. The attributes the run state puts back

@@ -5,6 +5,7 @@ rollouts folder that successive checkpoints share (``<save_path>/<name_prefix>_r
 
 import pathlib
 import re
+import weakref
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,18 @@ from sb3_ppg.common.checkpoints.manifest import CheckpointDamagedError
 ROLLOUT_FORMAT = "sb3_ppg.aux_rollout"
 #: The names of the stored rollouts
 ROLLOUT_NAME = re.compile(r"rollout_[0-9a-f]{32}\.npz")
+#: The stored file of each policy iteration of a buffer already on disk, valid until the buffer's next reset():
+#: buffer -> (its ``n_resets``, {iteration: file name})
+_STORED_FILES: "weakref.WeakKeyDictionary[AuxiliaryBuffer, tuple[int, dict[int, str]]]" = weakref.WeakKeyDictionary()
+
+
+def stored_files(buffer: AuxiliaryBuffer) -> dict[int, str]:
+    """The stored file of each policy iteration of ``buffer`` already on disk (a dict to update), since its last reset."""
+    n_resets, files = _STORED_FILES.get(buffer, (None, {}))
+    if n_resets != buffer.n_resets:
+        files = {}
+        _STORED_FILES[buffer] = (buffer.n_resets, files)
+    return files
 
 
 def rollout_layout(buffer: AuxiliaryBuffer) -> dict[str, Any]:
@@ -58,8 +71,9 @@ def write_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path) -> tupl
     if buffer is None:
         return rollout_files, rollout_digests
     layout = rollout_layout(buffer)
+    stored = stored_files(buffer)
     for iteration in range(buffer.n_iterations):
-        name = buffer.saved_rollout_files.get(iteration)
+        name = stored.get(iteration)
         digest = stored_checksum(folder / name) if name is not None else None
         if digest is None:
             arrays = buffer.iteration_arrays(iteration)
@@ -68,7 +82,7 @@ def write_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path) -> tupl
             digest = stored_checksum(folder / name)
             if digest is None:
                 digest = write_array_file(folder / name, arrays, layout)["checksum"]
-            buffer.saved_rollout_files[iteration] = name
+            stored[iteration] = name
         rollout_files.append(name)
         rollout_digests[name] = digest
     return rollout_files, rollout_digests
@@ -111,6 +125,7 @@ def read_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path, names: l
         return
     layout = rollout_layout(buffer)
     buffer.reset()
+    stored = stored_files(buffer)
     for iteration, name in enumerate(names):
         path = folder / name
         try:
@@ -121,4 +136,4 @@ def read_rollouts(buffer: AuxiliaryBuffer | None, folder: pathlib.Path, names: l
         if mismatches:
             raise ValueError(f"the stored rollout {str(path)!r} does not fit this model ({', '.join(mismatches)} differ)")
         buffer.add_iteration_arrays(arrays, path)
-        buffer.saved_rollout_files[iteration] = name
+        stored[iteration] = name
