@@ -27,6 +27,7 @@ import glob
 import os
 import pathlib
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -378,8 +379,11 @@ def plot(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], path: st
         length = min(len(run) for run in runs)
         steps = runs[0][:length, 0]
         returns = np.stack([run[:length, 1] for run in runs])
-        ours.plot(steps, np.nanmean(returns, axis=0), label=f"{algo.upper()} ({len(runs)} seeds)")
-        ours.fill_between(steps, np.nanmin(returns, axis=0), np.nanmax(returns, axis=0), alpha=0.2)
+        with warnings.catch_warnings():  # NaN before any episode ended: no line there
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, low, high = (reduce(returns, axis=0) for reduce in (np.nanmean, np.nanmin, np.nanmax))
+        ours.plot(steps, mean, label=f"{algo.upper()} ({len(runs)} seeds)")
+        ours.fill_between(steps, low, high, alpha=0.2)
         published_algo = algo.split("-")[0]  # ppg-bf16: the paper's PPG
         if published_algo not in published_algos:
             published_algos.append(published_algo)

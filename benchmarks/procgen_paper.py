@@ -46,6 +46,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procgen_learning  # benchmarks/ is not a package: the sibling script, found through sys.path
 
+from sb3_ppg.common.threads import choose_torch_threads
+
 try:
     import fcntl
 except ImportError:  # Windows: no run lock, run one invocation at a time
@@ -236,7 +238,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--folder", default=os.path.join("benchmarks", "results", "procgen_paper"))
     parser.add_argument("--output", help="Markdown report (default: report.md in --folder)")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--torch-threads", type=int, default=0, help="torch's CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--torch-threads", type=int, default=0, help="torch's CPU threads (0: OMP_NUM_THREADS, else the idle CPUs' share)"
+    )
     args = parser.parse_args(argv)
     preset = get_procgen_preset(args.preset)
     kwargs = preset.algorithm_kwargs
@@ -627,7 +631,8 @@ def plot(args: argparse.Namespace, scores: dict, curves_path: str, scores_path: 
         axis.set(title=f"{game} ({args.distribution_mode})", xlabel="env steps", ylabel="episode return")
     for axis in axes.flat[len(args.games) :]:
         axis.axis("off")
-    axes.flat[0].legend(fontsize="small")
+    if axes.flat[0].get_legend_handles_labels()[0]:  # no line before any run logged a rollout
+        axes.flat[0].legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(curves_path, dpi=80)
     plt.close(figure)
@@ -763,10 +768,8 @@ def main(argv: list[str] | None = None) -> bool:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     check_settings(args)
-    if args.torch_threads > 0:
-        import torch as th
-
-        th.set_num_threads(args.torch_threads)
+    # torch's threads: --torch-threads, else OMP_NUM_THREADS, else this process's share of the idle CPUs
+    choose_torch_threads(args.torch_threads)
     try:
         if not args.report_only:
             train(args)

@@ -11,6 +11,7 @@ from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewar
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
+from sb3_ppg.common.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=200_000)
@@ -19,6 +20,8 @@ parser.add_argument("--checkpoint-freq", type=int, default=10_000, help="env ste
 parser.add_argument("--reward-threshold", type=float, default=475.0)
 parser.add_argument("--output", default="ppg_cartpole_callbacks", help="folder for the best model and the checkpoints")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 n_envs = 8
 env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=0)

@@ -12,12 +12,15 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_ppg import PPG
+from sb3_ppg.common.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000)
 parser.add_argument("--n-steps", type=int, default=1024)
 parser.add_argument("--output", default="ppg_pendulum")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 env = make_vec_env("Pendulum-v1", n_envs=4, seed=0)
 model = PPG(

@@ -15,6 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG
+from sb3_ppg.common.threads import choose_torch_threads
 
 
 class DictCartPole(gym.ObservationWrapper):
@@ -35,6 +36,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000)
 parser.add_argument("--output", default="ppg_dict_cartpole")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 env = make_vec_env("CartPole-v1", n_envs=8, seed=0, wrapper_class=DictCartPole)
 model = PPG("MultiInputPolicy", env, n_steps=32, batch_size=256, n_epochs=10, gamma=0.98, gae_lambda=0.8,

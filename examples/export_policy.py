@@ -18,6 +18,7 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG
+from sb3_ppg.common.threads import choose_torch_threads
 
 
 class DeterministicActor(th.nn.Module):
@@ -41,6 +42,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=50_000)
 parser.add_argument("--output", default="ppg_cartpole_actor.pt2")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
 model = PPG("MlpPolicy", env, n_steps=32, n_epochs=4, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, n_policy_iters=8,

@@ -5,11 +5,14 @@ import argparse
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG
+from sb3_ppg.common.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=20_000)
 parser.add_argument("--output", default="ppg_resume")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 env = make_vec_env("CartPole-v1", n_envs=4, seed=0)
 # 6 rollouts of 4 x 64 steps per phase: the first half (a multiple of 4 rollouts) stops in the middle of a phase

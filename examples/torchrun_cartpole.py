@@ -17,6 +17,7 @@ from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg import PPG
 from sb3_ppg.common import distributed
+from sb3_ppg.common.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000, help="env steps of all ranks together")
@@ -24,6 +25,8 @@ parser.add_argument("--n-envs", type=int, default=8, help="envs of all ranks tog
 parser.add_argument("--aux-batch-rollouts", type=int, default=8, help="rollouts per aux minibatch, all ranks together")
 parser.add_argument("--output", default="ppg_cartpole_torchrun")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 # PPG joins torchrun's process group by itself; initializing it first tells us the world size before building the envs
 if distributed.launched_by_torchrun():

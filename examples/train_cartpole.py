@@ -6,11 +6,14 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG
+from sb3_ppg.common.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000)
 parser.add_argument("--output", default="ppg_cartpole")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 env = make_vec_env("CartPole-v1", n_envs=8, seed=0)
 model = PPG("MlpPolicy", env, n_steps=32, batch_size=64, n_epochs=4, gamma=0.98, gae_lambda=0.8, ent_coef=0.0,

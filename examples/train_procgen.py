@@ -13,6 +13,7 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG, make_procgen_env
+from sb3_ppg.common.threads import choose_torch_threads
 from sb3_ppg.procgen import get_procgen_preset, save_reward_statistics
 
 parser = argparse.ArgumentParser()
@@ -26,6 +27,8 @@ parser.add_argument("--eval-episodes", type=int, default=16)
 parser.add_argument("--eval-envs", type=int, default=8)
 parser.add_argument("--device", default="auto")
 args = parser.parse_args()
+# torch's threads: this process's share of the idle CPUs (OMP_NUM_THREADS, where set, wins)
+choose_torch_threads()
 
 # Training levels 0..199; num_levels=0 means the full level distribution: levels the agent has (almost surely) not seen
 # (the preset sets the mode and the reward normalization; the arguments given here override it)

@@ -17,6 +17,10 @@ from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 N_ENVS, N_STEPS = 2, 16
 ITERATION = N_ENVS * N_STEPS  # env steps per iteration
 TOTAL = 8 * ITERATION

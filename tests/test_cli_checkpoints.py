@@ -3,6 +3,7 @@
 
 import multiprocessing
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,8 +19,6 @@ from helpers import hold_lock
 
 from sb3_ppg import PPG
 from sb3_ppg.cli import arguments, train
-
-pytestmark = pytest.mark.slow  # command-line runs through the zoo, some in new interpreters
 
 CARTPOLE = [
     "--env",
@@ -78,7 +77,13 @@ PROCGEN = [
 ]
 
 
-pytestmark = pytest.mark.usefixtures("registered_zoo")
+# Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
+# is meant
+pytestmark = [
+    pytest.mark.slow,  # command-line runs through the zoo, some in new interpreters
+    pytest.mark.usefixtures("registered_zoo"),
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 
 def assert_same_run(folder_a: Path, folder_b: Path, env_name: str) -> None:
@@ -152,15 +157,58 @@ def test_resume_after_sigkill_is_exact(uninterrupted: Path, tmp_path: Path):
     assert_same_run(run_a, run_b, "CartPole-v1")
 
 
-def test_ctrl_c_during_train_then_resume_is_exact(uninterrupted: Path, tmp_path: Path, monkeypatch):
+def test_ctrl_c_during_train_then_resume_is_exact(uninterrupted: Path, tmp_path: Path, monkeypatch, capsys):
     """Ctrl-C inside the train() of step 768, a checkpoint step: no checkpoint of the half-trained model is written (the
-    RL Zoo calls on_training_end() after it), and --resume continues from step 512 exactly."""
+    RL Zoo calls on_training_end() after it), the model is saved as interrupted (not as the final model), the command
+    exits 130 naming the newest checkpoint, and --resume continues from step 512 exactly."""
     interrupt_train(monkeypatch, call=6)
-    train.main([*CARTPOLE, "-f", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*CARTPOLE, "-f", str(tmp_path)])
     monkeypatch.undo()
+    assert exit_info.value.code == 130
     run = tmp_path / "ppg" / "CartPole-v1_1"
     assert complete_checkpoints(run) == ["ppg_256_steps", "ppg_512_steps"]
+    assert not (run / "CartPole-v1.zip").exists()
+    assert PPG.load(run / "CartPole-v1_interrupted.zip").num_timesteps == 768
+    captured = capsys.readouterr()
+    assert "Saving to" not in captured.out
+    assert "Interrupted (Ctrl-C) at step 768 of 2,048." in captured.err
+    assert f"Newest checkpoint: {run / 'checkpoints' / 'ppg_512_steps'}." in captured.err
     train.main([*CARTPOLE, "-f", str(tmp_path), "--resume"])
+    assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
+    # The final model supersedes the interrupted one
+    assert not (run / "CartPole-v1_interrupted.zip").exists()
+
+
+def test_ctrl_c_in_a_subprocess_exits_130_with_the_resume_command(uninterrupted: Path, tmp_path: Path):
+    """SIGINT to `python -m sb3_ppg.train`: exit status 130, the step, the newest checkpoint and the exact command that
+    continues the run, which then finishes it as the uninterrupted run."""
+    run = tmp_path / "ppg" / "CartPole-v1_1"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sb3_ppg.train", *CARTPOLE, "-f", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    deadline = time.monotonic() + 240
+    while not (run / "checkpoints" / "ppg_512_steps" / "manifest.json").is_file():
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before its second checkpoint"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Saving to" not in stdout and "Traceback" not in stderr
+    assert not (run / "CartPole-v1.zip").exists()
+    steps = PPG.load(run / "CartPole-v1_interrupted.zip").num_timesteps
+    assert f"Interrupted (Ctrl-C) at step {steps:,} of 2,048." in stderr
+    newest = complete_checkpoints(run)[-1]
+    assert f"Newest checkpoint: {run / 'checkpoints' / newest}." in stderr
+    command = stderr.strip().splitlines()[-1].strip()
+    assert command == shlex.join(["python", "-m", "sb3_ppg.train", *CARTPOLE, "-f", str(tmp_path), "--resume", str(run)])
+    # The printed command continues the run exactly
+    resumed = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
 
 
@@ -177,9 +225,13 @@ def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninte
     damaged.write_bytes(damaged.read_bytes()[:-10])
     resume = [*CARTPOLE, "-f", str(tmp_path), "--resume", "--keep-checkpoints", "1"]
     interrupt_train(monkeypatch, call=1)
-    with pytest.warns(UserWarning, match=r"continuing from ppg_768_steps, .* skipped .*ppg_1024_steps' \(run_state.npz"):
+    with (
+        pytest.warns(UserWarning, match=r"continuing from ppg_768_steps, .* skipped .*ppg_1024_steps' \(run_state.npz"),
+        pytest.raises(SystemExit) as exit_info,
+    ):
         train.main(resume)
     monkeypatch.undo()
+    assert exit_info.value.code == 130  # Ctrl-C
     assert complete_checkpoints(run) == ["ppg_1024_steps", "ppg_768_steps"]
     with pytest.warns(UserWarning, match=r"continuing from ppg_768_steps"):
         train.main(resume)
@@ -225,7 +277,9 @@ def test_procgen_resume_from_an_older_checkpoint_is_exact(tmp_path: Path, capsys
 
     # Once complete, resuming again changes nothing
     train.main([*PROCGEN, "-f", str(tmp_path / "b"), "--resume"])
-    assert "already complete" in capsys.readouterr().out
+    output = capsys.readouterr().out
+    # Nothing was trained, and nothing is saved
+    assert "already complete" in output and "Saving to" not in output
     assert_same_run(run_a, run_b, "procgen-starpilot-v0")
 
 

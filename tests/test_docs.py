@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -29,3 +30,33 @@ def test_docs_build_without_warnings(tmp_path):
     # The API reference was generated from the docstrings (autodoc imported the package)
     api = (tmp_path / "html" / "api" / "ppg.html").read_text(encoding="utf-8")
     assert "n_policy_iters" in api and "beta_clone" in api
+
+
+#: A placeholder left for a number or text to fill in (``__CPU_MEASUREMENT__``), or a note that something is missing
+PLACEHOLDER = re.compile(r"(?<![\w`.])__[A-Z][A-Z0-9_]*__(?!\w)|\b(?:TODO|TBD|FIXME|XXX)\b")
+
+
+def placeholders(text: str) -> list[str]:
+    """The placeholder tokens in a page's text (Python's dunder names, such as ``__init__``, are lower case)."""
+    return [match.group(0) for match in PLACEHOLDER.finditer(text)]
+
+
+def test_the_placeholder_check_catches_one():
+    assert placeholders("**Measured here (CPU)**: __CPU_MEASUREMENT__\n") == ["__CPU_MEASUREMENT__"]
+    assert placeholders("takes __MINUTES__ minutes; TODO: measure") == ["__MINUTES__", "TODO"]
+    assert placeholders("`PPG.__init__`, `__version__`, 2,048 steps, TODOS") == []
+
+
+def test_no_placeholder_in_the_docs():
+    """README.md, CHANGELOG.md and every page of docs/ say what they mean: no token left to fill in."""
+    pages = [os.path.join(ROOT, name) for name in ("README.md", "CHANGELOG.md")]
+    for folder, _, files in os.walk(os.path.join(ROOT, "docs")):
+        if "_build" not in folder:
+            pages += [os.path.join(folder, name) for name in files if name.endswith((".md", ".rst"))]
+    found = {}
+    for page in pages:
+        with open(page, encoding="utf-8") as file:
+            for number, line in enumerate(file, start=1):
+                if placeholders(line):
+                    found[f"{os.path.relpath(page, ROOT)}:{number}"] = placeholders(line)
+    assert not found, f"placeholders left in the docs: {found}"

@@ -22,6 +22,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
 from sb3_ppg.ppg_mask.distributions import make_maskable_distribution, masked_kl_divergence
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 # One auxiliary phase every 2 iterations of 16 steps, one-rollout aux minibatches, a 16-unit MLP (tests/helpers.py)
 SMALL = dict(n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1)
 

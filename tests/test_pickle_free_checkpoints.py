@@ -26,6 +26,10 @@ from sb3_ppg.common.array_files import read_array_file
 from sb3_ppg.common.checkpoints.model_objects import NotDescribable, describe, rebuild
 from sb3_ppg.procgen import make_procgen_env
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 OLD_CHECKPOINTS = pathlib.Path(__file__).parent / "data" / "old_files" / "checkpoints"
 PROCGEN_RUN = dict(
     n_steps=16,

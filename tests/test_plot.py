@@ -2,6 +2,7 @@
 
 import json
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -290,3 +291,42 @@ def test_plot_writes_and_names_the_png(tmp_path: Path, monkeypatch, capsys):
     plot.main(["~/../logs", "-o", "~/plots/curves.png"])
     assert capsys.readouterr().out == f"Learning curves written to {tmp_path / 'home' / 'plots' / 'curves.png'}\n"
     assert png_size(tmp_path / "home" / "plots" / "curves.png") == (800, 500) and not (tmp_path / "~").exists()
+
+
+def test_plot_paper_over_an_easy_run_says_so(zoo_logs: Path, tmp_path: Path):
+    """--paper draws the paper's hard-mode curves: over an easy-mode run (its config.yml) it warns, and the plot says
+    so; over a hard-mode run (or one without a mode: procgen's default) it does not."""
+    run = zoo_logs / "ppg" / "procgen-coinrun-v0_1"
+    (run / "procgen-coinrun-v0").mkdir(exist_ok=True)
+    config = run / "procgen-coinrun-v0" / "config.yml"
+    config.write_text("- - env_kwargs\n    - distribution_mode: easy\n      num_levels: 0\n")
+    assert plot.run_distribution_modes([str(run)]) == {str(run): "easy"}
+    with pytest.warns(UserWarning, match="the paper's curves are Procgen's hard mode, these runs trained in easy mode"):
+        plot.plot_learning_curves([str(run)], output=str(tmp_path / "easy.png"), paper=["ppg"])
+    config.write_text("- - env_kwargs\n    - num_levels: 0\n")
+    assert plot.run_distribution_modes([str(run / "0.monitor.csv")]) == {str(run): "hard"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot.plot_learning_curves([str(run)], output=str(tmp_path / "hard.png"), paper=["ppg"])
+
+
+def test_reference_lines_and_points(zoo_logs: Path, tmp_path: Path, monkeypatch):
+    """The quick start's PNG: random actions as a horizontal line, evaluations as points with error bars."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: (saved.append(self), savefig(self, *args, **kwargs)))
+    plot.plot_learning_curves(
+        [str(zoo_logs / "ppg" / "procgen-coinrun-v0_1")],
+        output=str(tmp_path / "extras.png"),
+        reference_lines={"random actions": 1.5},
+        points={"evaluations": (np.array([1000, 2000]), np.array([2.0, 3.0]), np.array([0.5, 0.4]))},
+    )
+    (axis,) = saved[0].axes
+    labels = [text.get_text() for text in axis.get_legend().get_texts()]
+    assert "random actions" in labels and "evaluations" in labels
+    random_line = next(line for line in axis.get_lines() if line.get_label() == "random actions")
+    assert list(random_line.get_ydata()) == [1.5, 1.5]
+    points = next(container for container in axis.containers if container.get_label() == "evaluations")
+    np.testing.assert_array_equal(points.lines[0].get_xydata(), [[1000, 2.0], [2000, 3.0]])

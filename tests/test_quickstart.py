@@ -8,7 +8,10 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +211,35 @@ def test_video_recording(tmp_path):
     spec.loader.exec_module(record_video)
     path = record_video.record_video(str(tmp_path / "video"))
     assert Path(path).parent == tmp_path / "video" and Path(path).stat().st_size > 0
+
+
+VIDEO_SNIPPET = """
+from stable_baselines3.common.vec_env import VecVideoRecorder
+
+from sb3_ppg import make_procgen_env
+
+env = make_procgen_env("starpilot", n_envs=1, distribution_mode="easy", training=False, render_mode="rgb_array")
+env = VecVideoRecorder(env, "videos", record_video_trigger=lambda step: step == 0, video_length=5)
+env.reset()
+for _ in range(7):
+    env.step([0])
+env.close()
+"""
+
+
+@pytest.mark.slow
+def test_video_snippet_prints_no_pkg_resources_notice(tmp_path):
+    """The docs' video snippet (docs/guide/quickstart.rst) in a new interpreter: a video, and no setuptools notice about
+    pkg_resources (imported by the imageio-ffmpeg that gym3 pins), which the user cannot act on."""
+    pytest.importorskip("moviepy")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    result = subprocess.run(
+        [sys.executable, "-c", VIDEO_SNIPPET], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "videos").glob("*.mp4"))
+    assert "pkg_resources" not in result.stderr, result.stderr[-3000:]
 
 
 def zoo_extra() -> list[str]:

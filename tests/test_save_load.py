@@ -20,6 +20,10 @@ from sb3_ppg.common.buffers import AuxiliaryBuffer
 from sb3_ppg.common.distributions import get_distribution_params
 from sb3_ppg.ppg.policies import PPGPolicy
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 ARCHS = ("dual", "detach", "shared")
 
 # (policy alias, env name, policy kwargs): small networks to keep the tests fast
@@ -277,9 +281,10 @@ def test_set_env_with_different_n_envs(make_model):
 
 
 def test_failed_set_env_leaves_model_unchanged(make_model):
-    model = make_model(make_env("CartPole-v1", n_envs=2), batch_size=32)
-    # batch_size=32 does not fit a rollout of 16 steps x 1 env
-    with pytest.raises(ValueError, match="batch_size"):
+    model = make_model(make_env("CartPole-v1", n_envs=2), aux_batch_rollouts=4)
+    # aux_batch_rollouts=4 does not fit an auxiliary buffer of 2 iterations x 1 env (a batch_size larger than the
+    # rollout is a warning, as in SB3's PPO: test_load_with_fewer_envs_than_the_batch_needs)
+    with pytest.raises(ValueError, match="aux_batch_rollouts"):
         model.set_env(make_env("CartPole-v1", n_envs=1))
     assert model.n_envs == model.get_env().num_envs == model.rollout_buffer.n_envs == model.aux_buffer.n_envs == 2
     model.learn(64)
@@ -767,3 +772,28 @@ def test_load_checkpoint_with_envs_of_another_id_is_refused(checkpoint):
     """A DummyVecEnv's saved envs replace those given: envs made with another id would be silently ignored."""
     with pytest.raises(ValueError, match=r"settings of its env 0 differ \(id='CartPole-v0' in the env, 'CartPole-v1' in"):
         PPG.load_checkpoint(checkpoint, env=make_vec_env("CartPole-v0", n_envs=2))
+
+
+def test_load_with_fewer_envs_than_the_batch_needs(tmp_path):
+    """PPG.load(path, env=<fewer envs>) with a saved batch_size larger than the new rollout: a warning that names the
+    fix (as SB3's PPO, which trains on with one minibatch per epoch), not an error; each epoch is one minibatch."""
+    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=0), n_steps=32, batch_size=256, seed=0)
+    model.save(tmp_path / "model")
+    with pytest.warns(UserWarning, match=r"batch_size=256 is larger than the rollout \(n_steps \* n_envs = 32 \* 2 = 64\)"):
+        loaded = PPG.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    sizes = []
+    get = loaded.rollout_buffer.get
+
+    def recording_get(batch_size=None):
+        for minibatch in get(batch_size):
+            sizes.append(len(minibatch.actions))
+            yield minibatch
+
+    loaded.rollout_buffer.get = recording_get
+    loaded.learn(64)
+    assert sizes == [64] * loaded.n_epochs
+    # batch_size=None follows the new number of envs, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = PPG.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=2, seed=0), batch_size=None)
+    assert loaded.batch_size == 8

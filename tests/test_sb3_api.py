@@ -25,6 +25,10 @@ from torch import nn
 
 from sb3_ppg import PPG
 
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 # One aux phase every 2 iterations of 2 envs x 16 steps
 
 

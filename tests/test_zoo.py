@@ -30,7 +30,12 @@ CLASSIC_IDS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1", DIC
 TINY_PARAMS = ["n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
 
 
-pytestmark = pytest.mark.usefixtures("registered_zoo")
+# Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
+# that learn() then trains as plain PPO is meant
+pytestmark = [
+    pytest.mark.usefixtures("registered_zoo"),
+    pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO"),
+]
 
 
 def load_yaml(path: str) -> dict:
@@ -505,14 +510,16 @@ def test_enjoy_plays_the_newest_run_that_has_the_model(tmp_path: Path, make_mode
     algo_folder = make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip", "best_model.zip"), 2: ("CartPole-v1.zip",), 3: ()})
     enjoy.main(enjoy_argv(tmp_path))
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:2] == [
+    # The first line says how many threads it uses (sb3_ppg.common.threads)
+    assert lines[0].startswith("torch and procgen threads: ")
+    assert lines[1:3] == [
         f"Playing run {algo_folder / 'CartPole-v1_2'}, model CartPole-v1.zip; skipped the newer CartPole-v1_3: no "
         "CartPole-v1.zip (failed or unfinished runs?)",
         f"Loading {algo_folder / 'CartPole-v1_2' / 'CartPole-v1.zip'}",
     ]
     # --load-best: the newest run with a best model
     enjoy.main(enjoy_argv(tmp_path, "--load-best"))
-    assert capsys.readouterr().out.splitlines()[:2] == [
+    assert capsys.readouterr().out.splitlines()[1:3] == [
         f"Playing run {algo_folder / 'CartPole-v1_1'}, model best_model.zip; skipped the newer CartPole-v1_3, "
         "CartPole-v1_2: no best_model.zip (failed or unfinished runs?)",
         f"Loading {algo_folder / 'CartPole-v1_1' / 'best_model.zip'}",
@@ -564,7 +571,7 @@ def test_enjoy_plays_the_runs_own_checkpoints(tmp_path: Path, make_model, capsys
     for options, steps in ((("--load-checkpoint", "16"), 16), (("--load-last-checkpoint",), 32)):
         enjoy.main(enjoy_argv(tmp_path, *options))
         model_path = run_folder / "checkpoints" / f"ppg_{steps}_steps" / "model.zip"
-        assert capsys.readouterr().out.splitlines()[:2] == [
+        assert capsys.readouterr().out.splitlines()[1:3] == [
             f"Playing run {run_folder}, model {Path('checkpoints', f'ppg_{steps}_steps', 'model.zip')}; skipped the "
             f"newer CartPole-v1_2: no {'checkpoint 16' if steps == 16 else 'checkpoint'} (failed or unfinished runs?)",
             f"Loading {model_path}",
@@ -582,3 +589,18 @@ def test_enjoy_plays_the_runs_own_checkpoints(tmp_path: Path, make_model, capsys
         f"error: ValueError: The run {run_folder} has no checkpoint 192 (checkpoints at steps 16, 32) "
         "(--traceback shows where)"
     )
+
+
+@pytest.mark.slow
+def test_enjoy_records_a_video(tmp_path: Path, capsys):
+    """python -m sb3_ppg.enjoy --record: the zoo's record_video on the run enjoy picks, an mp4 of -n steps."""
+    pytest.importorskip("moviepy")
+    train.main(
+        ["--env", "procgen/starpilot-v0", "--preset", "easy", "-n", "64", "--seed", "0", "--device", "cpu",
+         "-f", str(tmp_path), "--verbose", "0", "--eval-freq", "-1",
+         "-params", "n_envs:2", "n_steps:16", "batch_size:16", "n_policy_iters:2", "n_aux_epochs:1", "aux_batch_rollouts:2"]
+    )  # fmt: skip
+    enjoy.main(["--env", "procgen/starpilot-v0", "-f", str(tmp_path), "-n", "8", "--record", "-o", str(tmp_path / "videos")])
+    assert "Playing run" in capsys.readouterr().out
+    videos = glob.glob(str(tmp_path / "videos" / "*.mp4"))
+    assert len(videos) == 1 and os.path.getsize(videos[0]) > 0

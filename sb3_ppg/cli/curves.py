@@ -312,3 +312,22 @@ def load_paper_curves(game: str, experiment: str) -> list[tuple[np.ndarray, np.n
     steps = table["steps"].to_numpy(dtype=np.float64)
     columns = [column for column in table.columns if column.startswith(f"{experiment}_run")]
     return [(steps, table[column].to_numpy(dtype=np.float64)) for column in columns]
+
+
+def run_distribution_modes(paths: list[str]) -> dict[str, str]:
+    """
+    The Procgen ``distribution_mode`` each command line run under ``paths`` trained in, from its ``config.yml``
+    (``env_kwargs``; procgen's default, ``"hard"``, where it sets none). Runs without a ``config.yml`` are left out.
+
+    :param paths: Run folders, folders to search recursively, or files inside run folders
+    :return: ``{run folder: mode}``
+    """
+    modes = {}
+    for path_str in paths:
+        path = Path(path_str)
+        # A file (monitor, evaluations.npz) lies in its run folder; a folder holds runs
+        folder = path.parent if path.is_file() else path
+        for config in sorted(folder.rglob("config.yml")):
+            match = re.search(r"distribution_mode:\s*['\"]?(\w+)", config.read_text(errors="replace"))
+            modes[str(config.parent.parent)] = match.group(1) if match else "hard"
+    return modes

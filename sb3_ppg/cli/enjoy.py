@@ -2,8 +2,8 @@
 Run a trained PPG agent with the RL Baselines3 Zoo: ``python -m sb3_ppg.enjoy [zoo enjoy options]``
 (console script ``sb3_ppg_enjoy``): the zoo's own ``enjoy`` with PPG registered (see :mod:`sb3_ppg.cli.zoo`) and
 sb3_ppg's defaults (``--algo ppg``, ``-f logs``, sampled actions for Procgen, the newest run that has the model asked
-for, sb3_ppg's own checkpoints for ``--load-checkpoint N``), described in docs/command_line.md. Errors end the command
-with one line (``--traceback`` shows the zoo's traceback instead).
+for, sb3_ppg's own checkpoints for ``--load-checkpoint N``, ``--record`` for a video), described in
+docs/command_line.md. Errors end the command with one line (``--traceback`` shows the zoo's traceback instead).
 
 Example::
 
@@ -22,11 +22,13 @@ from typing import Any
 
 from sb3_ppg.cli.run_folders import CHECKPOINT_PREFIX, CHECKPOINTS_FOLDER, UnsafeRunFileError
 from sb3_ppg.cli.vec_env import is_procgen_env_id
-from sb3_ppg.cli.zoo import ZooNotInstalledError, import_zoo, run_zoo
+from sb3_ppg.cli.zoo import ZooNotInstalledError, command_line_threads, import_zoo, run_zoo
 from sb3_ppg.common.checkpoints import MANIFEST
 
 #: sb3_ppg's own flag (not passed to the zoo): show the traceback of an error instead of its one-line message
 TRACEBACK_FLAG = "--traceback"
+#: sb3_ppg's own flag: record a video of ``-n`` steps with the zoo's ``record_video`` instead of playing
+RECORD_FLAG = "--record"
 
 
 class NoModelError(ValueError):
@@ -266,14 +268,15 @@ def main(argv: list[str] | None = None) -> None:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     show_traceback = TRACEBACK_FLAG in argv
-    argv = [arg for arg in argv if arg != TRACEBACK_FLAG]
+    record = RECORD_FLAG in argv
+    argv = [arg for arg in argv if arg not in (TRACEBACK_FLAG, RECORD_FLAG)]
     try:
         import_zoo()
     except ZooNotInstalledError as error:
         sys.exit(str(error))
     try:
-        with zoo_finds_package_checkpoints():
-            run_zoo("enjoy", pick_run(build_zoo_argv(argv)))
+        with command_line_threads(argv), zoo_finds_package_checkpoints():
+            run_zoo("record_video" if record else "enjoy", pick_run(build_zoo_argv(argv)))
     except UnsafeRunFileError as error:
         sys.exit(f"error: {error}")
     except NoModelError as error:

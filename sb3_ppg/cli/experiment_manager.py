@@ -44,9 +44,11 @@ from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.run_folders import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_FOLDER,
+    INTERRUPTED_SUFFIX,
     RESUME_LATEST,
     RUN_ARGS,
     RUN_CONFIG,
+    TrainingInterrupted,
     read_run_file,
 )
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory, is_procgen_env_id
@@ -57,6 +59,7 @@ from sb3_ppg.common.checkpoints import (
     MANIFEST,
     CheckpointDamagedError,
     PPGCheckpointCallback,
+    complete_checkpoints,
     find_checkpoint,
     lock_folder,
     rank_folder,
@@ -64,6 +67,7 @@ from sb3_ppg.common.checkpoints import (
 )
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
+from sb3_ppg.common.progress_bar import PPGProgressBarCallback
 from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
 
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
@@ -242,6 +246,9 @@ class PPGExperimentManager(ExperimentManager):
         self.global_n_envs = global_n_envs
         self.resume_checkpoint: pathlib.Path | None = None
         self.resumed_run: ResumedRun | None = None
+        # Whether Ctrl-C stopped training, and whether a resumed run had nothing left to train
+        self.interrupted = False
+        self.already_complete = False
         # Data-parallel PPG (torchrun): the ranks share rank 0's run folder
         self.data_parallel = distributed.is_active() and self.algo in PPG_ALGORITHMS
         self.rank = distributed.get_rank() if self.data_parallel else 0
@@ -473,8 +480,15 @@ class PPGExperimentManager(ExperimentManager):
         """
         The zoo's, with ``vecnormalize.pkl`` written to a temporary file renamed over the previous one (a kill or a
         full disk leaves the old file or the new one, never a truncated one; ``PPG.save`` writes the model zip so);
-        under torchrun, on rank 0 only (the ranks hold the same model and VecNormalize statistics).
+        under torchrun, on rank 0 only (the ranks hold the same model and VecNormalize statistics). A resumed run that
+        was already complete saves nothing (nothing was trained). After Ctrl-C, the model is saved as
+        ``<env>_interrupted.zip`` (not as the final model) and :class:`~sb3_ppg.cli.run_folders.TrainingInterrupted`
+        is raised, which says where the run can continue from.
         """
+        if self.already_complete:
+            return
+        if self.interrupted:
+            self._save_interrupted_model(model)
         if self.rank != 0:
             return
         normalize, self.normalize = self.normalize, False
@@ -486,6 +500,27 @@ class PPGExperimentManager(ExperimentManager):
         vec_normalize = model.get_vec_normalize_env()
         if self.normalize and vec_normalize is not None:
             save_vec_normalize(vec_normalize, os.path.join(self.params_path, "vecnormalize.pkl"))
+        # A model saved by an earlier Ctrl-C of this run is superseded by the final one
+        interrupted_model = pathlib.Path(self.save_path) / f"{self.env_name}{INTERRUPTED_SUFFIX}.zip"
+        interrupted_model.unlink(missing_ok=True)
+
+    def _save_interrupted_model(self, model: BaseAlgorithm) -> None:
+        """
+        Save the model as Ctrl-C left it (rank 0), as ``<run folder>/<env>_interrupted.zip``, and raise
+        :class:`~sb3_ppg.cli.run_folders.TrainingInterrupted`.
+        """
+        saved_model = None
+        if self.rank == 0:
+            saved_model = os.path.join(self.save_path, f"{self.env_name}{INTERRUPTED_SUFFIX}.zip")
+            model.save(saved_model)
+        checkpoints = complete_checkpoints(pathlib.Path(self.save_path) / CHECKPOINTS_FOLDER)
+        raise TrainingInterrupted(
+            run_folder=self.save_path,
+            num_timesteps=model.num_timesteps,
+            total_timesteps=self.n_timesteps,
+            saved_model=saved_model,
+            newest_checkpoint=str(checkpoints[-1]) if checkpoints else None,
+        )
 
     def create_envs(self, n_envs: int, eval_env: bool = False, no_log: bool = False) -> VecEnv:
         """
@@ -551,8 +586,9 @@ class PPGExperimentManager(ExperimentManager):
                     warn=callback.warn,
                     seed=self.seed,
                 )
-            elif type(callback) is ProgressBarCallback and self.data_parallel:
-                self.callbacks[index] = GlobalProgressBarCallback()
+            elif type(callback) is ProgressBarCallback:
+                # PPG's, which shows the auxiliary phases (all ranks' steps under torchrun)
+                self.callbacks[index] = GlobalProgressBarCallback() if self.data_parallel else PPGProgressBarCallback()
         if self.data_parallel and eval_freq > 0 and not self.optimize_hyperparameters:
             group = distributed.new_gloo_group(EVALUATION_TIMEOUT)
             self.callbacks.append(WaitForEvaluation(eval_calls, group))
@@ -570,19 +606,24 @@ class PPGExperimentManager(ExperimentManager):
 
     def learn(self, model: BaseAlgorithm) -> None:
         """
-        The zoo's ``learn``; a resumed run trains the timesteps it has left, continuing its step count (and
-        TensorBoard run) instead of starting from 0.
+        The zoo's ``learn`` for PPG, which remembers a Ctrl-C (:meth:`save_trained_model` then saves the model as
+        interrupted); a resumed run trains the timesteps it has left, continuing its step count (and TensorBoard run)
+        instead of starting from 0.
         """
-        if self.resume_checkpoint is None:
+        if self.algo not in PPG_ALGORITHMS:
             super().learn(model)
             return
-        remaining = self.n_timesteps - model.num_timesteps
-        if remaining <= 0:
-            print(f"The run is already complete ({model.num_timesteps} of {self.n_timesteps} timesteps).")
-            if model.env is not None:
-                model.env.close()
-            return
-        kwargs: dict[str, Any] = {"reset_num_timesteps": False}
+        kwargs: dict[str, Any] = {}
+        remaining = self.n_timesteps
+        if self.resume_checkpoint is not None:
+            remaining = self.n_timesteps - model.num_timesteps
+            if remaining <= 0:
+                print(f"The run is already complete ({model.num_timesteps} of {self.n_timesteps} timesteps): nothing to train")
+                self.already_complete = True
+                if model.env is not None:
+                    model.env.close()
+                return
+            kwargs["reset_num_timesteps"] = False
         if self.log_interval > -1:
             kwargs["log_interval"] = self.log_interval
         elif self.log_interval < -1:
@@ -592,8 +633,8 @@ class PPGExperimentManager(ExperimentManager):
         try:
             model.learn(remaining, **kwargs)
         except KeyboardInterrupt:
-            # As the zoo: an interrupted run still saves its model
-            pass
+            # The zoo then saves the model: as an interrupted one (save_trained_model)
+            self.interrupted = True
         finally:
             if self.callbacks:
                 self.callbacks[0].on_training_end()

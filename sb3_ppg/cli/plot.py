@@ -20,6 +20,7 @@ curves themselves (reading, smoothing, aggregating, the paper's data) are in :mo
 import argparse
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from sb3_ppg.cli.curves import (
     load_curves,
     load_paper_curves,
     nothing_to_plot_message,
+    run_distribution_modes,
     smooth,
 )
 
@@ -88,6 +90,8 @@ def plot_learning_curves(  # noqa: C901
     figsize: tuple[float, float] = (8.0, 5.0),
     dpi: int = 100,
     title: str | None = None,
+    reference_lines: dict[str, float] | None = None,
+    points: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
 ) -> str:
     """
     Draw learning curves to a PNG file.
@@ -110,6 +114,8 @@ def plot_learning_curves(  # noqa: C901
     :param figsize: Figure size in inches (width, height); the PNG is ``figsize * dpi`` pixels
     :param dpi: Dots per inch
     :param title: Figure title
+    :param reference_lines: Horizontal lines to draw, by label (e.g. the return of random actions)
+    :param points: Points with error bars to draw, by label: ``(steps, values, errors)`` (e.g. evaluations)
     :return: The path of the written PNG
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -132,11 +138,19 @@ def plot_learning_curves(  # noqa: C901
     cut_seeds = report_unequal_seeds(groups, x_max)
 
     paper_groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    mode_note = None
     if paper:
         if game is None:
             game = detect_game([curve.name for curve in curves])
             if game is None:
                 raise ValueError("Cannot tell the Procgen game from the run names: pass --game")
+        other_modes = sorted({mode for mode in run_distribution_modes(paths).values() if mode != "hard"})
+        if other_modes:
+            mode_note = f"paper curves: hard mode; these runs: {', '.join(other_modes)} mode (not comparable)"
+            warnings.warn(
+                f"--paper: the paper's curves are Procgen's hard mode, these runs trained in {', '.join(other_modes)} "
+                "mode: the curves are not comparable (the plot says so)."
+            )
         for experiment in paper:
             n_seeds = len(load_paper_curves(game, experiment))
             paper_groups[f"{PAPER_EXPERIMENTS[experiment]} (hard, {game}, {n_seeds} seeds)"] = load_paper_curves(
@@ -170,13 +184,18 @@ def plot_learning_curves(  # noqa: C901
         if len(seeds) > 1:
             axis.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
 
+    for name, value in (reference_lines or {}).items():
+        axis.axhline(value, linestyle=":", color="gray", label=name)
+    for name, (steps, values, errors) in (points or {}).items():
+        axis.errorbar(steps, values, yerr=errors, fmt="o", capsize=3, label=name)
+
     axis.set_xlabel("environment steps")
     axis.set_ylabel("episode return" if curve_type == "train" else "mean evaluation return")
     axis.xaxis.set_major_formatter(EngFormatter(sep=""))
     if x_max is not None:
         axis.set_xlim(left=0, right=x_max)
     axis.grid(True, alpha=0.3)
-    if len(all_groups) > 0:
+    if len(all_groups) > 0 or reference_lines or points:
         axis.legend(loc="best", fontsize="small")
     notes = []
     if any(len(seeds) > 1 for _, seeds, _ in all_groups):
@@ -186,6 +205,8 @@ def plot_learning_curves(  # noqa: C901
     if len(curves) > 0 and smoothing > 1:
         unit = "episode" if curve_type == "train" else "evaluation"
         notes.append(f"{smoothing}-{unit} moving average" + (" (paper curves: 400 episodes)" if paper_groups else ""))
+    if mode_note is not None:
+        notes.append(mode_note)
     axis.set_title(", ".join(notes), fontsize="small")
     if title:
         figure.suptitle(title)

@@ -13,12 +13,12 @@ import numpy as np
 import torch
 import torch.distributed
 from gymnasium import spaces
-from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
 from sb3_ppg.cli.arguments import hyperparams_file, latest_run_folder, sb3_ppg_parser
 from sb3_ppg.cli.zoo import run_zoo
+from sb3_ppg.common.progress_bar import AuxPhaseCallback
 from sb3_ppg.ppg import PPG
 from sb3_ppg.procgen import ProcgenVecEnv
 
@@ -48,23 +48,25 @@ QUICKSTART_EVAL_SEED = 12345
 QUICKSTART_EVAL_ENV_KWARGS = ("distribution_mode:'easy'", "num_levels:0", "start_level:0")
 QUICKSTART_OUTPUT = "quickstart_output"
 # Measured: python -m sb3_ppg.train from start to end (see docs/guide/quickstart.rst)
-QUICKSTART_DURATION = "about 2 minutes on a 2-core CPU, longer on a busy machine"
+QUICKSTART_DURATION = "about 3 minutes on a 2-core CPU, longer on a busy machine"
 
 
-class QuickstartProgressBar(BaseCallback):
+class QuickstartProgressBar(AuxPhaseCallback):
     """
     The quick start's progress display, given to the zoo as its ``callback`` hyperparameter: a progress bar over the
     env steps, labelled with what training is doing (collecting a rollout, the policy phase, the policy and auxiliary
     phases) and the mean return of the last 100 training episodes, with the remaining time estimated from the average
     rate since the start (tqdm's default, a rate over the last updates, jumps to hours after every pause of the env
-    steps: a policy phase, an auxiliary phase, an evaluation). While it is shown, lines printed to ``sys.stdout``
-    (the zoo's evaluation results) go above it instead of being appended to it.
+    steps: a policy phase, an auxiliary phase, an evaluation). Through the auxiliary phases it shows their epoch and
+    minibatch (:class:`~sb3_ppg.common.progress_bar.AuxPhaseCallback`). While it is shown, lines printed to
+    ``sys.stdout`` (the zoo's evaluation results) go above it instead of being appended to it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.progress_bar: Any = None
         self.stdout: Any = None
+        self.aux_phase_size = (0, 0)
 
     def _on_training_start(self) -> None:
         from tqdm import tqdm
@@ -89,6 +91,16 @@ class QuickstartProgressBar(BaseCallback):
         if returns:
             self.progress_bar.set_postfix_str(f"training episodes: mean return {np.mean(returns):.2f}", refresh=False)
         self.progress_bar.set_description("policy + auxiliary phase" if aux_phase_next else "policy phase", refresh=True)
+
+    def on_aux_phase_start(self, n_epochs: int, n_minibatches: int) -> None:
+        self.aux_phase_size = (n_epochs, n_minibatches)
+        self.progress_bar.set_description("auxiliary phase: old policy", refresh=True)
+
+    def on_aux_minibatch(self, epoch: int, minibatch: int) -> None:
+        n_epochs, n_minibatches = self.aux_phase_size
+        self.progress_bar.set_description(
+            f"auxiliary phase: epoch {epoch}/{n_epochs}, minibatch {minibatch}/{n_minibatches}", refresh=True
+        )
 
     def _on_training_end(self) -> None:
         # Called twice at the end of a run (by SB3's learn() and by the zoo's)
@@ -225,8 +237,19 @@ def evaluation_line(label: str, episode_returns: np.ndarray) -> str:
     :return: ``"  <label>: <mean> +/- <standard error of the mean>  (<n> episodes)"``
     """
     n_episodes = len(episode_returns)
-    standard_error = np.std(episode_returns, ddof=1) / np.sqrt(n_episodes) if n_episodes > 1 else float("nan")
-    return f"  {label + ':':36}{np.mean(episode_returns):5.2f} +/- {standard_error:.2f}  ({n_episodes} episodes)"
+    return (
+        f"  {label + ':':36}{np.mean(episode_returns):5.2f} +/- {standard_error_of_mean(episode_returns):.2f}  "
+        f"({n_episodes} episodes)"
+    )
+
+
+def standard_error_of_mean(episode_returns: np.ndarray) -> float:
+    """
+    :param episode_returns: The return of each episode
+    :return: The standard error of their mean (NaN for one episode)
+    """
+    n_episodes = len(episode_returns)
+    return float(np.std(episode_returns, ddof=1) / np.sqrt(n_episodes)) if n_episodes > 1 else float("nan")
 
 
 def quickstart(argv: list[str]) -> dict[str, str | float]:
@@ -310,11 +333,21 @@ def quickstart(argv: list[str]) -> dict[str, str | float]:
 
     curve_path = os.path.join(output_folder, "learning_curve.png")
     title = f"PPG on {env_id} (easy), quick start"
+    # Beside the training episodes: the evaluations the summary prints (mean +/- standard error) and random actions
+    with np.load(os.path.join(run_folder, "evaluations.npz")) as evaluations:
+        steps = np.append(evaluations["timesteps"], model.num_timesteps)
+        evaluated = [*evaluations["results"], returns["model"]]
+    means = np.array([np.mean(episode_returns) for episode_returns in evaluated])
+    errors = np.array([standard_error_of_mean(episode_returns) for episode_returns in evaluated])
+    extras: dict[str, Any] = {
+        "reference_lines": {f"random actions ({len(returns['random'])} episodes)": float(np.mean(returns["random"]))},
+        "points": {f"evaluations ({QUICKSTART_EVAL_EPISODES} episodes, +/- standard error)": (steps, means, errors)},
+    }
     try:
-        plot_learning_curves([run_folder], output=curve_path, smoothing=20, title=title)
+        plot_learning_curves([run_folder], output=curve_path, smoothing=20, title=title, **extras)
     except ValueError:
         # No training episode finished (very short run): plot the evaluations instead
-        plot_learning_curves([run_folder], output=curve_path, curve_type="eval", title=title)
+        plot_learning_curves([run_folder], output=curve_path, curve_type="eval", title=title, **extras)
 
     results: dict[str, str | float] = {
         "run_folder": os.path.abspath(run_folder),

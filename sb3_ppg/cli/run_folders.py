@@ -133,15 +133,71 @@ class _ZooYaml:
 @contextlib.contextmanager
 def zoo_reads_run_files_safely() -> Iterator[None]:
     """
-    Within the context, the zoo's ``enjoy`` (``rl_zoo3.enjoy``, and ``rl_zoo3.utils.get_saved_hyperparams``) reads
-    the run folder's YAML files with :class:`RunFileLoader` instead of ``yaml.UnsafeLoader``.
+    Within the context, the zoo's ``enjoy`` (``rl_zoo3.enjoy``, and ``rl_zoo3.utils.get_saved_hyperparams``) and its
+    ``record_video`` script read the run folder's YAML files with :class:`RunFileLoader` instead of
+    ``yaml.UnsafeLoader``.
     """
     modules = [importlib.import_module(name) for name in ("rl_zoo3.enjoy", "rl_zoo3.utils")]
     saved = [module.yaml for module in modules]  # type: ignore[attr-defined]
     for module in modules:
         module.yaml = _ZooYaml()  # type: ignore[attr-defined]
+    # The zoo's record_video script imports yaml anew when it runs: it reads yaml.UnsafeLoader at its call
+    unsafe_loader = yaml.UnsafeLoader
+    yaml.UnsafeLoader = RunFileLoader  # type: ignore[misc]
     try:
         yield
     finally:
+        yaml.UnsafeLoader = unsafe_loader  # type: ignore[misc]
         for module, original in zip(modules, saved, strict=True):
             module.yaml = original  # type: ignore[attr-defined]
+
+
+#: Name of the model saved when Ctrl-C stops training (``<run folder>/<env name>_interrupted.zip``): not a final model
+INTERRUPTED_SUFFIX = "_interrupted"
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """
+    Ctrl-C stopped training: the step it stopped at, what was saved, and where the run can continue from.
+
+    :param run_folder: The run folder
+    :param num_timesteps: The step training stopped at
+    :param total_timesteps: The steps the run was to train
+    :param saved_model: The model as it was at the interruption (``None``: not saved)
+    :param newest_checkpoint: The run's newest complete checkpoint (``None``: none)
+    """
+
+    def __init__(
+        self,
+        run_folder: str,
+        num_timesteps: int,
+        total_timesteps: int,
+        saved_model: str | None,
+        newest_checkpoint: str | None,
+    ) -> None:
+        super().__init__(run_folder)
+        self.run_folder = run_folder
+        self.num_timesteps = num_timesteps
+        self.total_timesteps = total_timesteps
+        self.saved_model = saved_model
+        self.newest_checkpoint = newest_checkpoint
+
+    def describe(self, resume_command: str) -> str:
+        """
+        :param resume_command: The command that continues the run (with ``--resume``)
+        :return: What happened and what to do next, in a few lines
+        """
+        lines = [f"Interrupted (Ctrl-C) at step {self.num_timesteps:,} of {self.total_timesteps:,}."]
+        if self.saved_model is not None:
+            lines.append(
+                f"Saved the model as it was to {self.saved_model}: an interrupted model (possibly mid-update), "
+                "not the run's final model."
+            )
+        if self.newest_checkpoint is not None:
+            lines.append(f"Newest checkpoint: {self.newest_checkpoint}. Continue the run exactly from it with:")
+            lines.append(f"  {resume_command}")
+        else:
+            lines.append(
+                "The run has no checkpoint to continue from (--save-freq N writes them): run the command again to start over."
+            )
+        return "\n".join(lines)

@@ -18,6 +18,7 @@ Procgen StarPilot (easy) on the CPU, then an evaluation and a learning-curve PNG
 
 import contextlib
 import os
+import shlex
 import sys
 
 import torch
@@ -26,11 +27,14 @@ import torch.distributed
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.arguments import build_zoo_argv, split_argv
 from sb3_ppg.cli.quickstart import quickstart
-from sb3_ppg.cli.zoo import run_zoo
+from sb3_ppg.cli.run_folders import TrainingInterrupted
+from sb3_ppg.cli.zoo import command_line_threads, run_zoo
 from sb3_ppg.common import distributed
 
 #: The zoo's flags for a hyperparameter search (refused under torchrun)
 OPTIMIZE_FLAGS = frozenset(("-optimize", "--optimize-hyperparameters"))
+#: Exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports a program killed by it)
+INTERRUPTED_EXIT_CODE = 130
 
 EPILOG = """
 sb3_ppg options (the RL Zoo's train options are listed below):
@@ -50,6 +54,8 @@ sb3_ppg options (the RL Zoo's train options are listed below):
   --global-n-envs        under torchrun: the config's n_envs (or -params n_envs:N) is the number of envs of all
                          ranks together, each rank running n_envs / world size (default: n_envs per rank).
   --traceback            show the full traceback of an error instead of a one-line message.
+  --num-threads N        (the zoo's option) torch's and procgen's threads; default: this process's share of the idle
+                         CPUs (OMP_NUM_THREADS, where set, is kept). See docs/command_line.md#threads.
 """
 
 
@@ -60,6 +66,45 @@ def main(argv: list[str] | None = None) -> None:
     :param argv: Command line arguments (None: ``sys.argv[1:]``)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        with command_line_threads(argv):
+            run_train_command(argv)
+    except TrainingInterrupted as interrupted:
+        # Ctrl-C: exit as an interrupted program does (128 + SIGINT), saying where the run can continue from
+        print(interrupted.describe(resume_command(argv, interrupted.run_folder)), file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
+    except KeyboardInterrupt:
+        print("Interrupted (Ctrl-C).", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT_CODE)
+
+
+def resume_command(argv: list[str], run_folder: str) -> str:
+    """
+    The command that continues a run: this one with ``--resume <run folder>`` (in place of its own ``--resume``).
+
+    :param argv: The command's arguments
+    :param run_folder: The run folder
+    :return: The command line, quoted for a POSIX shell
+    """
+    kept = []
+    index = 0
+    while index < len(argv):
+        name = argv[index].split("=", 1)[0]
+        if name == "--resume":
+            has_value = "=" in argv[index] or (index + 1 < len(argv) and not argv[index + 1].startswith("-"))
+            index += 2 if has_value and "=" not in argv[index] else 1
+            continue
+        kept.append(argv[index])
+        index += 1
+    return shlex.join(["python", "-m", "sb3_ppg.train", *kept, "--resume", run_folder])
+
+
+def run_train_command(argv: list[str]) -> None:
+    """
+    The command: the quick start, or the zoo's ``train`` with sb3_ppg's options.
+
+    :param argv: Command line arguments
+    """
     if len(argv) == 0 or "--quickstart" in argv:
         quickstart(argv)
         return

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import torch
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
@@ -42,7 +43,8 @@ class ProcgenVecEnvFactory:
     :func:`~sb3_ppg.procgen.make_procgen_env`'s chain (:func:`~sb3_ppg.procgen.wrappers.make_monitored_procgen_env`),
     the zoo adding the reward normalization (``normalize``) and the channel transpose itself. The ``VecMonitor``
     writes to the probe's monitor file (``<log dir>/0.monitor.csv``, one file for all envs) when the zoo logs the
-    training env. All games then run in one C++ env, stepped by procgen's worker threads.
+    training env. All games then run in one C++ env, stepped by procgen's worker threads, as many as torch's threads
+    (which the command line chooses: ``--num-threads``, ``OMP_NUM_THREADS`` or :mod:`sb3_ppg.common.threads`).
 
     Any other env (and a Procgen env with extra gymnasium wrappers from ``env_wrapper``) is built with the fallback
     ``VecEnv`` class, after its observation space and first observation are checked on the probe (see
@@ -106,6 +108,8 @@ class ProcgenVecEnvFactory:
         procgen_kwargs = dict(procgen_env.procgen_kwargs)
         if getattr(procgen_env, "render_mode", None) is not None:
             procgen_kwargs.setdefault("render_mode", procgen_env.render_mode)
+        # The command line's choice of threads (--num-threads, OMP_NUM_THREADS or the rule of sb3_ppg.common.threads)
+        procgen_kwargs.setdefault("num_threads", torch.get_num_threads())
         filename = None
         info_keywords: tuple[str, ...] = ()
         append = False

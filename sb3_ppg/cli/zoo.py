@@ -7,19 +7,24 @@ VecEnv (:class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`) and :class:`~sb3_ppg
 :func:`import_zoo` turns a missing zoo into a :class:`ZooNotInstalledError` with a one-line message.
 """
 
+import argparse
 import contextlib
 import functools
 import importlib
+import os
+import runpy
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import torch
 from stable_baselines3.common.vec_env import VecEnv
 from torch import nn
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.envs import register_dict_cartpole
+from sb3_ppg.common.threads import choose_torch_threads
 from sb3_ppg.ppg_mask.envs import register_invalid_action_envs
 from sb3_ppg.procgen import register_procgen_envs
 
@@ -64,6 +69,34 @@ def import_zoo() -> None:
         except ImportError as error:
             missing = error.name or module_name
             raise ZooNotInstalledError(missing_zoo_message(missing)) from error
+
+
+@contextlib.contextmanager
+def command_line_threads(argv: list[str]) -> Iterator[int]:
+    """
+    Within the context, torch uses the threads chosen for a command (``train``, ``enjoy``, the quick start), said in
+    one line (by rank 0 only under torchrun): the zoo's ``--num-threads N`` where given, else ``OMP_NUM_THREADS``
+    where set, else :func:`sb3_ppg.common.threads.default_num_threads`. Procgen's worker threads follow (see
+    :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`). On leaving it, torch has its previous number of threads
+    (for a caller of ``main()`` in its own process). ``-h`` / ``--help`` change nothing.
+
+    :param argv: The command's arguments
+    :return: The number of torch threads
+    """
+    previous = torch.get_num_threads()
+    if "-h" in argv or "--help" in argv:
+        yield previous
+        return
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--num-threads", dest="num_threads", type=int, default=None)
+    known, _ = parser.parse_known_args(argv)
+    num_threads, reason = choose_torch_threads(known.num_threads)
+    if os.environ.get("RANK", "0") == "0":
+        print(f"torch and procgen threads: {num_threads} ({reason}; --num-threads N to choose)")
+    try:
+        yield num_threads
+    finally:
+        torch.set_num_threads(previous)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -239,13 +272,14 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     :class:`sb3_ppg.cli.run_folders.RunFileLoader` (no code runs) instead of ``yaml.UnsafeLoader``, and plays
     MaskablePPG models with the masks of its env (:func:`sb3_ppg.cli.masked_play.zoo_plays_with_masks`).
 
-    :param command: ``"train"`` (``rl_zoo3.train.train``) or ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``)
+    :param command: ``"train"`` (``rl_zoo3.train.train``), ``"enjoy"`` (``rl_zoo3.enjoy.enjoy``) or ``"record_video"``
+        (the script ``rl_zoo3.record_video``, which plays as ``enjoy`` does and records a video)
     :param zoo_argv: The zoo's command line arguments (without the program name)
     :param manager_kwargs: ``train`` only: extra arguments of the experiment manager (``resume``,
         ``keep_checkpoints``, ``global_n_envs``, see :class:`sb3_ppg.cli.experiment_manager.PPGExperimentManager`)
     """
-    if command not in ("train", "enjoy"):
-        raise ValueError(f"Unknown zoo command {command!r}, expected 'train' or 'enjoy'")
+    if command not in ("train", "enjoy", "record_video"):
+        raise ValueError(f"Unknown zoo command {command!r}, expected 'train', 'enjoy' or 'record_video'")
     if manager_kwargs and command != "train":
         raise ValueError(f"{', '.join(manager_kwargs)}: options of the train command only")
     try:
@@ -255,14 +289,19 @@ def run_zoo(command: str, zoo_argv: list[str], **manager_kwargs: Any) -> None:
     from sb3_ppg.cli.masked_play import zoo_plays_with_masks
     from sb3_ppg.cli.run_folders import zoo_reads_run_files_safely
 
+    plays = command in ("enjoy", "record_video")
     saved_argv = sys.argv
-    sys.argv = [f"python -m sb3_ppg.{command}", *zoo_argv]
+    sys.argv = [f"python -m sb3_ppg.{'enjoy' if plays else command}", *zoo_argv]
     try:
         with (
             zoo_registered(**manager_kwargs),
-            zoo_reads_run_files_safely() if command == "enjoy" else contextlib.nullcontext(),
-            zoo_plays_with_masks() if command == "enjoy" else contextlib.nullcontext(),
+            zoo_reads_run_files_safely() if plays else contextlib.nullcontext(),
+            zoo_plays_with_masks() if plays else contextlib.nullcontext(),
         ):
-            getattr(importlib.import_module(f"rl_zoo3.{command}"), command)()
+            if command == "record_video":
+                # The zoo's record_video is a script (its code runs under ``if __name__ == "__main__"``)
+                runpy.run_module("rl_zoo3.record_video", run_name="__main__")
+            else:
+                getattr(importlib.import_module(f"rl_zoo3.{command}"), command)()
     finally:
         sys.argv = saved_argv

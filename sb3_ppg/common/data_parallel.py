@@ -13,7 +13,7 @@ import numpy as np
 import stable_baselines3
 import torch as th
 import torch.distributed as dist
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback, ProgressBarCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.running_mean_std import RunningMeanStd
@@ -30,6 +30,7 @@ from sb3_ppg.common.distributed import (
     get_world_size,
     merge_running_stats,
 )
+from sb3_ppg.common.progress_bar import PPGProgressBarCallback
 
 
 def _running_stats(vec_normalize: VecNormalize) -> dict[str, RunningMeanStd]:
@@ -224,12 +225,8 @@ class GlobalTimestepsCallback(BaseCallback):
         return True
 
 
-class GlobalProgressBarCallback(ProgressBarCallback):
-    """SB3's progress bar, advanced by the env steps of all ranks."""
-
-    def _on_step(self) -> bool:
-        self.pbar.update(self.training_env.num_envs * get_world_size())
-        return True
+class GlobalProgressBarCallback(PPGProgressBarCallback):
+    """PPG's progress bar on rank 0, advanced by the env steps of all ranks (as :class:`PPGProgressBarCallback`)."""
 
 
 def wrap_callback(callback: MaybeCallback, progress_bar: bool) -> CallbackList:

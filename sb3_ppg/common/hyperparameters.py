@@ -246,9 +246,11 @@ def resolve_batch_size(
             f"one sample normalize to 0), got {rollout_size}: collect more steps or pass normalize_advantage='none'."
         )
     if batch_size > rollout_size:
-        raise ValueError(
-            f"batch_size={batch_size} is larger than the rollout (n_steps * n_envs = {n_steps} * "
-            f"{n_envs} = {rollout_size}): use a batch_size <= {rollout_size}."
+        # As SB3's PPO: a warning, and the whole rollout is each epoch's one minibatch (PPG.load with fewer envs)
+        warnings.warn(
+            f"batch_size={batch_size} is larger than the rollout (n_steps * n_envs = {n_steps} * {n_envs} = "
+            f"{rollout_size}): each epoch trains on the whole rollout as one minibatch. Pass batch_size=None (8 "
+            f"minibatches per rollout, following n_envs) or a batch_size <= {rollout_size} (to PPG.load() too)."
         )
     if policy_minibatches == "envs" and batch_size % n_steps != 0:
         envs_per_minibatch = max(1, batch_size // n_steps)
@@ -268,7 +270,7 @@ def resolve_batch_size(
                 f"(n_policy_iters * n_envs = {n_policy_iters} * {n_envs} = {n_rollouts} rollouts): "
                 f"use aux_batch_rollouts <= {n_rollouts}."
             )
-    if rollout_size % batch_size != 0:
+    if rollout_size % batch_size != 0 and batch_size < rollout_size:
         if policy_minibatches == "envs":
             envs_per_minibatch = batch_size // n_steps
             warnings.warn(

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
@@ -38,7 +38,7 @@ from sb3_ppg.common.buffers import (
     env_minibatches,
     make_aux_buffer,
 )
-from sb3_ppg.common.callbacks import rollout_boundary_callbacks
+from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
@@ -52,6 +52,7 @@ from sb3_ppg.common.hyperparameters import (
 )
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
+from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.rollout_groups import overlapped_rollout
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
@@ -372,6 +373,8 @@ class PPG(OnPolicyAlgorithm):
         the next ``train()`` runs the phase again, and the error says how to resume.
         """
         assert self.aux_buffer is not None
+        n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
+        self._notify_aux_phase_callbacks("on_aux_phase_start", self.n_aux_epochs, n_batches)
         try:
             with self._precision("aux"):
                 self._compute_old_distributions()
@@ -386,6 +389,12 @@ class PPG(OnPolicyAlgorithm):
                 )
             raise
         self.aux_buffer.reset()
+        self._notify_aux_phase_callbacks("on_aux_phase_end")
+
+    def _notify_aux_phase_callbacks(self, method: str, *args: int) -> None:
+        """Call ``method`` of the :class:`~sb3_ppg.common.progress_bar.AuxPhaseCallback` s of the current ``learn()``."""
+        for callback in getattr(self, "_aux_phase_callbacks", ()):
+            getattr(callback, method)(*args)
 
     def _rerun_interrupted_aux_phase(self) -> None:
         """Run an auxiliary phase that an exception (or Ctrl-C) interrupted (the buffer is still full), from its start."""
@@ -426,7 +435,7 @@ class PPG(OnPolicyAlgorithm):
         stats = PhaseStats()
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(self.n_aux_epochs):
+        for epoch in range(self.n_aux_epochs):
             for batch_index, batch in enumerate(self.aux_buffer.get(self.aux_batch_rollouts)):
                 # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
                 group_start = batch_index - batch_index % accum
@@ -438,6 +447,7 @@ class PPG(OnPolicyAlgorithm):
                 if batch_index - group_start == group_size - 1:
                     self._step(optimizer, "auxiliary")
                     self._n_aux_updates += 1
+                self._notify_aux_phase_callbacks("on_aux_minibatch", epoch + 1, batch_index + 1)
         self._n_aux_phases += 1
         values = stats.read()
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
@@ -680,10 +690,19 @@ class PPG(OnPolicyAlgorithm):
         return self.num_timesteps + n_rollouts * self.n_steps * self.n_envs * distributed.get_world_size()
 
     def _init_callback(self, callback: MaybeCallback, progress_bar: bool = False) -> BaseCallback:
-        """SB3's; in data-parallel training with the callbacks that count every rank's steps."""
+        """
+        SB3's, with PPG's progress bar (:class:`~sb3_ppg.common.progress_bar.PPGProgressBarCallback`, which shows the
+        auxiliary phases); in data-parallel training with the callbacks that count every rank's steps.
+        """
         if distributed.is_active():
             return super()._init_callback(data_parallel.wrap_callback(callback, progress_bar))
-        return super()._init_callback(callback, progress_bar)
+        if progress_bar:
+            if isinstance(callback, list):
+                callback = CallbackList(callback)
+            elif not isinstance(callback, BaseCallback):
+                callback = ConvertCallback(callback)
+            callback = CallbackList([callback, PPGProgressBarCallback()])
+        return super()._init_callback(callback)
 
     def set_random_seed(self, seed: int | None = None) -> None:
         """Seed the generators; in data-parallel training rank ``r`` uses ``seed + r * n_envs`` (distinct env seeds)."""
@@ -700,6 +719,8 @@ class PPG(OnPolicyAlgorithm):
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
+        # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
+        self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
         self._at_rollout_boundary = False  # until train() has consumed this rollout
         with overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde):
             if not distributed.is_active():
@@ -885,6 +906,7 @@ class PPG(OnPolicyAlgorithm):
             "_data_parallel_stats",
             "_at_rollout_boundary",
             "_aux_buffer_storage",
+            "_aux_phase_callbacks",
         ]
         return [*super()._excluded_save_params(), *excluded]
 

@@ -11,6 +11,7 @@ import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
+from sb3_ppg.common.threads import default_num_threads
 from sb3_ppg.procgen.games import (
     MAX_INT32,
     PROCGEN_N_ACTIONS,
@@ -35,7 +36,8 @@ class ProcgenVecEnv(VecEnv):
     :param num_levels: Number of unique levels to sample from (0: unlimited)
     :param start_level: Seed of the first level of the range
     :param rand_seed: Seed of the level sampler (any integer, mapped with :func:`procgen_seed`); ``None``: random
-    :param num_threads: Number of procgen worker threads
+    :param num_threads: Number of procgen worker threads (0: step in the calling thread); ``None``: this process's
+        share of the idle CPUs (:func:`sb3_ppg.common.threads.default_num_threads`)
     :param render_mode: ``None`` or ``"rgb_array"`` (512x512 frames, drawn on demand)
     :param channels_first: Observations of shape ``(3, 64, 64)`` instead of ``(64, 64, 3)``
     :param procgen_kwargs: Other procgen options (``center_agent``, ``use_backgrounds``, ...: see docs/procgen.md)
@@ -49,7 +51,7 @@ class ProcgenVecEnv(VecEnv):
         num_levels: int = 0,
         start_level: int = 0,
         rand_seed: int | None = None,
-        num_threads: int = 2,
+        num_threads: int | None = None,
         render_mode: str | None = None,
         channels_first: bool = False,
         **procgen_kwargs: Any,
@@ -60,6 +62,8 @@ class ProcgenVecEnv(VecEnv):
             {"seed": "pass the seed of the level sampler as rand_seed", "num": "pass the number of games as num_envs"},
         )
         num_envs = check_int("num_envs", num_envs, 1)
+        if num_threads is None:
+            num_threads = default_num_threads()
         self.num_threads = check_int("num_threads", num_threads, 0, 1024)
         check_render_mode(render_mode)
         self.env_name = env_name

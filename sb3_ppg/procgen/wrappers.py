@@ -106,7 +106,7 @@ def make_procgen_env(
     reward_gamma: float | None = None,
     clip_reward: float | None = None,
     training: bool = True,
-    num_threads: int = 2,
+    num_threads: int | None = None,
     render_mode: str | None = None,
     monitor_filename: str | None = None,
     monitor_info_keywords: tuple[str, ...] = (),
@@ -130,7 +130,8 @@ def make_procgen_env(
     :param reward_gamma: Discount of the running return used to scale the rewards (default: the preset's, else 0.999)
     :param clip_reward: Normalized rewards are clipped to ``[-clip_reward, clip_reward]`` (default 10)
     :param training: ``False`` for an evaluation env (frozen statistics, raw rewards)
-    :param num_threads: Number of procgen worker threads
+    :param num_threads: Number of procgen worker threads; ``None``: this process's share of the idle CPUs
+        (:func:`sb3_ppg.common.threads.default_num_threads`)
     :param render_mode: ``"rgb_array"`` for videos (``VecVideoRecorder``)
     :param monitor_filename: Path of the ``VecMonitor`` CSV log (``.monitor.csv`` is appended unless present; its
         folder is created; ``None``: no file)

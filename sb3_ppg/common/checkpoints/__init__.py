@@ -7,7 +7,7 @@ The rest of the package imports from here, never from the modules.
 from sb3_ppg.common.checkpoints.callback import PPGCheckpointCallback
 from sb3_ppg.common.checkpoints.checkpoint import find_checkpoint, load_checkpoint, write_checkpoint
 from sb3_ppg.common.checkpoints.lock import lock_folder
-from sb3_ppg.common.checkpoints.manifest import MANIFEST, CheckpointDamagedError, rank_folder
+from sb3_ppg.common.checkpoints.manifest import MANIFEST, CheckpointDamagedError, complete_checkpoints, rank_folder
 from sb3_ppg.common.checkpoints.run_state import ResumableModel, RunState, read_monitor_log_sizes
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "PPGCheckpointCallback",
     "ResumableModel",
     "RunState",
+    "complete_checkpoints",
     "find_checkpoint",
     "load_checkpoint",
     "lock_folder",
