@@ -37,26 +37,15 @@ class Curve:
 
 
 def _experiment_name(run_dir: Path) -> str:
-    """
-    Name of the experiment a run folder belongs to: its folder name without the RL Zoo run id suffix
-    (``procgen-coinrun-v0_3`` -> ``procgen-coinrun-v0``).
-
-    :param run_dir: Run folder
-    :return: Experiment name
-    """
+    """A run folder's name without the RL Zoo run id suffix (``procgen-coinrun-v0_3`` -> ``procgen-coinrun-v0``)."""
     name = run_dir.resolve().name
     return re.sub(r"_\d+$", "", name)
 
 
 def read_monitor_file(path: str | Path) -> pd.DataFrame:
     """
-    Read one SB3 monitor file (``Monitor`` or ``VecMonitor`` output). An unfinished last line (the episode being
-    written, or one a kill cut short) is left out.
-
-    :param path: Path of a ``*monitor.csv`` file
-    :return: Data frame with columns ``r`` (return), ``l`` (length) and ``t`` (wall time since the epoch, in seconds)
-    :raises ValueError: When the file is not a monitor file or one of its lines is not an episode, naming the file
-        and the line
+    Read one SB3 monitor file into columns ``r``, ``l`` and ``t``, an unfinished last line left out (a ``ValueError``
+    names a line that is not an episode).
     """
 
     def damaged(line: int, reason: str) -> ValueError:
@@ -108,13 +97,8 @@ def text_lines_before(path: str | Path, offset: int) -> int:
 
 def monitor_curve(files: list[Path], name: str) -> Curve | None:
     """
-    Build a training curve from the monitor files of one run: episodes are ordered by wall time and the x value
-    of an episode is the total number of environment steps of all episodes finished so far
-    (as ``stable_baselines3.common.results_plotter`` does).
-
-    :param files: Monitor files of one run (one per env with ``Monitor``, one per vec env with ``VecMonitor``)
-    :param name: Experiment name
-    :return: The curve, or None when no episode was completed
+    A run's training curve from its monitor files: episodes in wall-time order, x the total steps of the episodes
+    finished so far (as SB3's ``results_plotter``); None without episodes.
     """
     frames = [read_monitor_file(path) for path in files]
     frames = [frame for frame in frames if len(frame) > 0]
@@ -126,13 +110,7 @@ def monitor_curve(files: list[Path], name: str) -> Curve | None:
 
 
 def evaluation_curve(path: Path, name: str) -> Curve | None:
-    """
-    Build an evaluation curve from an ``EvalCallback`` log (``evaluations.npz``).
-
-    :param path: Path of the ``evaluations.npz`` file
-    :param name: Experiment name
-    :return: The curve (mean return over the evaluation episodes), or None when it holds no evaluation
-    """
+    """A run's evaluation curve (mean return) from its ``evaluations.npz``; None without evaluations."""
     with np.load(path) as data:
         timesteps = np.asarray(data["timesteps"], dtype=np.float64)
         results = np.asarray(data["results"], dtype=np.float64)
@@ -142,13 +120,7 @@ def evaluation_curve(path: Path, name: str) -> Curve | None:
 
 
 def _run_dirs(root: Path, curve_type: str) -> list[Path]:
-    """
-    Folders under ``root`` (``root`` included) that hold the files of one run.
-
-    :param root: Folder to search
-    :param curve_type: ``"train"`` (monitor files) or ``"eval"`` (``evaluations.npz``)
-    :return: Sorted list of run folders
-    """
+    """Sorted folders under ``root`` (included) that hold a run's files (monitor files, or evaluations)."""
     found = []
     for dir_path, _, file_names in os.walk(root):
         if curve_type == "train" and any(file_name.endswith(MONITOR_SUFFIX) for file_name in file_names):
@@ -160,12 +132,9 @@ def _run_dirs(root: Path, curve_type: str) -> list[Path]:
 
 def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
     """
-    Load one curve per run found in ``paths``.
+    Load one curve per run found in ``paths`` (runs without data are skipped with a message).
 
-    :param paths: Run folders, folders to search recursively, monitor files or ``evaluations.npz`` files
-    :param curve_type: ``"train"``: training episodes from the monitor files;
-        ``"eval"``: evaluation returns from ``evaluations.npz``
-    :return: The curves (runs without any finished episode / evaluation are skipped with a message)
+    :param curve_type: ``"train"`` (monitor files) or ``"eval"`` (``evaluations.npz``)
     """
     if curve_type not in ("train", "eval"):
         raise ValueError(f"Unknown curve type {curve_type!r}, expected 'train' or 'eval'")
@@ -204,13 +173,7 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
 
 
 def nothing_to_plot_message(paths: list[str], curve_type: str) -> str:
-    """
-    Why ``paths`` hold no curve of the requested type, and what to do about it.
-
-    :param paths: The paths given to :func:`load_curves`, which found no curve in them
-    :param curve_type: ``"train"`` or ``"eval"``
-    :return: The message
-    """
+    """Why ``paths`` hold no curve of the requested type, and what to do about it."""
     folders = [Path(path) for path in paths if Path(path).is_dir()]
     if curve_type == "eval":
         if any(_run_dirs(folder, "eval") for folder in folders):
@@ -233,13 +196,7 @@ def nothing_to_plot_message(paths: list[str], curve_type: str) -> str:
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
-    """
-    Trailing moving average (the first entries average over the values available so far).
-
-    :param values: 1D array
-    :param window: Number of entries to average; 0 or 1 leaves the values unchanged
-    :return: Smoothed values, same shape
-    """
+    """Trailing moving average over ``window`` entries (fewer at the start; 0 or 1: unchanged)."""
     if window <= 1 or len(values) == 0:
         return values
     return pd.Series(values).rolling(window, min_periods=1).mean().to_numpy()
@@ -249,13 +206,10 @@ def aggregate(
     curves: list[tuple[np.ndarray, np.ndarray]], band: str = "minmax", n_points: int = 300
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """
-    Aggregate the curves of several seeds on a common grid (linear interpolation over the range all seeds cover).
+    Aggregate the curves of several seeds on a common grid over the range all cover: ``(steps, mean, low, high)``.
 
-    :param curves: ``(steps, returns)`` pairs, one per seed
-    :param band: ``"minmax"``: band from the minimum to the maximum over seeds;
-        ``"std"``: mean minus / plus one (population) standard deviation over seeds
+    :param band: ``"minmax"`` (minimum to maximum over seeds) or ``"std"`` (mean -/+ one population std)
     :param n_points: Number of grid points (a single seed keeps its own x values)
-    :return: ``(steps, mean, low, high)``
     """
     if band not in ("minmax", "std"):
         raise ValueError(f"Unknown band {band!r}, expected 'minmax' or 'std'")
@@ -277,12 +231,7 @@ def aggregate(
 
 
 def detect_game(names: list[str]) -> str | None:
-    """
-    Find the Procgen game in experiment names such as ``procgen-coinrun-v0`` (RL Zoo folder of ``procgen/coinrun-v0``).
-
-    :param names: Experiment names
-    :return: The game name, or None if no name (or more than one game) matches
-    """
+    """The Procgen game of experiment names such as ``procgen-coinrun-v0``, or None (none, or several)."""
     from sb3_ppg.procgen import PROCGEN_GAMES
 
     games = set()
@@ -295,12 +244,8 @@ def detect_game(names: list[str]) -> str | None:
 
 def load_paper_curves(game: str, experiment: str) -> list[tuple[np.ndarray, np.ndarray]]:
     """
-    Published learning curves of the original PPG code for one Procgen game (hard mode, 3 seeds),
-    shipped in ``sb3_ppg/cli/data/openai_ppg``.
-
-    :param game: Procgen game name, e.g. ``"coinrun"``
-    :param experiment: ``"ppg"`` (PPG, dual networks) or ``"ppo"`` (the paper's PPO baseline)
-    :return: One ``(steps, returns)`` pair per seed
+    Published learning curves of the original PPG code for one Procgen game (hard mode, 3 seeds), one ``(steps,
+    returns)`` pair per seed; ``experiment``: ``"ppg"`` or ``"ppo"``.
     """
     from sb3_ppg.procgen import PROCGEN_GAMES
 
@@ -315,13 +260,7 @@ def load_paper_curves(game: str, experiment: str) -> list[tuple[np.ndarray, np.n
 
 
 def run_distribution_modes(paths: list[str]) -> dict[str, str]:
-    """
-    The Procgen ``distribution_mode`` each command line run under ``paths`` trained in, from its ``config.yml``
-    (``env_kwargs``; procgen's default, ``"hard"``, where it sets none). Runs without a ``config.yml`` are left out.
-
-    :param paths: Run folders, folders to search recursively, or files inside run folders
-    :return: ``{run folder: mode}``
-    """
+    """The Procgen ``distribution_mode`` each command line run under ``paths`` trained in (from its ``config.yml``)."""
     modes = {}
     for path_str in paths:
         path = Path(path_str)

@@ -1,26 +1,7 @@
 """
 The RL Zoo's ``ExperimentManager`` adjusted for PPG (:class:`PPGExperimentManager`): what ``python -m sb3_ppg.train``
-runs. This module imports ``rl_zoo3``; :mod:`sb3_ppg.cli.zoo` imports it only once the zoo is known to be installed.
-
-On top of the zoo's behaviour:
-
-- Procgen envs run on the native ``ProcgenVecEnv`` and are evaluated with sampled actions, as in the paper;
-- ``--save-freq N`` writes :class:`~sb3_ppg.PPGCheckpointCallback` checkpoints (model, auxiliary buffer, run state)
-  into ``<run folder>/checkpoints/`` instead of bare model zips, and evaluations use
-  :class:`~sb3_ppg.PPGEvalCallback`, which leaves training's random generators alone;
-- ``--resume`` continues a run from its newest checkpoint, in its own run folder: the same parameters, bit for bit
-  on CPU, as if the run had never stopped, with its episode log, evaluation log and TensorBoard run continued. The
-  run keeps the hyperparameters and env settings it started with (its ``config.yml`` and ``args.yml``, read with
-  :class:`~sb3_ppg.cli.run_folders.RunFileLoader`, no code runs): a command that changes one of them (``-params``,
-  ``--env-kwargs``, ``--env``) is refused with a message naming them, and a checkpoint written from Python (not in a
-  run folder of the command line) is refused too, since the command line writes only into its own run folders;
-- the files written over a good previous version at each evaluation and at the end of a run (``evaluations.npz``,
-  ``vecnormalize.pkl``; the model zips through ``PPG.save``) are written to a temporary file renamed into place;
-- under torchrun (data-parallel PPG, see docs/scaling_out.md) the job has one run folder, chosen by rank 0: rank 0
-  writes the usual files, rank ``r > 0`` its episode log into ``<run folder>/rank_<r>/``, every rank its part of the
-  checkpoints; rank 0 alone evaluates (the other ranks wait for it without the training timeout); ``--eval-freq`` and
-  ``--save-freq`` count the env steps of all ranks, as ``-n`` does; with ``global_n_envs``, ``n_envs`` is the total
-  over the ranks.
+runs (native Procgen envs, PPG's checkpoints and evaluations, ``--resume``, atomic writes, torchrun; see
+docs/command_line.md). This module imports ``rl_zoo3``; :mod:`sb3_ppg.cli.zoo` imports it only once it is installed.
 """
 
 import copy
@@ -76,20 +57,11 @@ EVALUATION_TIMEOUT = datetime.timedelta(days=1)
 
 def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
     """
-    The run folder and the checkpoint that ``--resume <path>`` names. The run's checkpoints folder is locked first
-    (see :func:`~sb3_ppg.common.checkpoints.lock.lock_folder`): nothing changes it while it is read, and a
-    second job resuming the same run stops here. The checkpoint is verified completely (every file against the
-    manifest, every stored rollout read); given a run or checkpoints folder, damaged checkpoints are skipped with a
-    warning naming them, so that a requeued job continues from the newest checkpoint that verifies instead of failing
-    on every start.
+    The run folder and the checkpoint that ``--resume <path>`` names, the run's checkpoints folder locked first and the
+    checkpoint verified completely (damaged ones skipped with a warning; see docs/command_line.md).
 
-    :param path: A checkpoint folder (``<run>/checkpoints/ppg_<steps>_steps``), a run's ``checkpoints`` folder, or a
-        run folder (``<log folder>/ppg/<env>_<id>``)
+    :param path: A checkpoint folder, a run's ``checkpoints`` folder, or a run folder
     :return: (run folder, the newest complete checkpoint that verifies, or None when the run has none yet)
-    :raises FileNotFoundError: when ``path`` is none of these
-    :raises RuntimeError: when another run is writing into the run's checkpoints folder
-    :raises ValueError: when the checkpoint ``path`` is damaged (naming the newest older one that verifies), or no
-        checkpoint of the run verifies
     """
     folder = pathlib.Path(path)
     if (folder / MANIFEST).is_file():
@@ -145,13 +117,7 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def changed_settings(given: dict[str, Any], used: dict[str, Any]) -> list[str]:
-    """
-    The settings a resumed command gives that differ from those its run used.
-
-    :param given: The command's settings (``-params`` or ``--env-kwargs``)
-    :param used: The run's
-    :return: ``"<key> (run: <value>, command: <value>)"`` for each differing key
-    """
+    """The settings a resumed command gives that differ from its run's, as ``<key> (run: ..., command: ...)``."""
     return [
         f"{key} (run: {used[key]!r}, command: {value!r})" if key in used else f"{key} (run: not set, command: {value!r})"
         for key, value in given.items()
@@ -160,12 +126,7 @@ def changed_settings(given: dict[str, Any], used: dict[str, Any]) -> list[str]:
 
 
 def save_vec_normalize(vec_normalize: Any, path: str) -> None:
-    """
-    ``VecNormalize.save`` (the same pickle), written to a temporary file renamed over ``path``.
-
-    :param vec_normalize: The ``VecNormalize`` wrapper
-    :param path: The file
-    """
+    """``VecNormalize.save`` (the same pickle), written to a temporary file renamed over ``path``."""
     atomic_write(path, lambda file: pickle.dump(vec_normalize, file))
 
 
@@ -188,10 +149,8 @@ class AtomicSaveVecNormalizeCallback(SaveVecNormalizeCallback):
 
 class WaitForEvaluation(BaseCallback):
     """
-    Under torchrun, at every evaluation step (every ``eval_freq`` calls, as :class:`~sb3_ppg.PPGEvalCallback`),
-    every rank waits until rank 0 has evaluated, in a process group of its own whose timeout is
-    ``EVALUATION_TIMEOUT`` (the training collectives would otherwise wait for rank 0 within the training timeout).
-    Given to every rank, after rank 0's evaluation callback.
+    Under torchrun, every rank waits at each evaluation step until rank 0 has evaluated, in a process group of its own
+    with ``EVALUATION_TIMEOUT``.
 
     :param eval_freq: Evaluation frequency, in calls to ``env.step()``
     :param group: A process group of all ranks (``sb3_ppg.common.distributed.new_gloo_group``)
@@ -216,17 +175,10 @@ class PPGExperimentManager(ExperimentManager):
     The zoo's ``ExperimentManager`` (same arguments, plus the three below) with PPG's adjustments (see the module
     docstring).
 
-    :param resume: ``None`` (a new run), ``"latest"`` (the latest run of this algorithm and env in the log folder) or
-        the path of a run folder, checkpoints folder or checkpoint. The run continues from its newest complete
-        checkpoint, in its run folder, up to the same total number of timesteps (``-n`` or the config's
-        ``n_timesteps``). A run folder without a checkpoint yet (the job stopped before the first one) starts over
-        in that folder; ``"latest"`` with no run at all starts a new one, so that a requeued job can always pass
-        ``--resume``. A run resumed from a checkpoint keeps its hyperparameters and env settings (its ``config.yml``
-        and ``args.yml``): the command's ``-params`` and ``--env-kwargs`` must agree with them, and its ``--env`` must
-        be the run's.
+    :param resume: ``None`` (a new run), ``"latest"`` or the path of a run folder, checkpoints folder or checkpoint: the
+        run continues from its newest complete checkpoint, with its own settings (see docs/command_line.md)
     :param keep_checkpoints: Number of complete checkpoints kept (``None``: all)
-    :param global_n_envs: Whether the config's ``n_envs`` is the total over the ranks of a torchrun job (each rank
-        runs ``n_envs / world_size`` envs) instead of the number of envs of each rank
+    :param global_n_envs: Whether the config's ``n_envs`` is the total over the ranks of a torchrun job
     """
 
     def __init__(
@@ -301,17 +253,10 @@ class PPGExperimentManager(ExperimentManager):
 
     def _check_resumed_run(self, resume: str, run_folder: pathlib.Path, checkpoint: pathlib.Path | None) -> ResumedRun | None:
         """
-        Check that the command continues the run it names, as the run started: a run of the command line (its
-        ``args.yml``) of the same ``--env``, and, when it resumes from a checkpoint, with the same ``-params`` and
-        ``--env-kwargs`` as far as the command gives them (a requeued job repeats the same command; what the
-        command leaves out is taken from the run, ``-n`` included, and a hyperparameter file changed since the run
-        started is not read). A different ``-n`` is allowed: the run then continues to that total.
+        Check that the command continues the run it names, as it started: the same ``--env``, and the same ``-params`` and
+        ``--env-kwargs`` as far as the command gives them (``-n`` may change).
 
-        :param resume: The ``--resume`` argument (for the messages)
-        :param run_folder: The run folder
-        :param checkpoint: The checkpoint to resume from (None: the run starts over)
         :return: What the run used (None when it starts over)
-        :raises ValueError: when the command would not continue the run it names
         """
         option = "--resume" if resume == RESUME_LATEST else f"--resume {resume}"
         gym_id = self.env_name.gym_id
@@ -410,10 +355,8 @@ class PPGExperimentManager(ExperimentManager):
 
     def read_hyperparameters(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """
-        The zoo's, with ``--env-kwargs`` set over the file's ``env_kwargs`` (the zoo replaced them: ``--preset easy
-        --env-kwargs num_levels:200`` lost the preset's ``distribution_mode: easy`` and trained in procgen's default
-        hard mode). A run resumed from a checkpoint reads its own ``config.yml`` instead (the hyperparameter file may
-        have changed since the run started; the command's ``-params`` were checked against the run's).
+        The zoo's, with ``--env-kwargs`` set over the file's ``env_kwargs`` instead of replacing them; a run resumed from a
+        checkpoint reads its own ``config.yml``.
         """
         if self.resumed_run is None:
             command_env_kwargs, self.env_kwargs = self.env_kwargs, {}
@@ -478,12 +421,8 @@ class PPGExperimentManager(ExperimentManager):
 
     def save_trained_model(self, model: BaseAlgorithm) -> None:
         """
-        The zoo's, with ``vecnormalize.pkl`` written to a temporary file renamed over the previous one (a kill or a
-        full disk leaves the old file or the new one, never a truncated one; ``PPG.save`` writes the model zip so);
-        under torchrun, on rank 0 only (the ranks hold the same model and VecNormalize statistics). A resumed run that
-        was already complete saves nothing (nothing was trained). After Ctrl-C, the model is saved as
-        ``<env>_interrupted.zip`` (not as the final model) and :class:`~sb3_ppg.cli.run_folders.TrainingInterrupted`
-        is raised, which says where the run can continue from.
+        The zoo's, ``vecnormalize.pkl`` written atomically, on rank 0 only; nothing for a resumed run already complete.
+        After Ctrl-C, ``<env>_interrupted.zip`` and :class:`~sb3_ppg.cli.run_folders.TrainingInterrupted`.
         """
         if self.already_complete:
             return
