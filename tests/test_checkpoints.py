@@ -13,11 +13,13 @@ import warnings
 
 import numpy as np
 import pytest
+import torch as th
 from helpers import assert_identical, parameters
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
 
 from sb3_ppg import PPG, PPGCheckpointCallback
+from sb3_ppg.common.checkpoints import read_torch_threads
 
 # Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
 # that learn() then trains as plain PPO is meant
@@ -217,6 +219,27 @@ def test_unsaveable_env_states_warn(tmp_path, make_model):
     resumed.learn(ITERATION, reset_num_timesteps=False)
     assert resumed.num_timesteps == 3 * ITERATION and resumed.n_aux_phases == 1
     env.close()
+
+
+def test_checkpoint_records_torch_threads(tmp_path, make_model):
+    """torch's CPU kernels round differently with another number of threads: a checkpoint records its count, and
+    load_checkpoint warns (changing nothing) when torch now uses another."""
+    previous = th.get_num_threads()
+    try:
+        th.set_num_threads(2)
+        model = make_model(make_env(), **RUN)
+        model.learn(ITERATION, callback=PPGCheckpointCallback(N_STEPS, str(tmp_path), name_prefix="ppg"))
+        assert read_torch_threads(checkpoint_dir(tmp_path, ITERATION)) == 2
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*torch threads")
+            PPG.load_checkpoint(tmp_path, env=make_env(), device="cpu")
+        th.set_num_threads(1)
+        message = r"written with 2 torch threads and torch now uses 1: .*torch.set_num_threads\(2\)"
+        with pytest.warns(UserWarning, match=message):
+            PPG.load_checkpoint(tmp_path, env=make_env(), device="cpu")
+        assert th.get_num_threads() == 1
+    finally:
+        th.set_num_threads(previous)
 
 
 def run_child(folder: pathlib.Path, kill_at: str = "", kill_after: float | None = None) -> int:

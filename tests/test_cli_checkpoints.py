@@ -307,6 +307,32 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path, capsys):
     assert PPG.load(run / "CartPole-v1.zip").num_timesteps == 128
 
 
+def test_resume_takes_the_runs_torch_threads(tmp_path: Path, monkeypatch, capsys):
+    """torch's CPU kernels round differently with another number of threads: --resume without --num-threads (nor
+    OMP_NUM_THREADS) uses the count the checkpoint was written with; an explicit other count warns."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    tiny = [*CARTPOLE[: CARTPOLE.index("-n")], "-n", "512", *CARTPOLE[CARTPOLE.index("-n") + 2 :]]
+    previous = th.get_num_threads()
+    train.main([*tiny, "-f", str(tmp_path / "a"), "--num-threads", "2"])
+    run_a = tmp_path / "a" / "ppg" / "CartPole-v1_1"
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    run_b = tmp_path / "b" / "ppg" / "CartPole-v1_1"
+    shutil.rmtree(run_b / "checkpoints" / "ppg_512_steps")
+    (run_b / "CartPole-v1.zip").unlink()
+    capsys.readouterr()
+    train.main([*tiny, "-f", str(tmp_path / "b"), "--resume"])
+    assert "torch and procgen threads: 2 (the run's own, for an exact resume)" in capsys.readouterr().out
+    assert th.get_num_threads() == previous
+    assert_same_run(run_a, run_b, "CartPole-v1")
+    # An explicit choice wins, and the warning says what it costs
+    (run_b / "CartPole-v1.zip").unlink()
+    shutil.rmtree(run_b / "checkpoints" / "ppg_512_steps")
+    with pytest.warns(UserWarning, match="written with 2 torch threads and torch now uses 1"):
+        train.main([*tiny, "-f", str(tmp_path / "b"), "--resume", "--num-threads", "1"])
+    assert "the run's own" not in capsys.readouterr().out
+
+
 def test_keep_checkpoints(tmp_path: Path):
     train.main([*CARTPOLE, "-f", str(tmp_path), "--keep-checkpoints", "2"])
     names = sorted(path.name for path in (tmp_path / "ppg" / "CartPole-v1_1" / "checkpoints").iterdir())

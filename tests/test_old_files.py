@@ -10,6 +10,7 @@ import hashlib
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,16 @@ def test_old_model_zip_predicts_as_recorded(name, old_paths):
 def test_old_checkpoint_resumes_with_its_run_state(tmp_path):
     expected = EXPECTED["checkpoint"]
     shutil.copytree(DATA / "checkpoints", tmp_path / "checkpoints")
-    model = PPG.load_checkpoint(tmp_path / "checkpoints", env=make_vec_env("CartPole-v1", n_envs=2, seed=0), device="cpu")
+    previous = th.get_num_threads()
+    try:
+        th.set_num_threads(previous + 1)  # its torch threads are not recorded: unknown, no warning
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*torch threads")
+            model = PPG.load_checkpoint(
+                tmp_path / "checkpoints", env=make_vec_env("CartPole-v1", n_envs=2, seed=0), device="cpu"
+            )
+    finally:
+        th.set_num_threads(previous)
     # What the checkpoint's run state holds, read as the code that wrote it read it
     assert hashlib.sha256(th.get_rng_state().numpy().tobytes()).hexdigest() == expected["torch_rng_sha256"]
     assert int(np.random.get_state()[2]) == expected["numpy_rng_pos"]

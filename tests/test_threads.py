@@ -89,6 +89,17 @@ def test_command_line_threads(machine, capsys):
     assert torch.get_num_threads() == previous
 
 
+def test_threads_for_resume(machine, monkeypatch):
+    """--resume: the run's own threads (exact), unless the user chose (--num-threads, OMP_NUM_THREADS) or unknown."""
+    machine(16, 16, 0.0)
+    assert threads.threads_for_resume(3) == 3
+    assert threads.threads_for_resume(3, -1) == 3  # the zoo's --num-threads default
+    assert threads.threads_for_resume(3, 2) is None
+    assert threads.threads_for_resume(None) is None  # a checkpoint of an earlier version
+    monkeypatch.setenv("MKL_NUM_THREADS", "4")
+    assert threads.threads_for_resume(3) is None
+
+
 def test_procgen_threads(machine):
     """ProcgenVecEnv / make_procgen_env: num_threads=None is the rule; the command line's envs take torch's threads."""
     from sb3_ppg.procgen import ProcgenVecEnv, make_procgen_env

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from pprint import pprint
 from typing import Any, NamedTuple
 
+import torch
 from rl_zoo3.callbacks import SaveVecNormalizeCallback
 from rl_zoo3.exp_manager import ExperimentManager
 from rl_zoo3.utils import get_latest_run_id
@@ -45,10 +46,12 @@ from sb3_ppg.common.checkpoints import (
     lock_folder,
     rank_folder,
     read_monitor_log_sizes,
+    read_torch_threads,
 )
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.progress_bar import PPGProgressBarCallback
+from sb3_ppg.common.threads import threads_for_resume
 from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
 
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
@@ -343,6 +346,10 @@ class PPGExperimentManager(ExperimentManager):
             if self._eval_env_kwargs_args is None:
                 self._eval_env_kwargs_args = resumed_run.args.get("eval_env_kwargs")
         self.resume_checkpoint = checkpoint
+        num_threads = threads_for_resume(read_torch_threads(checkpoint), getattr(self.args, "num_threads", None))
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)  # command_line_threads puts torch's back afterwards
+            print(f"torch and procgen threads: {num_threads} (the run's own, for an exact resume)")
         # The zoo then loads the model instead of creating one (see _load_pretrained_agent)
         self.continue_training = True
         self.trained_agent = str(checkpoint / "model.zip")

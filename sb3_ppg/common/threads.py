@@ -91,6 +91,18 @@ def choose_torch_threads(num_threads: int | None = None) -> tuple[int, str]:
     return torch.get_num_threads(), reason
 
 
+def threads_for_resume(recorded: int | None, num_threads: int | None = None) -> int | None:
+    """
+    The torch threads for the command line's ``--resume``: the run's own, for an exact resume, unless the user chose.
+
+    :param recorded: The threads the checkpoint was written with (None: unknown)
+    :param num_threads: The user's ``--num-threads`` (None or <= 0: none)
+    :return: The number of threads to set, or None to keep torch's
+    """
+    chosen = (num_threads is not None and num_threads > 0) or user_set_torch_threads()
+    return None if chosen or recorded is None or recorded < 1 else recorded
+
+
 def describe_default() -> str:
     """
     :return: What :func:`default_num_threads` was chosen from, in words

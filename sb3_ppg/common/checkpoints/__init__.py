@@ -8,7 +8,7 @@ from sb3_ppg.common.checkpoints.callback import PPGCheckpointCallback
 from sb3_ppg.common.checkpoints.checkpoint import find_checkpoint, load_checkpoint, write_checkpoint
 from sb3_ppg.common.checkpoints.lock import lock_folder
 from sb3_ppg.common.checkpoints.manifest import MANIFEST, CheckpointDamagedError, complete_checkpoints, rank_folder
-from sb3_ppg.common.checkpoints.run_state import ResumableModel, RunState, read_monitor_log_sizes
+from sb3_ppg.common.checkpoints.run_state import ResumableModel, RunState, read_monitor_log_sizes, read_torch_threads
 
 __all__ = [
     "MANIFEST",
@@ -22,5 +22,6 @@ __all__ = [
     "lock_folder",
     "rank_folder",
     "read_monitor_log_sizes",
+    "read_torch_threads",
     "write_checkpoint",
 ]

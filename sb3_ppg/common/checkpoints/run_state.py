@@ -141,6 +141,7 @@ def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: 
         arrays.update(env_arrays)
         metadata["monitor_log_sizes"] = monitor_log_sizes(model.env)
     metadata["n_envs"] = model.n_envs
+    metadata["torch_num_threads"] = th.get_num_threads()  # CPU kernels round differently with another count
     # What load_checkpoint(..., allow_pickle=False) gives load() in place of the zip's pickled objects
     metadata["model_objects"] = describe_model_objects(model)
     write_array_file(folder / "run_state.npz", arrays, json.loads(json.dumps(metadata, default=_json_value)))
@@ -184,6 +185,7 @@ def restore_run_state(
     elif model.env is None:
         state.last_obs = None
     model.set_run_state(state)
+    warn_other_threads(model, metadata.get("torch_num_threads"))
 
     np_state = metadata["numpy_rng"]
     np.random.set_state((np_state["name"], arrays["numpy_rng_keys"], np_state["pos"], np_state["has_gauss"],
@@ -196,10 +198,34 @@ def restore_run_state(
         th.cuda.set_rng_state_all([th.from_numpy(cuda_state.copy()) for cuda_state in cuda_states])
 
 
-def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:
-    """The sizes of the run's episode logs when a checkpoint was written (a resumed run cuts them there)."""
+def warn_other_threads(model: ResumableModel, recorded: int | None) -> None:
+    """Warn when a CPU model resumes with other torch threads than its checkpoint was written with (None: unknown)."""
+    current = th.get_num_threads()
+    if recorded is None or recorded == current or th.device(getattr(model, "device", "cpu")).type != "cpu":
+        return
+    warnings.warn(
+        f"The checkpoint was written with {recorded} torch threads and torch now uses {current}: torch's CPU kernels "
+        "round differently with another number of threads, so the resumed run matches the uninterrupted one to float "
+        f"rounding, not bit for bit. For an exact resume, call torch.set_num_threads({recorded}) before loading "
+        f"(command line: --num-threads {recorded}).",
+        stacklevel=2,
+    )
+
+
+def _rank_run_state(directory: pathlib.Path) -> dict[str, Any]:
     path = directory / "run_state.npz"
     if not path.is_file():
         path = directory / rank_folder(distributed.get_rank()) / "run_state.npz"
     metadata, _ = read_array_file(path, RUN_STATE_FORMAT)
+    return metadata
+
+
+def read_torch_threads(directory: pathlib.Path) -> int | None:
+    """The torch threads this process's part of a checkpoint was written with (None: not recorded)."""
+    return _rank_run_state(directory).get("torch_num_threads")
+
+
+def read_monitor_log_sizes(directory: pathlib.Path) -> dict[str, int]:
+    """The sizes of the run's episode logs when a checkpoint was written (a resumed run cuts them there)."""
+    metadata = _rank_run_state(directory)
     return {str(name): int(size) for name, size in metadata.get("monitor_log_sizes", {}).items()}
