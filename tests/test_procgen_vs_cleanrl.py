@@ -4,6 +4,7 @@ plot with bootstrap bands, end to end at a tiny budget. CleanRL's checkout is no
 command line and env (``tests/data/scripts/fake_ppg_procgen.py``) runs through ``benchmarks/cleanrl_episodes.py``.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -35,6 +36,14 @@ def test_window_means_and_bootstrap():
     assert np.allclose(low, 2.5) and np.allclose(high, 2.5)
 
 
+#: CleanRL's script and its stand-in build procgen's gym3 ``ProcgenEnv``: the package ``procgen`` (procgen-mirror, Python <
+#: 3.13), which procgen-gym (Python 3.13) does not provide
+needs_gym3_procgen = pytest.mark.skipif(
+    importlib.util.find_spec("procgen") is None, reason="needs procgen's ProcgenEnv (procgen-mirror, Python < 3.13)"
+)
+
+
+@needs_gym3_procgen
 def test_episode_runner_logs_every_episode(tmp_path):
     """The runner logs each episode's raw return and length at the env step where it ends, and marks the log complete."""
     path = tmp_path / "episodes.csv"
@@ -53,6 +62,7 @@ def test_episode_runner_logs_every_episode(tmp_path):
 
 
 @pytest.mark.slow
+@needs_gym3_procgen
 def test_side_by_side_at_a_tiny_budget(tmp_path):
     """Three seeds per side, a few hundred env steps each: the report's window table is the logs' window means."""
     output = tmp_path / "report.md"
