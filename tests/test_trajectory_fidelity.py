@@ -197,6 +197,32 @@ def load_seeded_weights(model: PPG, meta: dict[str, Any], name_map: NameMap, arc
     assert set(meta["weight_scales"]) <= references, "a recorded weight has no PPG parameter"
 
 
+def seeded_float64_model(
+    env: Any,
+    meta: dict[str, Any],
+    name_map: NameMap,
+    arch: str,
+    kwargs: dict[str, Any],
+    reward_normalizer: OriginalRewardNormalizer | None = None,
+) -> PPG:
+    """PPG in float64 on ``env`` with the reference's seeded initial weights, its rollouts in float64, logging nothing."""
+    model = PPG(
+        "ProcgenCnn",
+        env,
+        precision="fp32",
+        micro_batch_size=None,
+        device="cpu",
+        seed=meta["rand_seed"],
+        rollout_buffer_class=Float64RolloutBuffer,
+        rollout_buffer_kwargs=dict(reward_normalizer=reward_normalizer),
+        **kwargs,
+    )
+    model.policy.to(th.float64)
+    model.set_logger(configure(None, []))
+    load_seeded_weights(model, meta, name_map, arch)
+    return model
+
+
 def replay_cleanrl_trajectory(
     monkeypatch: pytest.MonkeyPatch, n_iterations: int | None = None, **changes: Any
 ) -> dict[str, float]:
@@ -229,19 +255,7 @@ def replay_cleanrl_trajectory(
         normalize_advantage="none",  # CleanRL's Bessel-corrected normalization is put back below
     )
     kwargs.update({key: value for key, value in changes.items() if not key.startswith("env_")})
-    model = PPG(
-        "ProcgenCnn",
-        env,
-        precision="fp32",
-        micro_batch_size=None,
-        device="cpu",
-        seed=meta["rand_seed"],
-        rollout_buffer_class=Float64RolloutBuffer,
-        **kwargs,
-    )
-    model.policy.to(th.float64)
-    model.set_logger(configure(None, []))
-    load_seeded_weights(model, meta, cleanrl_name, "detach")
+    model = seeded_float64_model(env, meta, cleanrl_name, "detach", kwargs)
     sample, uniforms = uniform_sampling(data["uniforms"])
     monkeypatch.setattr(CategoricalDistribution, "sample", sample)
     monkeypatch.setattr(optim, "clip_gradients", CleanRLGradientLeak())
@@ -403,20 +417,7 @@ def replay_original_trajectory(
         env_kwargs["normalize_reward"] = False
     env = make_procgen_env(settings["env_name"], n_envs=n_envs, preset="paper", seed=meta["rand_seed"], **env_kwargs)
     normalizer = OriginalRewardNormalizer(n_envs) if original_rewards else None
-    model = PPG(
-        "ProcgenCnn",
-        env,
-        precision="fp32",
-        micro_batch_size=None,
-        device="cpu",
-        seed=meta["rand_seed"],
-        rollout_buffer_class=Float64RolloutBuffer,
-        rollout_buffer_kwargs=dict(reward_normalizer=normalizer),
-        **kwargs,
-    )
-    model.policy.to(th.float64)
-    model.set_logger(configure(None, []))
-    load_seeded_weights(model, meta, original_name, arch)
+    model = seeded_float64_model(env, meta, original_name, arch, kwargs, reward_normalizer=normalizer)
     sample, uniforms = uniform_sampling(data["uniforms"])
     monkeypatch.setattr(CategoricalDistribution, "sample", sample)
     pairs = np.array(meta["aux_pairs_env_iteration"])
