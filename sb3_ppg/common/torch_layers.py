@@ -88,7 +88,8 @@ def max_pool_3x3_stride_2_backward_into(grad_input: th.Tensor, grad_output: th.T
     Input row ``2 * a`` is covered by output row ``a`` alone (window offset ``dy = 1``); input row ``2 * a + 1`` by
     output rows ``a`` (``dy = 2``) and ``a + 1`` (``dy = 0``, absent for the last row of an even height); the same for
     columns. Each of the four (row parity, column parity) classes of input elements is a strided slice of
-    ``grad_input``, written once from the sum of its (at most four) shifted, masked gradient slices.
+    ``grad_input``: the sum of its (at most four) shifted, masked gradient slices, kept in float32 (or float64) until
+    it is written in the input's dtype.
 
     :param grad_input: the input gradient to write, ``(N, C, H, W)``, in the input's dtype
     :param grad_output: the gradient of the output, ``(N, C, OH, OW)``
@@ -103,23 +104,30 @@ def max_pool_3x3_stride_2_backward_into(grad_input: th.Tensor, grad_output: th.T
     offsets = indices - (rows[:, None] + columns[None, :])
     offsets = offsets.to(th.int16 if 2 * width + 2 <= th.iinfo(th.int16).max else th.int32)
     accumulate_dtype = th.float64 if grad_output.dtype == th.float64 else th.float32
+    zero = th.zeros((), dtype=grad_output.dtype, device=device)
+    # A 1-element tensor (not 0-dim) takes part in type promotion: th.where with it gives float32 sums directly
+    accumulate_zero = th.zeros(1, dtype=accumulate_dtype, device=device)
     # Per parity: (first input row, (window offset, first output row, count) of each covering output in order)
     row_classes = _parity_classes(height, out_height)
     column_classes = _parity_classes(width, out_width)
     for first_row, row_terms in row_classes:
         for first_column, column_terms in column_classes:
+            target = grad_input[..., first_row::2, first_column::2]
+            # The class's first term covers all of it: written straight into grad_input where no rounding follows
+            in_place = len(row_terms) * len(column_terms) == 1 or grad_input.dtype == accumulate_dtype
             total = None
             for dy, out_row, n_rows in row_terms:
                 for dx, out_column, n_columns in column_terms:
                     window = (..., slice(out_row, out_row + n_rows), slice(out_column, out_column + n_columns))
-                    term = th.where(offsets[window] == dy * width + dx, grad_output[window], 0)
-                    if total is None:
-                        total = term  # the class's first term covers all of it
+                    mask = offsets[window] == dy * width + dx
+                    if total is None and in_place:
+                        total = th.where(mask, grad_output[window], zero, out=target)
+                    elif total is None:
+                        total = th.where(mask, grad_output[window], accumulate_zero)
                     else:
-                        if total.dtype != accumulate_dtype:
-                            total = total.to(accumulate_dtype)
-                        total[..., :n_rows, :n_columns] += term
-            grad_input[..., first_row::2, first_column::2].copy_(total)
+                        total[..., :n_rows, :n_columns] += th.where(mask, grad_output[window], zero)
+            if not in_place:
+                target.copy_(total)
 
 
 def _parity_classes(size: int, out_size: int) -> list[tuple[int, list[tuple[int, int, int]]]]:
