@@ -6,7 +6,9 @@ wall time on a CPU), and whether the two input gradients are bit-identical (expe
 ATen's own kernel rounds each addition, so there they differ within the bound of tests/test_max_pool.py).
 
 Usage, from the repository root (the IMPALA stacks' inputs at batch 1024, bf16 and fp32, both layouts):
-``python benchmarks/max_pool_backward.py --device cuda``; a quick run on a CPU:
+``python benchmarks/max_pool_backward.py --device cuda --network 3x64x64`` (``--network``: also the whole IMPALA CNN's
+forward + backward with either max-pool backward, and whether its parameter gradients are identical); a quick run on a
+CPU:
 ``python benchmarks/max_pool_backward.py --device cpu --batch-size 2 --shapes 4x8x8 --repeats 3``
 """
 
@@ -24,7 +26,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sb3_ppg.common.torch_layers import max_pool_3x3_stride_2_backward_into
+from gymnasium import spaces
+
+from sb3_ppg.common import torch_layers
+from sb3_ppg.common.torch_layers import ImpalaCNN, max_pool_3x3_stride_2_backward_into
 
 DTYPES = {"bf16": th.bfloat16, "fp16": th.float16, "fp32": th.float32, "fp64": th.float64}
 LAYOUTS = {"channels_last": th.channels_last, "contiguous": th.contiguous_format}
@@ -42,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layouts", default="channels_last,contiguous", help=f"Comma-separated, of {', '.join(LAYOUTS)}")
     parser.add_argument("--repeats", type=int, default=50, help="Timed calls per measurement (the median is reported)")
     parser.add_argument("--warmup", type=int, default=5, help="Untimed calls before each measurement")
+    parser.add_argument(
+        "--network",
+        default=None,
+        help="Also time the IMPALA CNN's forward + backward on inputs CxHxW (e.g. 3x64x64) with each max-pool backward",
+    )
     parser.add_argument("--json", default=None, help="Also write the rows to this JSON file")
     args = parser.parse_args(argv)
     for name, choices in (("dtypes", DTYPES), ("layouts", LAYOUTS)):
@@ -52,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--repeats and --batch-size must be at least 1")
     try:
         args.shapes = [parse_shape(text) for text in args.shapes.split(",")]
+        args.network = parse_shape(args.network) if args.network else None
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -61,7 +72,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     """:param text: ``CxHxW``"""
     parts = text.split("x")
     if len(parts) != 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
-        raise ValueError(f"--shapes takes CxHxW with positive integers (e.g. 16x64x64), got {text!r}")
+        raise ValueError(f"--shapes and --network take CxHxW with positive integers (e.g. 16x64x64), got {text!r}")
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
@@ -124,6 +135,47 @@ def measure(
     }
 
 
+def measure_network(dtype_name: str, layout: str, args: argparse.Namespace, device: th.device) -> dict[str, Any]:
+    """
+    Forward and backward of the IMPALA CNN (bf16: under bf16 autocast with float32 parameters, as the package trains)
+    with ATen's max-pool backward and with the gather one (which ImpalaDownStack uses on CUDA only).
+
+    :return: one row of the network table
+    """
+    shape = args.network
+    observation_space = spaces.Box(0, 255, shape, dtype="uint8")
+    th.manual_seed(0)
+    cnn = ImpalaCNN(observation_space, channels_last=layout == "channels_last").to(device)
+    generator = th.Generator(device=device).manual_seed(1)
+    observations = th.rand((args.batch_size, *shape), generator=generator, device=device)
+    autocast_dtype = DTYPES[dtype_name] if dtype_name in ("bf16", "fp16") else None
+
+    def forward_backward() -> list[th.Tensor]:
+        cnn.zero_grad(set_to_none=True)
+        with th.autocast(device.type, dtype=autocast_dtype or th.float32, enabled=autocast_dtype is not None):
+            features = cnn(observations)
+        features.float().square().mean().backward()
+        return [parameter.grad for parameter in cnn.parameters()]
+
+    times, gradients, default = {}, {}, torch_layers.CUDA_GATHER_MAX_POOL_BACKWARD
+    for gather in (False, True):
+        torch_layers.CUDA_GATHER_MAX_POOL_BACKWARD = gather
+        try:
+            gradients[gather] = [grad.clone() for grad in forward_backward()]
+            times[gather] = median_ms(forward_backward, device, args.repeats, args.warmup)
+        finally:
+            torch_layers.CUDA_GATHER_MAX_POOL_BACKWARD = default
+    return {
+        "input_shape": [args.batch_size, *shape],
+        "dtype": dtype_name,
+        "layout": layout,
+        "aten_ms": times[False],
+        "gather_ms": times[True],
+        "speedup": times[False] / times[True],
+        "identical": all(th.equal(a, b) for a, b in zip(gradients[False], gradients[True], strict=True)),
+    }
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """
     Measure every (shape, dtype, layout) and print the table.
@@ -149,6 +201,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"{row['aten_forward_ms']:.3f} | {row['aten_backward_ms']:.3f} | {row['gather_backward_ms']:.3f} | "
             f"{row['speedup']:.2f}x | {'yes' if row['identical'] else 'no'} |"
         )
+    if args.network:
+        network_rows = [
+            measure_network(dtype_name, layout, args, device)
+            for dtype_name in args.dtypes.split(",")
+            for layout in args.layouts.split(",")
+        ]
+        where = "the gather backward on CUDA only: on a CPU both columns run ATen's" if device.type != "cuda" else ""
+        print(f"\nIMPALA CNN forward + backward, median of {args.repeats} calls (ms){'; ' + where if where else ''}")
+        print("| input | dtype | layout | ATen's max-pool backward | gather backward | speed-up | same gradients |")
+        print("|---|---|---|---|---|---|---|")
+        for row in network_rows:
+            print(
+                f"| {'x'.join(map(str, row['input_shape']))} | {row['dtype']} | {row['layout']} | {row['aten_ms']:.3f} | "
+                f"{row['gather_ms']:.3f} | {row['speedup']:.2f}x | {'yes' if row['identical'] else 'no'} |"
+            )
+        rows = rows + [{"network": True, **row} for row in network_rows]
     if args.json:
         with open(args.json, "w") as file:
             json.dump(rows, file, indent=2)

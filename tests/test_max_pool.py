@@ -9,6 +9,7 @@ import pytest
 import torch as th
 import torch.nn.functional as F
 
+from sb3_ppg.common import torch_layers
 from sb3_ppg.common.torch_layers import ImpalaDownStack, MaxPool3x3Stride2
 
 requires_cuda = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
@@ -128,12 +129,15 @@ def test_cuda_gradients_equal_atens(dtype, channels_last):
 
 
 @requires_cuda
-def test_impala_stack_pools_with_the_gather_backward_on_cuda():
+def test_impala_stack_pools_with_the_gather_backward_on_cuda(monkeypatch):
     stack = ImpalaDownStack(3, 4, n_blocks=0, block_scale=1.0).cuda()
     names = autograd_node_names(stack(th.rand(2, 3, 8, 8, device="cuda")))
     assert any("MaxPool3x3Stride2" in name for name in names)
     with th.no_grad():  # no backward: ATen's pool as before (the rollout's CUDA graphs capture it)
         assert stack(th.rand(2, 3, 8, 8, device="cuda")).grad_fn is None
+    monkeypatch.setattr(torch_layers, "CUDA_GATHER_MAX_POOL_BACKWARD", False)
+    names = autograd_node_names(stack(th.rand(2, 3, 8, 8, device="cuda")))
+    assert any(name.startswith("MaxPool2DWithIndicesBackward") for name in names)
 
 
 def autograd_node_names(output: th.Tensor) -> list[str]:

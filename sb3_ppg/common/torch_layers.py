@@ -12,6 +12,8 @@ from torch import nn
 # Normed-init scale of the IMPALA dense layer and of the policy / value / aux value heads (paper's code).
 IMPALA_DENSE_SCALE = 1.4
 HEAD_SCALE = 0.1
+#: Whether ImpalaDownStack backpropagates its max-pools on CUDA with :class:`MaxPool3x3Stride2` (else with ATen's)
+CUDA_GATHER_MAX_POOL_BACKWARD = True
 
 
 def normed_init_(layer: nn.Module, scale: float = 1.0) -> None:
@@ -160,7 +162,10 @@ class ImpalaDownStack(nn.Module):
     def forward(self, x: th.Tensor) -> th.Tensor:
         x = self.conv(x)
         # On CUDA the max-pool's backward is the gather-style one (faster there, same gradients); elsewhere ATen's
-        x = MaxPool3x3Stride2.apply(x) if x.is_cuda and x.requires_grad else self.pool(x)
+        if CUDA_GATHER_MAX_POOL_BACKWARD and x.is_cuda and x.requires_grad:
+            x = MaxPool3x3Stride2.apply(x)
+        else:
+            x = self.pool(x)
         return self.blocks(x)
 
 
