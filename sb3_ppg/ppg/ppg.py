@@ -35,13 +35,15 @@ from sb3_ppg.common.buffers import (
     AuxiliaryBufferSamples,
     aux_buffer_storage,
     aux_buffer_summary,
+    device_minibatches,
     env_minibatches,
+    gathers_on_device,
     make_aux_buffer,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
-from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
+from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     check_hyperparameters,
@@ -294,14 +296,15 @@ class PPG(OnPolicyAlgorithm):
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
             self._normalize_advantages()
-        with self._precision("policy"):
-            self._policy_phase()
-        if self.aux_buffer is not None:
-            if self.aux_buffer.full():
-                self._rerun_interrupted_aux_phase()
-            self.aux_buffer.add(self.rollout_buffer)
-            if self.aux_buffer.full():
-                self._aux_phase()
+        with unchecked_distributions(self.device):
+            with self._precision("policy"):
+                self._policy_phase()
+            if self.aux_buffer is not None:
+                if self.aux_buffer.full():
+                    self._rerun_interrupted_aux_phase()
+                self.aux_buffer.add(self.rollout_buffer)
+                if self.aux_buffer.full():
+                    self._aux_phase()
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
         self._at_rollout_boundary = True
 
@@ -368,6 +371,8 @@ class PPG(OnPolicyAlgorithm):
         """
         if self.policy_minibatches == "envs":
             return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
+        if gathers_on_device(self.rollout_buffer, self.device):
+            return device_minibatches(self.rollout_buffer, self.batch_size, self.device)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
 
     def _aux_phase(self) -> None:
