@@ -2,7 +2,7 @@
 ATen's max-pool backward against the gather-style backward of ``MaxPool3x3Stride2`` (sb3_ppg/common/torch_layers.py),
 for the IMPALA stacks' 3x3 stride-2 padding-1 max-pools: for each input shape, dtype and memory layout, the median
 time of ATen's forward (with indices), of ATen's backward kernel and of the gather backward (CUDA events on a GPU,
-wall time on a CPU), and whether the two input gradients are bit-identical (expected on CUDA; on a CPU in bf16 or fp16
+wall time on a CPU), and whether the two input gradients hold the same bits (expected on CUDA; on a CPU in bf16 or fp16
 ATen's own kernel rounds each addition, so there they differ within the bound of tests/test_max_pool.py).
 
 Usage, from the repository root (the IMPALA stacks' inputs at batch 1024, bf16 and fp32, both layouts):
@@ -76,6 +76,12 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
+def same_bits(a: th.Tensor, b: th.Tensor) -> bool:
+    """:return: whether two floating-point tensors hold the same bits (-0.0 and +0.0 differ)"""
+    integer_dtype = {8: th.int64, 4: th.int32, 2: th.int16}[a.element_size()]
+    return a.dtype == b.dtype and th.equal(a.contiguous().view(integer_dtype), b.contiguous().view(integer_dtype))
+
+
 def median_ms(function: Callable[[], object], device: th.device, repeats: int, warmup: int) -> float:
     """:return: the median time of one call of ``function``, in milliseconds"""
     for _ in range(warmup):
@@ -119,7 +125,7 @@ def measure(
         max_pool_3x3_stride_2_backward_into(grad_input, grad_output, indices)
         return grad_input
 
-    identical = th.equal(aten_backward(), gather_backward())
+    identical = same_bits(aten_backward(), gather_backward())
     forward_ms = median_ms(aten_forward, device, args.repeats, args.warmup)
     aten_ms = median_ms(aten_backward, device, args.repeats, args.warmup)
     gather_ms = median_ms(gather_backward, device, args.repeats, args.warmup)
@@ -172,7 +178,7 @@ def measure_network(dtype_name: str, layout: str, args: argparse.Namespace, devi
         "aten_ms": times[False],
         "gather_ms": times[True],
         "speedup": times[False] / times[True],
-        "identical": all(th.equal(a, b) for a, b in zip(gradients[False], gradients[True], strict=True)),
+        "identical": all(same_bits(a, b) for a, b in zip(gradients[False], gradients[True], strict=True)),
     }
 
 

@@ -68,6 +68,63 @@ def test_gradients_equal_atens(size, inputs, channels_last, dtype):
     assert grad.stride() == expected_grad.stride()  # ATen's layout for the input gradient
 
 
+def cuda_kernel_reference(indices: th.Tensor, grad_output: th.Tensor, size: tuple[int, int]) -> th.Tensor:
+    """
+    ATen's CUDA max-pool backward, element by element (its kernels for both layouts): an input element covered by one
+    output gets that output's gradient if the output's index names it (else +0); one covered by several starts at +0
+    in float32 (float64 for float64) and adds the gradients of the outputs that name it, in increasing (oh, ow) order.
+    """
+    height, width = size
+    out_height, out_width = grad_output.shape[-2:]
+    accumulate_dtype = th.float64 if grad_output.dtype == th.float64 else th.float32
+    grad_input = th.zeros((*grad_output.shape[:2], height, width), dtype=grad_output.dtype)
+    for n in range(grad_output.shape[0]):
+        for c in range(grad_output.shape[1]):
+            for h in range(height):
+                for w in range(width):
+                    covering = [
+                        (oh, ow)
+                        for oh in range(out_height)
+                        for ow in range(out_width)
+                        if abs(h - 2 * oh) <= 1 and abs(w - 2 * ow) <= 1
+                    ]
+                    named = [(oh, ow) for oh, ow in covering if indices[n, c, oh, ow] == h * width + w]
+                    if len(covering) == 1:
+                        if named:
+                            grad_input[n, c, h, w] = grad_output[n, c, named[0][0], named[0][1]]
+                        continue
+                    total = th.zeros((), dtype=accumulate_dtype)
+                    for oh, ow in named:
+                        total = total + grad_output[n, c, oh, ow].to(accumulate_dtype)
+                    grad_input[n, c, h, w] = total.to(grad_output.dtype)
+    return grad_input
+
+
+def bits(tensor: th.Tensor) -> th.Tensor:
+    """:return: the tensor's bits as integers (so that -0.0 and +0.0 differ)"""
+    integer_dtype = {th.float64: th.int64, th.float32: th.int32, th.bfloat16: th.int16, th.float16: th.int16}
+    return tensor.contiguous().view(integer_dtype[tensor.dtype])
+
+
+@pytest.mark.parametrize("dtype", [th.float64, th.float32, th.bfloat16])
+@pytest.mark.parametrize("size", [(7, 9), (6, 4), (5, 5), (2, 3), (1, 1)])
+def test_gradient_bits_are_the_cuda_kernels(size, dtype):
+    # Signed zeros among the gradients: one covering output copies its gradient (-0 stays -0), two or more sum from +0
+    # (-0 + -0 gives +0); the CPU kernel sums from +0 everywhere, so the CPU comparisons above see values only
+    x = make_input(size, "integers", dtype, channels_last=True, seed=5)
+    grad_output = random_grad_output(x, seed=6)
+    generator = th.Generator().manual_seed(7)
+    signed_zeros = th.rand(grad_output.shape, generator=generator)
+    grad_output[signed_zeros < 0.4] = -0.0
+    grad_output[signed_zeros > 0.8] = 0.0
+    _, indices = F.max_pool2d(x, kernel_size=3, stride=2, padding=1, return_indices=True)
+    _, grad = pool_and_grad(MaxPool3x3Stride2.apply, x, grad_output)
+    expected = cuda_kernel_reference(indices, grad_output, size)
+    assert th.equal(bits(grad), bits(expected))
+    if size == (7, 9):  # the case is there: a -0 copied and a -0 + -0 made +0
+        assert (bits(expected) == bits(th.tensor(-0.0, dtype=dtype))).any()
+
+
 def test_non_finite_gradients_go_where_atens_go():
     # Each output's gradient reaches its argmax only: an infinite or NaN gradient spoils no other input element
     x = make_input((9, 8), "integers", th.float32, channels_last=True, seed=3)
@@ -122,10 +179,12 @@ def test_cuda_gradients_equal_atens(dtype, channels_last):
         x = th.randn(8, channels, size, size + 1, device="cuda").to(dtype)
         x = th.where(th.rand_like(x, dtype=th.float32) < 0.3, th.zeros_like(x), x)  # ties
         x = x.contiguous(memory_format=th.channels_last) if channels_last else x.contiguous()
-        grad_output = random_grad_output(x.cpu(), seed=size).cuda()
+        grad_output = random_grad_output(x.cpu(), seed=size)
+        grad_output[th.rand(grad_output.shape) < 0.2] = -0.0  # signed zeros: copied or summed from +0, as ATen does
+        grad_output = grad_output.cuda()
         expected_output, expected_grad = pool_and_grad(aten_pool, x, grad_output)
         output, grad = pool_and_grad(MaxPool3x3Stride2.apply, x, grad_output)
-        assert th.equal(output, expected_output) and th.equal(grad, expected_grad)
+        assert th.equal(output, expected_output) and th.equal(bits(grad), bits(expected_grad))
 
 
 @requires_cuda

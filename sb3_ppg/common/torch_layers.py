@@ -56,9 +56,10 @@ class MaxPool3x3Stride2(th.autograd.Function):
 
     The gradient of each output goes to the input element that ATen's forward index names (ATen's tie routing). Each
     input element receives at most 4 contributions, added in float32 (float64 for float64 inputs) in increasing
-    ``(oh, ow)`` order of the outputs, starting from zero, then rounded once to the input dtype: the summation of
-    ATen's CUDA backward kernels (hence expected to match them bit for bit), and of its CPU kernel in float32 and
-    float64, where the input gradient is ATen's bit for bit (tests/test_max_pool.py). In bf16 or float16 it is the
+    ``(oh, ow)`` order of the outputs, starting from zero (an element with one covering output copies its gradient),
+    then rounded once to the input dtype: the summation of ATen's CUDA backward kernels, signed zeros included (hence
+    expected to match them bit for bit), and of its CPU kernel in float32 and float64, where the input gradient is
+    ATen's up to the sign of zeros (tests/test_max_pool.py). In bf16 or float16 it is the
     float32 sum rounded once: within half an ulp of the input dtype of the exact sum, plus ``3 * 2**-24`` of the sum
     of the contributions' magnitudes.
     """
@@ -109,9 +110,13 @@ def max_pool_3x3_stride_2_backward_into(grad_input: th.Tensor, grad_output: th.T
     zero = th.zeros((), dtype=grad_output.dtype, device=device)
     # A 1-element tensor (not 0-dim) takes part in type promotion: th.where with it gives float32 sums directly
     accumulate_zero = th.zeros(1, dtype=accumulate_dtype, device=device)
+    # ATen's CUDA kernels start the sum of an element with two or more covering outputs at +0 (so -0 + -0 gives +0)
+    # and copy the gradient of an element with one covering output: adding the second and later terms with -0 made +0
+    # gives the same bits, and the first term is copied
     # Per parity: (first input row, (window offset, first output row, count) of each covering output in order)
     row_classes = _parity_classes(height, out_height)
     column_classes = _parity_classes(width, out_width)
+    later_grad_output = grad_output + 0 if height > 2 or width > 2 else grad_output
     for first_row, row_terms in row_classes:
         for first_column, column_terms in column_classes:
             target = grad_input[..., first_row::2, first_column::2]
@@ -127,7 +132,7 @@ def max_pool_3x3_stride_2_backward_into(grad_input: th.Tensor, grad_output: th.T
                     elif total is None:
                         total = th.where(mask, grad_output[window], accumulate_zero)
                     else:
-                        total[..., :n_rows, :n_columns] += th.where(mask, grad_output[window], zero)
+                        total[..., :n_rows, :n_columns] += th.where(mask, later_grad_output[window], zero)
             if not in_place:
                 target.copy_(total)
 
