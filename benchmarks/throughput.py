@@ -18,7 +18,7 @@ mode runs in a fresh subprocess (so that peak memory is its own) and reports:
 
 Modes: ``optimized`` (the package's defaults plus the options given: ``--precision``, ``--compile``,
 ``--micro-batch-size``) and
-``reference`` (every optimization off: fp32, NCHW convolutions, no compile). The report prints optimized /
+``reference`` (every optimization off: fp32, NCHW convolutions, no compile, no CUDA graphs). The report prints optimized /
 reference. Results go to ``--json`` and a Markdown table to ``--output`` (machine, date, versions, command;
 default ``docs/throughput_run.md``, the latest run, which ``docs/throughput.md`` collects and explains).
 
@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--overlap-groups", type=int, default=1, help="Optimized mode: N >= 2 envs groups with overlap_rollouts=True"
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Optimized mode's cuda_graphs (the rollout's forward pass from CUDA graphs on CUDA)",
     )
     parser.add_argument(
         "--num-threads", type=int, default=None, help="Procgen threads per env group (default: make_procgen_env's)"
@@ -127,6 +133,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         micro_batch_size=args.micro_batch_size if optimized else None,
         aux_buffer_device=args.aux_buffer_device if optimized else "cpu",
         overlap_rollouts=optimized and args.overlap_groups > 1,
+        cuda_graphs=optimized and args.cuda_graphs,
         policy_kwargs=policy_kwargs,
         device=args.device,
         seed=0,
@@ -345,6 +352,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     model.env.close()
     result["overlap_groups"] = args.overlap_groups if mode == "optimized" else 1
     result["aux_buffer_device"] = model.aux_buffer_device
+    result["cuda_graphs"] = bool(model.cuda_graphs and cuda)
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
     return result
@@ -399,7 +407,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.n_minibatches} policy minibatches, N_pi {args.n_policy_iters}, E_aux {args.n_aux_epochs}, "
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
-        f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, procgen threads per group: "
+        f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, cuda_graphs: {args.cuda_graphs}, "
+        f"procgen threads per group: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "

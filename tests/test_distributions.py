@@ -7,7 +7,12 @@ from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule
 from torch.distributions import Bernoulli, Categorical, Independent, Normal, kl_divergence
 
-from sb3_ppg.common.distributions import distribution_param_dim, get_distribution_params, kl_divergence_from_params
+from sb3_ppg.common.distributions import (
+    distribution_param_dim,
+    get_distribution_params,
+    kl_divergence_from_params,
+    unchecked_distributions,
+)
 from sb3_ppg.ppg.policies import PPGPolicy
 
 OBS_SPACE = spaces.Box(-1, 1, (4,), np.float32)
@@ -89,3 +94,15 @@ def test_kl_of_a_distribution_with_itself_is_zero(name: str) -> None:
 def test_unsupported_action_space() -> None:
     with pytest.raises(ValueError, match="does not support the action space"):
         distribution_param_dim(spaces.Tuple([spaces.Discrete(2)]))
+
+
+def test_unchecked_distributions_only_on_cuda():
+    """On a CUDA device distributions skip their argument check inside the context (it reads the device), nowhere else."""
+    bad_logits = th.tensor([[float("nan"), 0.0]])
+    with unchecked_distributions(th.device("cpu")), pytest.raises(ValueError, match="logits"):
+        Categorical(logits=bad_logits)
+    with pytest.raises(RuntimeError, match="stop"), unchecked_distributions(th.device("cuda")):
+        Categorical(logits=bad_logits)  # not checked
+        raise RuntimeError("stop")
+    with pytest.raises(ValueError, match="logits"):
+        Categorical(logits=bad_logits)  # checked again after the context, also after an exception

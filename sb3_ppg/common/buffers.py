@@ -296,10 +296,13 @@ class AuxiliaryBuffer:
         else:
             target[rows] = values
 
-    def _take(self, array: StoredArray, rows: np.ndarray | slice) -> StoredArray:
-        """Some rows of a stored array (a copy for an index array, a view for a slice)."""
+    def _take(self, array: StoredArray, rows: np.ndarray | slice, device_rows: th.Tensor | None = None) -> StoredArray:
+        """
+        Some rows of a stored array (a copy for an index array, a view for a slice); ``device_rows``: the same index
+        array already on the tensor's device (no copy from the host, which would wait for the device).
+        """
         if isinstance(array, th.Tensor) and isinstance(rows, np.ndarray):
-            return array[th.as_tensor(rows, device=array.device)]
+            return array[th.as_tensor(rows, device=array.device) if device_rows is None else device_rows]
         return array[rows]
 
     @staticmethod
@@ -393,21 +396,25 @@ class AuxiliaryBuffer:
             self._write(self.action_masks, rows, masks.astype(bool))
         self.pos += self.n_envs
 
-    def _observations_to_tensor(self, rows: np.ndarray | slice) -> TensorObs:
+    def _observations_to_tensor(self, rows: np.ndarray | slice, device_rows: th.Tensor | None = None) -> TensorObs:
         """Observations of some rows, flattened to (n_rows * n_steps, ...), as tensor(s) on ``self.device``."""
         if isinstance(self.observations, dict):
-            obs = {key: self._take(array, rows).reshape(-1, *array.shape[2:]) for key, array in self.observations.items()}
+            obs = {
+                key: self._take(array, rows, device_rows).reshape(-1, *array.shape[2:])
+                for key, array in self.observations.items()
+            }
         else:
-            obs = self._take(self.observations, rows).reshape(-1, *self.observations.shape[2:])
+            obs = self._take(self.observations, rows, device_rows).reshape(-1, *self.observations.shape[2:])
         if self.storage == "device":
             return obs  # type: ignore[return-value]
         return obs_as_tensor(obs, self.device)  # type: ignore[arg-type]
 
-    def action_masks_to_tensor(self, rows: np.ndarray | slice) -> th.Tensor | None:
+    def action_masks_to_tensor(self, rows: np.ndarray | slice, device_rows: th.Tensor | None = None) -> th.Tensor | None:
         """The action masks of some rows as a flat boolean tensor on ``self.device``; None without masks."""
         if self.action_masks is None:
             return None
-        return th.as_tensor(self._take(self.action_masks, rows).reshape(-1, self.mask_dims), device=self.device)
+        masks = self._take(self.action_masks, rows, device_rows)
+        return th.as_tensor(masks.reshape(-1, self.mask_dims), device=self.device)
 
     def iter_rollout_chunks(self, batch_rollouts: int) -> Generator[tuple[slice, TensorObs], None, None]:
         """The stored observations in order, ``batch_rollouts`` rollouts at a time, as (rows, observations)."""
@@ -443,6 +450,13 @@ class AuxiliaryBuffer:
         """
         permutation = generator.permutation(self.pos) if generator is not None else np.random.permutation(self.pos)
         batches = (permutation[start : start + batch_rollouts] for start in range(0, self.pos, batch_rollouts))
+        if self.storage == "device":
+            # The permutation copied to the device once per epoch, each minibatch's rows sliced there
+            device_permutation = th.as_tensor(permutation, device=self.device)
+            for start in range(0, self.pos, batch_rollouts):
+                end = start + batch_rollouts
+                yield self._minibatch(permutation[start:end], device_permutation[start:end])
+            return
         if self.storage != "pinned":
             for rows in batches:
                 yield self._minibatch(rows)
@@ -458,16 +472,15 @@ class AuxiliaryBuffer:
         if pending is not None:
             yield pending
 
-    def _minibatch(self, rows: np.ndarray) -> AuxiliaryBufferSamples:
-        """The auxiliary minibatch of some rows, on ``self.device``."""
+    def _minibatch(self, rows: np.ndarray, device_rows: th.Tensor | None = None) -> AuxiliaryBufferSamples:
+        """The auxiliary minibatch of some rows, on ``self.device`` (``device_rows``: the rows on the device too)."""
+        old_params = self._take(self.old_distribution_params, rows, device_rows)
         return AuxiliaryBufferSamples(
-            observations=self._observations_to_tensor(rows),
-            returns=th.as_tensor(self._take(self.returns, rows).reshape(-1), device=self.device),
-            old_distribution_params=th.as_tensor(
-                self._take(self.old_distribution_params, rows).reshape(-1, self.n_distribution_params), device=self.device
-            ),
+            observations=self._observations_to_tensor(rows, device_rows),
+            returns=th.as_tensor(self._take(self.returns, rows, device_rows).reshape(-1), device=self.device),
+            old_distribution_params=th.as_tensor(old_params.reshape(-1, self.n_distribution_params), device=self.device),
             rollout_indices=rows,
-            action_masks=self.action_masks_to_tensor(rows),
+            action_masks=self.action_masks_to_tensor(rows, device_rows),
         )
 
     def _staged_minibatch(self, rows: np.ndarray, slot: int) -> AuxiliaryBufferSamples:

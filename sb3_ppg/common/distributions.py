@@ -1,6 +1,8 @@
 """Action distributions as stored parameters, and KL(pi_old || pi) from them, for every action space PPG supports."""
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch as th
 from gymnasium import spaces
@@ -57,3 +59,21 @@ def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution)
         mean, log_std = old_params.chunk(2, dim=1)
         return kl_divergence(Normal(mean, log_std.exp(), validate_args=False), torch_dist).sum(dim=1)
     raise NotImplementedError(f"PPG cannot compute the KL divergence of {type(distribution).__name__}")
+
+
+@contextmanager
+def unchecked_distributions(device: th.device) -> Iterator[None]:
+    """
+    On a CUDA device, torch distributions built inside the context skip the check of their arguments, which reads
+    the device (a host sync per minibatch); the phases' finite checks still stop a non-finite loss. Elsewhere nothing
+    changes.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    previous = th.distributions.Distribution._validate_args
+    th.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        th.distributions.Distribution.set_default_validate_args(previous)

@@ -18,6 +18,7 @@ from stable_baselines3.common.torch_layers import (
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.preprocessing import (
     add_scalar_feature_axis,
@@ -148,6 +149,9 @@ class PPGPolicy(ActorCriticPolicy):
         # Set before the parent constructor, which calls _build()
         # The precision of the features extractors: float32, or bfloat16 autocast (set by PPG for each phase)
         self.compute_dtype = th.float32
+        # Replay the rollout's forward pass from CUDA graphs on a CUDA device (set by PPG's cuda_graphs)
+        self.rollout_cuda_graphs = False
+        self._rollout_graphs: GraphedForward | None = None
         self.arch = arch
         self.detach_value_in_aux = detach_value_in_aux
         self.normed_init = normed_init
@@ -312,13 +316,30 @@ class PPGPolicy(ActorCriticPolicy):
         :return: action, value and log probability of the action
         """
         check_finite_observations(obs)
-        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
-        values = self.value_net(latent_vf)
+        latent_pi, values = self.rollout_latent_and_values(obs)
         distribution = self._get_action_dist_from_latent(latent_pi)
         actions = distribution.get_actions(deterministic=deterministic)
         log_prob = distribution.log_prob(actions)
         actions = actions.reshape((-1, *self.action_space.shape))  # type: ignore[misc]
         return actions, values, log_prob
+
+    def rollout_latent_and_values(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
+        """
+        The policy latent and the values of a rollout step, replayed from a CUDA graph when ``rollout_cuda_graphs``
+        is set on a CUDA device without gradient (the same kernels: the same results; see docs/throughput.md).
+        """
+        if not (self.rollout_cuda_graphs and self.device.type == "cuda" and not th.is_grad_enabled()):
+            return self._latent_and_values(obs)
+        if self._rollout_graphs is None:
+            self._rollout_graphs = GraphedForward(self._latent_and_values)
+        key = (self.training, self.compute_dtype, parameter_addresses(self))
+        latent_pi, values = self._rollout_graphs(obs, key)
+        return latent_pi, values
+
+    def _latent_and_values(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
+        """The policy latent and the values of the policy phase's architecture (no action distribution)."""
+        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
+        return latent_pi, self.value_net(latent_vf)
 
     def evaluate_actions(self, obs: PyTorchObs, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         """

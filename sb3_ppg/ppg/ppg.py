@@ -41,7 +41,7 @@ from sb3_ppg.common.buffers import (
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
-from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params
+from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     check_hyperparameters,
@@ -105,6 +105,7 @@ class PPG(OnPolicyAlgorithm):
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step
     :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
     :param overlap_rollouts: Step each group of a ``GroupedVecEnv`` while the network acts on the next
+    :param cuda_graphs: Replay the rollout's forward pass from CUDA graphs on a CUDA device (the same results)
     :param micro_batch_size: The most samples per forward and backward pass; ``"auto"``: 256 for a CNN on a CPU
     :param precision: The features extractors' precision: ``"auto"``, ``"fp32"``, ``"bf16"`` or a dict per phase
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
@@ -162,6 +163,7 @@ class PPG(OnPolicyAlgorithm):
         n_aux_grad_accum: int = 1,
         aux_buffer_device: str = "cpu",
         overlap_rollouts: bool = False,
+        cuda_graphs: bool = True,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -220,6 +222,7 @@ class PPG(OnPolicyAlgorithm):
         self.n_aux_grad_accum = n_aux_grad_accum
         self.aux_buffer_device = aux_buffer_device
         self.overlap_rollouts = overlap_rollouts
+        self.cuda_graphs = cuda_graphs
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -272,6 +275,7 @@ class PPG(OnPolicyAlgorithm):
         # The features extractors' precision in each phase; between train() calls (rollouts, predict) the rollouts'
         self._phase_dtypes = resolve_precision(self.precision, self.device, has_convolutions(self.policy))
         self.policy.compute_dtype = self._phase_dtypes["rollout"]
+        self.policy.rollout_cuda_graphs = self.cuda_graphs
         self._micro_batch_size = resolve_micro_batch_size(self.micro_batch_size, self.device, has_convolutions(self.policy))
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
@@ -290,14 +294,15 @@ class PPG(OnPolicyAlgorithm):
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
             self._normalize_advantages()
-        with self._precision("policy"):
-            self._policy_phase()
-        if self.aux_buffer is not None:
-            if self.aux_buffer.full():
-                self._rerun_interrupted_aux_phase()
-            self.aux_buffer.add(self.rollout_buffer)
-            if self.aux_buffer.full():
-                self._aux_phase()
+        with unchecked_distributions(self.device):
+            with self._precision("policy"):
+                self._policy_phase()
+            if self.aux_buffer is not None:
+                if self.aux_buffer.full():
+                    self._rerun_interrupted_aux_phase()
+                self.aux_buffer.add(self.rollout_buffer)
+                if self.aux_buffer.full():
+                    self._aux_phase()
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
         self._at_rollout_boundary = True
 

@@ -45,8 +45,7 @@ class MaskablePPGPolicy(PPGPolicy):
         :return: action, value and log probability of the action
         """
         check_finite_observations(obs)
-        latent_pi, latent_vf = self._get_latents(obs, self._detach_value_in_policy_phase)
-        values = self.value_net(latent_vf)
+        latent_pi, values = self.rollout_latent_and_values(obs)
         distribution = self._get_action_dist_from_latent(latent_pi)
         if action_masks is not None:
             distribution.apply_masking(action_masks)
