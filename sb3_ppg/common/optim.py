@@ -189,6 +189,7 @@ class FiniteCheck:
         self.first_kind = th.where(first, kind, self.first_kind)
         self.first_value = th.where(first, value.to(th.float32), self.first_value)
         self.first_step = th.where(first, float(self.n_steps + 1), self.first_step)
+        # Exactly 1.0: the fused kernels skip a step only then, and the step count is put back by subtracting it
         self.found_inf = th.where(bad, 1.0, self.found_inf)
 
     def step(self, optimizer: th.optim.Optimizer) -> None:
