@@ -178,7 +178,7 @@ def test_every_storage_gives_the_same_minibatches_and_files(tmp_path, observatio
         np.testing.assert_array_equal(array, reference.iteration_arrays(2, True)[name])
 
 
-def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0) -> MaskablePPG:
+def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0, device: str = "auto") -> MaskablePPG:
     env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10), n_envs=2, seed=0)
     model = MaskablePPG(
         "MlpPolicy",
@@ -190,6 +190,7 @@ def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0)
         aux_batch_rollouts=1,
         policy_kwargs=dict(net_arch=[16]),
         aux_buffer_device=aux_buffer_device,
+        device=device,
         seed=0,
         verbose=verbose,
     )
@@ -212,7 +213,7 @@ def test_the_updates_are_the_same_whatever_the_storage():
 
 
 def test_the_log_says_where_the_buffer_lives_and_why(capsys):
-    train_masked("auto", verbose=1)
+    train_masked("auto", verbose=1, device="cpu")
     assert "It lives in CPU memory (aux_buffer_device='auto' and the model is on cpu, not a CUDA device)." in (
         capsys.readouterr().out
     )

@@ -1,5 +1,6 @@
 """AuxiliaryBuffer: layout (whole per-env rollouts), dtype and memory, shuffling, old-policy storage."""
 
+import copy
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.utils import ConstantSchedule
 
-from sb3_ppg.common.buffers import AuxiliaryBuffer, env_minibatches
+from sb3_ppg.common.buffers import AuxiliaryBuffer, device_minibatches, env_minibatches, gathers_on_device
 from sb3_ppg.common.distributions import get_distribution_params
 from sb3_ppg.ppg.policies import PPGPolicy
 
@@ -254,3 +255,40 @@ def test_old_distribution_params_and_returns_keep_float64():
     aux_buffer.add(filled_rollout_buffer(0))
     aux_buffer.store_old_distribution_params(slice(0, N_ENVS), params.float())
     assert aux_buffer.returns.dtype == aux_buffer.old_distribution_params.dtype == np.float32
+
+
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_device_minibatches_are_sb3s(dict_obs):
+    """The policy phase's minibatches gathered on the device are SB3's get() ones: same permutation, same samples."""
+    image = spaces.Box(0, 255, (3, 4, 4), np.uint8)
+    obs_space = spaces.Dict({"image": image, "vector": spaces.Box(-1, 1, (2,))}) if dict_obs else image
+    action_space = spaces.MultiDiscrete([3, 2])
+    buffer_class = DictRolloutBuffer if dict_obs else RolloutBuffer
+    buffer = buffer_class(8, obs_space, action_space, n_envs=3)
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        obs = {key: space.sample() for key, space in obs_space.spaces.items()} if dict_obs else image.sample()
+        batch_obs = {k: np.stack([v] * 3) for k, v in obs.items()} if dict_obs else np.stack([obs] * 3)
+        buffer.add(
+            batch_obs,
+            rng.integers(0, 2, (3, 2)),
+            rng.normal(size=3),
+            np.zeros(3, bool),
+            th.as_tensor(rng.normal(size=3)),
+            th.as_tensor(rng.normal(size=3)),
+        )
+    buffer.compute_returns_and_advantage(th.as_tensor(rng.normal(size=3)), np.zeros(3, bool))
+    reference = copy.deepcopy(buffer)
+    np.random.seed(7)
+    expected = list(reference.get(5))
+    np.random.seed(7)
+    gathered = list(device_minibatches(buffer, 5, th.device("cpu")))
+    assert len(gathered) == len(expected) == 5
+    for mine, sb3 in zip(gathered, expected, strict=True):
+        assert type(mine) is type(sb3)
+        for name in sb3._fields:
+            a, b = getattr(mine, name), getattr(sb3, name)
+            pairs = [(a[key], b[key]) for key in b] if isinstance(b, dict) else [(a, b)]
+            for x, y in pairs:
+                assert x.dtype == y.dtype and th.equal(x, y), name
+    assert not gathers_on_device(buffer, th.device("cpu")) and gathers_on_device(buffer, th.device("cuda"))

@@ -2,7 +2,8 @@
 Issue 27's finite check on the device (sb3_ppg.common.optim.FiniteCheck): where the fused Adam can skip a step, a
 non-finite loss or gradient sets a flag on the device instead of being read each minibatch, the step is skipped there
 and the error comes at the end of the phase. On a CPU the check stays on the host unless a test forces it; torch's
-fused Adam runs on the CPU too, so both paths are compared here.
+fused Adam runs on the CPU too, so both paths are compared here (and on a CUDA device where there is one: those
+tests skip elsewhere).
 """
 
 import pathlib
@@ -21,6 +22,7 @@ from sb3_ppg.common import optim
 # The paths on the same fused Adam: the device's check forced on the CPU, or the host's
 PATHS = {"device": True, "host": False}
 FUSED = dict(optimizer_kwargs=dict(fused=True))
+NEEDS_CUDA = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
 
 
 def fused_adam(**kwargs) -> th.optim.Adam:
@@ -109,7 +111,7 @@ CONFIGS = {
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_finite_training_is_bit_identical_on_both_paths(make_model, monkeypatch, config):
     """Without a non-finite value, the device's check changes nothing: the same parameters and Adam state, bit for bit."""
-    settings = dict(n_steps=16, n_policy_iters=2, aux_batch_rollouts=1, seed=0, **CONFIGS[config])
+    settings = dict(n_steps=16, n_policy_iters=2, aux_batch_rollouts=1, seed=0, device="cpu", **CONFIGS[config])
     models = {}
     for path, on_device in PATHS.items():
         monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", on_device)
@@ -125,6 +127,21 @@ def test_finite_training_is_bit_identical_on_both_paths(make_model, monkeypatch,
         assert model.n_aux_phases == 1
         assert where == [on_device] * 3  # two policy phases, an auxiliary phase
         assert all(group["fused"] for optimizer in model._optimizers() for group in optimizer.param_groups)
+        models[path] = model
+    assert_same_training_state(models["device"], models["host"])
+
+
+@NEEDS_CUDA
+def test_on_cuda_the_default_adam_checks_on_the_device_with_the_same_updates(make_model, monkeypatch):
+    """On a CUDA device PPG's default Adam (fused there) checks on the device, and trains as with the host's checks."""
+    settings = dict(n_steps=16, n_policy_iters=2, n_epochs=2, batch_size=8, max_grad_norm=0.5, device="cuda")
+    models = {}
+    for path, switch in (("device", None), ("host", False)):
+        monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", switch)
+        where = count_device_checks(monkeypatch)
+        model = make_model(**settings)
+        model.learn(2 * 16)
+        assert where == [switch is None] * 3
         models[path] = model
     assert_same_training_state(models["device"], models["host"])
 
@@ -177,9 +194,12 @@ def skip_step(monkeypatch, phase: str, at_step: int) -> None:
     monkeypatch.setattr(optim, "step", skipping_step)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
 @pytest.mark.parametrize("kind", ["loss", "gradients"])
 @pytest.mark.parametrize("phase", ["policy", "auxiliary"])
-def test_a_non_finite_step_is_skipped_on_the_device_and_reported_at_the_end_of_the_phase(make_model, monkeypatch, phase, kind):
+def test_a_non_finite_step_is_skipped_on_the_device_and_reported_at_the_end_of_the_phase(
+    make_model, monkeypatch, phase, kind, device
+):
     """
     A NaN loss or gradient at one step of the second policy phase (4 steps each) or of the auxiliary phase (4 steps,
     after two policy phases): the weights and the Adam state are exactly those of a run without that step, and the
@@ -193,7 +213,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_reported_at_the_end_of_t
     for on_device in (True, False):
         with monkeypatch.context() as patch:
             patch.setattr(optim, "FINITE_CHECK_ON_DEVICE", on_device)
-            model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), **settings)
+            model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), device=device, **settings)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # learn() ends before the first auxiliary phase (the policy case)
                 if on_device:
@@ -247,7 +267,7 @@ def test_the_device_check_reads_nothing_per_minibatch(make_model, monkeypatch, p
     monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", PATHS[path])
     counts = []
     for batch_size in (16, 2):
-        model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), batch_size=batch_size, max_grad_norm=0.5)
+        model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), batch_size=batch_size, max_grad_norm=0.5, device="cpu")
         with pytest.warns(UserWarning, match="before PPG's first auxiliary phase"):
             model.learn(16)  # collect the rollout (its reads do not depend on the minibatches)
         with monkeypatch.context() as patch:
@@ -266,7 +286,7 @@ def test_a_non_finite_minibatch_that_target_kl_stops_at_is_reported(make_model, 
     step, and its flag still stops training at the end of the phase, the weights and Adam state untouched.
     """
     monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", True)
-    model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), n_policy_iters=4, target_kl=0.01)
+    model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), n_policy_iters=4, target_kl=0.01, device="cpu")
     with pytest.warns(UserWarning, match="before PPG's first auxiliary phase"):
         model.learn(16)
     parameters = {name: tensor.clone() for name, tensor in model.policy.state_dict().items()}

@@ -59,7 +59,7 @@ def test_fused_adam_makes_the_same_update_up_to_float_rounding():
 
 
 def test_cpu_models_step_as_torch_builds_them(make_model):
-    model = make_model()
+    model = make_model(device="cpu")
     assert all(group["fused"] is None for optimizer in model._optimizers() for group in optimizer.param_groups)
 
 

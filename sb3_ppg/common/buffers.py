@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.utils import get_device, obs_as_tensor
@@ -87,6 +87,50 @@ def env_minibatches(
     for start in range(0, n_envs, envs_per_minibatch):
         envs = env_order[start : start + envs_per_minibatch]
         yield rollout_buffer._get_samples((envs[:, None] * n_steps + steps).reshape(-1))
+
+
+def device_minibatches(
+    rollout_buffer: RolloutBuffer, batch_size: int, device: th.device
+) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
+    """
+    One epoch of policy-phase minibatches as SB3's ``RolloutBuffer.get(batch_size)`` makes them (the same permutation
+    from NumPy's global generator, the same samples), gathered on ``device`` from one copy of the rollout per epoch
+    instead of a copy from the host per minibatch and field (each of which waits for the device).
+
+    :param rollout_buffer: a full SB3 ``RolloutBuffer`` or ``DictRolloutBuffer`` (not a subclass: other samples)
+    :param batch_size: the minibatch size
+    :param device: where the minibatches are gathered
+    """
+    n_samples = rollout_buffer.buffer_size * rollout_buffer.n_envs
+    indices = np.random.permutation(n_samples)
+    flatten_rollout_buffer(rollout_buffer)
+
+    def to_device(array: np.ndarray) -> th.Tensor:
+        return th.as_tensor(array).to(device)
+
+    observations = rollout_buffer.observations
+    if isinstance(observations, dict):
+        device_observations: TensorObs = {key: to_device(value) for key, value in observations.items()}
+    else:
+        device_observations = to_device(observations)
+    # SB3's samples: actions as float32, the per-step values flat
+    fields = [to_device(rollout_buffer.actions.astype(np.float32, copy=False))] + [
+        to_device(getattr(rollout_buffer, name).flatten()) for name in ("values", "log_probs", "advantages", "returns")
+    ]
+    samples_class = DictRolloutBufferSamples if isinstance(observations, dict) else RolloutBufferSamples
+    device_indices = to_device(indices)
+    for start in range(0, n_samples, batch_size):
+        rows = device_indices[start : start + batch_size]
+        if isinstance(device_observations, dict):
+            minibatch_observations: TensorObs = {key: value[rows] for key, value in device_observations.items()}
+        else:
+            minibatch_observations = device_observations[rows]
+        yield samples_class(minibatch_observations, *(field[rows] for field in fields))  # type: ignore[arg-type]
+
+
+def gathers_on_device(rollout_buffer: RolloutBuffer, device: th.device) -> bool:
+    """Whether the policy phase gathers its minibatches on the device (``device_minibatches``): SB3's buffers on CUDA."""
+    return device.type == "cuda" and type(rollout_buffer) in (RolloutBuffer, DictRolloutBuffer)
 
 
 def memory_info() -> tuple[int | None, int | None]:

@@ -35,7 +35,9 @@ from sb3_ppg.common.buffers import (
     AuxiliaryBufferSamples,
     aux_buffer_storage,
     aux_buffer_summary,
+    device_minibatches,
     env_minibatches,
+    gathers_on_device,
     make_aux_buffer,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
@@ -369,6 +371,8 @@ class PPG(OnPolicyAlgorithm):
         """
         if self.policy_minibatches == "envs":
             return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
+        if gathers_on_device(self.rollout_buffer, self.device):
+            return device_minibatches(self.rollout_buffer, self.batch_size, self.device)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
 
     def _aux_phase(self) -> None:
