@@ -239,12 +239,13 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_reported_at_the_end_of_t
         assert "learn() again reruns that phase" in "".join(error.value.__notes__)
 
 
-def host_reads(monkeypatch) -> list[str]:
+def host_reads(monkeypatch, package: str | None = None) -> list[str]:
     """
-    The tensor methods that copy a value to the host called by sb3_ppg's code, as they are called (torch's own, such
-    as the argument checks of its distributions, are not counted).
+    The tensor methods that copy a value to the host, as they are called: by the code of ``package`` (a folder; the
+    default sb3_ppg's, not counting torch's own, such as the argument checks of its distributions), or by any code
+    (``package=""``).
     """
-    package = str(pathlib.Path(optim.__file__).parents[1])
+    package = str(pathlib.Path(optim.__file__).parents[1]) if package is None else package
     reads = []
     for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
         method = getattr(th.Tensor, name)
@@ -256,6 +257,26 @@ def host_reads(monkeypatch) -> list[str]:
 
         monkeypatch.setattr(th.Tensor, name, recording)
     return reads
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, None])
+def test_clipping_and_the_gradient_check_read_nothing(monkeypatch, max_grad_norm):
+    """
+    The device path's clipping and check, torch's included, copy nothing to the host; the clipped gradients stay
+    finite (clipping scales by a finite factor of at most 1) and the flag stays 0.
+    """
+    monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", True)
+    module = th.nn.Linear(3, 2)
+    module(th.full((4, 3), 1e3)).sum().backward()
+    check = optim.FiniteCheck("policy", 0, [th.optim.Adam(module.parameters(), fused=True)])
+    with monkeypatch.context() as patch:
+        reads = host_reads(patch, package="")
+        check.clip_and_check_gradients(module, max_grad_norm)
+    assert reads == []
+    assert all(th.isfinite(parameter.grad).all() for parameter in module.parameters())
+    assert check.found_inf.item() == 0.0
+    if max_grad_norm is not None:
+        assert optim.gradient_norm(module.parameters()).item() == pytest.approx(max_grad_norm, rel=1e-5)
 
 
 @pytest.mark.parametrize("path", list(PATHS))
