@@ -21,7 +21,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
-from sb3_ppg.common import distributed
+from sb3_ppg.common import distributed, optim
 from sb3_ppg.common.checkpoints import write_checkpoint
 
 th.set_num_threads(1)
@@ -56,7 +56,17 @@ EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
     ),
     # MaskablePPG: the synthetic rollouts come with masks (SyntheticRollout), the aux phase's KL is the masked one
     "maskable": dict(n_epochs=2, n_aux_epochs=2, aux_batch_rollouts=2, policy_kwargs=dict(net_arch=[16])),
+    # The finite checks on the device (optim.FiniteCheck, forced on the CPU's fused Adam): every step's flag all-reduced
+    "device_check": dict(
+        n_epochs=2,
+        n_aux_epochs=2,
+        aux_batch_rollouts=2,
+        max_grad_norm=0.5,
+        policy_kwargs=dict(net_arch=[16], optimizer_kwargs=dict(fused=True)),
+    ),
 }
+# The scenarios whose finite checks run on the device (optim.FINITE_CHECK_ON_DEVICE, set for their run only)
+DEVICE_CHECK = ("device_check",)
 
 
 class SyntheticRollout(BaseCallback):
@@ -136,7 +146,11 @@ def equality(config_name: str) -> dict[str, Any]:
     # In float64: the ranks' gradients are summed in another order than the single process's
     run_in_float64(model)
     initial = parameters(model)
-    model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
+    previous, optim.FINITE_CHECK_ON_DEVICE = optim.FINITE_CHECK_ON_DEVICE, (True if config_name in DEVICE_CHECK else None)
+    try:
+        model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
+    finally:
+        optim.FINITE_CHECK_ON_DEVICE = previous
     return dict(
         initial=initial,
         final=parameters(model),
@@ -144,6 +158,43 @@ def equality(config_name: str) -> dict[str, Any]:
         n_aux_phases=model.n_aux_phases,
         n_updates=model._n_updates,
     )
+
+
+def nan_loss_on_one_rank() -> dict[str, Any]:
+    """
+    The "device_check" scenario with rank 1's first auxiliary loss NaN but its gradient finite: only rank 1 sees it,
+    yet every rank must skip that step (the flag is all-reduced) and raise at the end of the phase.
+    """
+    model = PPG(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=distributed.local_n_envs(GLOBAL_ENVS), seed=0),
+        seed=0,
+        n_steps=N_STEPS,
+        batch_size=N_STEPS * distributed.local_n_envs(GLOBAL_ENVS),
+        n_policy_iters=2,
+        **{**EQUALITY_CONFIGS["device_check"], "aux_batch_rollouts": 2 * distributed.local_n_envs(GLOBAL_ENVS)},
+    )
+    aux_loss = model._aux_loss
+    calls = []
+
+    def nan_valued_loss(batch):
+        loss, diagnostics = aux_loss(batch)
+        calls.append(1)
+        if distributed.get_rank() == 1 and len(calls) == 1:
+            loss = loss + float("nan") * loss.detach()
+        return loss, diagnostics
+
+    model._aux_loss = nan_valued_loss  # type: ignore[method-assign]
+    optim.FINITE_CHECK_ON_DEVICE = True
+    try:
+        model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
+        error = None
+    except FloatingPointError as raised:
+        error = str(raised)
+    finally:
+        optim.FINITE_CHECK_ON_DEVICE = None
+    adam = [state[key].clone() for state in model.aux_optimizer.state.values() for key in ("exp_avg", "exp_avg_sq", "step")]
+    return dict(error=error, final=parameters(model), adam=adam, n_aux_calls=len(calls))
 
 
 def end_to_end(out_dir: str) -> dict[str, Any]:
@@ -334,6 +385,7 @@ def main() -> None:
         result = checkpoint_resume(pathlib.Path(out_dir))
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
+        result["nan_loss_on_one_rank"] = nan_loss_on_one_rank()
         result["mismatch"] = mismatch()
         result["env_mismatch"] = env_mismatch()
         result["resync"] = resync()

@@ -192,6 +192,24 @@ def test_two_ranks_equal_one_process(equality_runs, config):
         assert reference["n_updates"] < 8  # early stopping happened
 
 
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(equality_runs):
+    """
+    The finite checks on the device (forced on the CPU's fused Adam): rank 1's first auxiliary loss is NaN with a finite
+    gradient. Both ranks skip that step (their weights and Adam state stay equal, the second step taken: step count 1
+    in the aux optimizer) and raise at the end of the phase, rank 0 saying it was another rank's.
+    """
+    rank0, rank1 = (result["nan_loss_on_one_rank"] for result in equality_runs[0])
+    assert rank1["error"].startswith("PPG's auxiliary-phase loss is nan at timestep 64 (optimizer step 1 of the phase)")
+    assert rank0["error"].startswith("PPG's auxiliary-phase loss or gradients were not finite on another rank")
+    for error in (rank0["error"], rank1["error"]):
+        assert "1 of the phase's 2 optimizer steps" in error
+    assert rank0["n_aux_calls"] == rank1["n_aux_calls"] == 2
+    assert_identical(rank0["final"], rank1["final"])
+    assert all(th.isfinite(value).all() for value in rank0["final"].values())
+    assert all(th.equal(a, b) for a, b in zip(rank0["adam"], rank1["adam"], strict=True))
+    assert {state.item() for state in rank0["adam"][2::3]} == {1.0}
+
+
 def test_mismatched_hyperparameters(equality_runs):
     """Every rank raises the same clear error at the start of learn() (no hang)."""
     errors = [result["mismatch"]["error"] for result in equality_runs[0]]

@@ -270,6 +270,14 @@ def all_reduce_mean(tensor: th.Tensor) -> th.Tensor:
     return (buffer / get_world_size()).to(tensor.device)
 
 
+def all_reduce_max(tensor: th.Tensor) -> th.Tensor:
+    """The maximum over the ranks of a tensor (a new tensor, on the input's device)."""
+    buffer = tensor.detach().to(_comm_device(), copy=True)
+    with _collective("comparing a flag"):
+        dist.all_reduce(buffer, op=dist.ReduceOp.MAX)
+    return buffer.to(tensor.device)
+
+
 def global_mean_std(array: np.ndarray) -> tuple[float, float]:
     """
     The mean and the population standard deviation of all ranks' ``array`` values together (what ``mean()`` and

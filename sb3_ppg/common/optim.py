@@ -1,6 +1,7 @@
 """
 One optimizer step of either phase: a minibatch cut into micro-batches, their backward passes, the KL stop of the
-policy epochs, the gradients averaged over the ranks, checked, clipped, and the step.
+policy epochs, the gradients averaged over the ranks, checked, clipped, and the step (skipped on the device when not
+finite: :class:`FiniteCheck`).
 """
 
 from collections.abc import Callable, Iterable
@@ -66,14 +67,26 @@ def gradient_norm(parameters: Iterable[th.nn.Parameter]) -> th.Tensor:
     return th.linalg.vector_norm(th.stack([th.linalg.vector_norm(gradient) for gradient in gradients]))
 
 
+#: What a non-finite loss usually comes from (the end of the error messages)
+LOSS_CAUSES = (
+    "Common causes: NaN/inf rewards or observations from the environment (check them, e.g. with VecCheckNan), rewards "
+    "on a huge scale (use VecNormalize), or a learning rate that is too high (lower learning_rate / aux_learning_rate "
+    "or set max_grad_norm)."
+)
+#: What non-finite gradients of a finite loss usually come from
+GRADIENT_CAUSES = (
+    "Common causes: a learning rate that is too high (lower learning_rate / aux_learning_rate), observations or "
+    "rewards on a huge scale (use VecNormalize), or a custom network or features extractor whose gradient is not "
+    "finite somewhere (e.g. sqrt or log at 0)."
+)
+
+
 def check_finite_loss(loss: th.Tensor, phase: str, timestep: int) -> None:
     """Stop training with a ``FloatingPointError`` naming the common causes when a loss is NaN or infinite."""
     if not th.isfinite(loss).item():
         raise FloatingPointError(
             f"PPG's {phase}-phase loss is {loss.item()} at timestep {timestep}: training stopped before "
-            "the weights were updated with it. Common causes: NaN/inf rewards or observations from the "
-            "environment (check them, e.g. with VecCheckNan), rewards on a huge scale (use VecNormalize), or a "
-            "learning rate that is too high (lower learning_rate / aux_learning_rate or set max_grad_norm)."
+            f"the weights were updated with it. {LOSS_CAUSES}"
         )
 
 
@@ -82,19 +95,155 @@ def clip_gradients(module: th.nn.Module, max_grad_norm: float | None, phase: str
     Clip the global gradient norm of a module's parameters to ``max_grad_norm`` (when set), after checking that the
     gradients are finite (a ``FloatingPointError`` otherwise, the gradients cleared).
     """
-    if max_grad_norm is not None:
-        total_norm = th.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
-    else:
-        total_norm = gradient_norm(module.parameters())
+    total_norm = clipped_gradient_norm(module, max_grad_norm)
     if not th.isfinite(total_norm).item():
         module.zero_grad(set_to_none=True)
         raise FloatingPointError(
             f"PPG's {phase}-phase gradients have a non-finite norm ({total_norm.item()}) at timestep "
             f"{timestep} although the loss is finite: training stopped before the weights were updated "
-            "with them. Common causes: a learning rate that is too high (lower learning_rate / "
-            "aux_learning_rate), observations or rewards on a huge scale (use VecNormalize), or a custom network "
-            "or features extractor whose gradient is not finite somewhere (e.g. sqrt or log at 0)."
+            f"with them. {GRADIENT_CAUSES}"
         )
+
+
+def clipped_gradient_norm(module: th.nn.Module, max_grad_norm: float | None) -> th.Tensor:
+    """
+    The global gradient norm of a module's parameters (a tensor, not read), after clipping it to ``max_grad_norm``
+    when set (``clip_grad_norm_``, which scales the gradients without waiting for the device).
+    """
+    if max_grad_norm is not None:
+        return th.nn.utils.clip_grad_norm_(module.parameters(), max_grad_norm)
+    return gradient_norm(module.parameters())
+
+
+#: Where the losses and gradients are checked finite: ``None`` lets :func:`checks_finite_on_device` choose, ``True`` or
+#: ``False`` forces the device or the host wherever the optimizer can skip a step on the device (tests set it)
+FINITE_CHECK_ON_DEVICE: bool | None = None
+
+
+def skips_steps_on_device(optimizer: th.optim.Optimizer) -> bool:
+    """Whether an optimizer skips its step on the device when told (``found_inf``): torch's fused Adam and AdamW."""
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    return fused and type(optimizer).step in (th.optim.Adam.step, th.optim.AdamW.step)
+
+
+def checks_finite_on_device(optimizer: th.optim.Optimizer) -> bool:
+    """
+    Whether the finite checks of the optimizer's steps run on the device (:class:`FiniteCheck`): on CUDA, where
+    reading a value waits for the device, when the optimizer skips steps there (:func:`skips_steps_on_device`);
+    elsewhere, or with another optimizer, on the host. ``FINITE_CHECK_ON_DEVICE`` overrides the device's choice.
+    """
+    if not skips_steps_on_device(optimizer):
+        return False
+    if FINITE_CHECK_ON_DEVICE is not None:
+        return FINITE_CHECK_ON_DEVICE
+    return optimizer.param_groups[0]["params"][0].device.type == "cuda"
+
+
+class FiniteCheck:
+    """
+    The checks that keep a phase's non-finite losses and gradients from the weights and the optimizers' state. On the
+    host (:func:`check_finite_loss`, :func:`clip_gradients`) the first one stops training at once. On the device
+    (:func:`checks_finite_on_device`) it sets a flag (``found_inf``, as ``torch.amp.GradScaler``) on which the fused
+    Adam skips the step, and :meth:`raise_if_skipped` stops training at the end of the phase (see docs/throughput.md).
+
+    :param phase: ``"policy"`` or ``"auxiliary"``, for the error messages (with ``timestep``)
+    :param timestep: the timestep of the phase
+    :param optimizers: the phase's optimizers; checked on the device when all of them can be
+    """
+
+    # The kind of the first bad step (``first_kind``)
+    NONE, LOSS, GRADIENTS = 0.0, 1.0, 2.0
+
+    def __init__(self, phase: str, timestep: int, optimizers: Iterable[th.optim.Optimizer]) -> None:
+        optimizers = list(optimizers)
+        self.phase = phase
+        self.timestep = timestep
+        self.on_device = bool(optimizers) and all(checks_finite_on_device(optimizer) for optimizer in optimizers)
+        self.n_steps = 0
+        if self.on_device:
+            device = optimizers[0].param_groups[0]["params"][0].device
+            # This step's flag (1.0: skip it), the steps skipped, the first bad step's kind, value and index
+            self.found_inf, self.n_skipped, self.first_kind, self.first_value, self.first_step = (
+                th.zeros((), dtype=th.float32, device=device) for _ in range(5)
+            )
+
+    def check_loss(self, loss: th.Tensor) -> None:
+        """Check a (micro-batch's) loss before its backward pass."""
+        if self.on_device:
+            self._flag(loss, self.LOSS)
+        else:
+            check_finite_loss(loss, self.phase, self.timestep)
+
+    def clip_and_check_gradients(self, module: th.nn.Module, max_grad_norm: float | None) -> None:
+        """Clip the gradients of a module's parameters to ``max_grad_norm`` (when set) and check their norm."""
+        if self.on_device:
+            self._flag(clipped_gradient_norm(module, max_grad_norm), self.GRADIENTS)
+        else:
+            clip_gradients(module, max_grad_norm, self.phase, self.timestep)
+
+    def _flag(self, value: th.Tensor, kind: float) -> None:
+        """Set this step's flag when ``value`` is not finite (on the device), remembering the phase's first one."""
+        value = value.detach()
+        bad = ~th.isfinite(value)
+        first = bad & (self.first_kind == self.NONE)
+        self.first_kind = th.where(first, kind, self.first_kind)
+        self.first_value = th.where(first, value.to(th.float32), self.first_value)
+        self.first_step = th.where(first, float(self.n_steps + 1), self.first_step)
+        # Exactly 1.0: the fused kernels skip a step only then, and the step count is put back by subtracting it
+        self.found_inf = th.where(bad, 1.0, self.found_inf)
+
+    def step(self, optimizer: th.optim.Optimizer) -> None:
+        """
+        Step the optimizer; on the device, skipped when this step's loss or gradients were not finite (on any rank in
+        data-parallel training).
+        """
+        self.n_steps += 1
+        if not self.on_device:
+            optimizer.step()
+            return
+        found_inf = distributed.all_reduce_max(self.found_inf) if distributed.is_active() else self.found_inf
+        optimizer.found_inf = found_inf  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        self.n_skipped += found_inf
+        self.found_inf.zero_()
+
+    def raise_if_skipped(self) -> None:
+        """
+        At the end of the phase, a ``FloatingPointError`` naming the first bad step when the device skipped any (read
+        from the device at once; the host checks have raised already).
+        """
+        if not self.on_device:
+            return
+        # A flag that no step consumed (``pending``): target_kl stopped the epochs at that minibatch
+        any_bad = self.n_skipped + self.found_inf
+        if distributed.is_active():
+            any_bad = distributed.all_reduce_max(any_bad)  # every rank raises together
+        values = th.stack([any_bad, self.n_skipped, self.found_inf, self.first_kind, self.first_value, self.first_step])
+        any_bad, n_skipped, pending, first_kind, first_value, first_step = values.tolist()
+        if any_bad == 0:
+            return
+        skipped = (
+            f"{int(n_skipped + pending)} of the phase's {self.n_steps + int(pending)} optimizer steps had a non-finite "
+            "loss or gradients and were skipped, so the weights and the optimizer's state hold only finite updates; "
+            "training stopped at the end of the phase."
+        )
+        where = f"at timestep {self.timestep} (optimizer step {int(first_step)} of the phase)"
+        if first_kind == self.LOSS:
+            message = f"PPG's {self.phase}-phase loss is {first_value} {where}: {skipped} {LOSS_CAUSES}"
+        elif first_kind == self.GRADIENTS:
+            message = (
+                f"PPG's {self.phase}-phase gradients have a non-finite norm ({first_value}) {where} although the loss "
+                f"is finite: {skipped} {GRADIENT_CAUSES}"
+            )
+        else:
+            message = (
+                f"PPG's {self.phase}-phase loss or gradients were not finite on another rank at timestep "
+                f"{self.timestep}: {skipped} {LOSS_CAUSES}"
+            )
+        raise FloatingPointError(message)
 
 
 def exceeds_target_kl(approx_kl: th.Tensor, target_kl: float) -> bool:
@@ -111,8 +260,7 @@ def backward(
     minibatch: Minibatch,
     compute_loss: Callable[[Minibatch], tuple[th.Tensor, Diagnostics]],
     micro_batch_size: int | None,
-    phase: str,
-    timestep: int,
+    check: FiniteCheck,
     divisor: int = 1,
     target_kl: float | None = None,
     module: th.nn.Module | None = None,
@@ -123,7 +271,7 @@ def backward(
 
     :param compute_loss: the loss (a mean over the samples) and diagnostics of a (micro-)batch
     :param micro_batch_size: the most samples per forward and backward pass; ``None``: the whole minibatch
-    :param phase: ``"policy"`` or ``"auxiliary"``, for the error messages (with ``timestep``)
+    :param check: the phase's finite checks
     :param divisor: what the loss is divided by (the minibatches of an accumulated gradient)
     :param target_kl: leave the minibatch out (no gradient) when its approx KL exceeds ``1.5 * target_kl``
     :param module: the module whose gradients are dropped when micro-batches exceed ``target_kl``
@@ -133,7 +281,7 @@ def backward(
     results = []
     for micro_batch, share in micro_batches:
         loss, diagnostics = compute_loss(micro_batch)
-        check_finite_loss(loss, phase, timestep)
+        check.check_loss(loss)
         if target_kl is not None and len(micro_batches) == 1 and exceeds_target_kl(diagnostics["approx_kl"], target_kl):
             # One forward pass: decided before backward(), as SB3's PPO does
             return {**diagnostics, "loss": loss.detach()}, False
@@ -153,12 +301,12 @@ def backward(
     return totals, True  # type: ignore[return-value]
 
 
-def step(optimizer: th.optim.Optimizer, module: th.nn.Module, max_grad_norm: float | None, phase: str, timestep: int) -> None:
-    """Average the gradients over the ranks, check and clip them, step the optimizer and clear them."""
+def step(optimizer: th.optim.Optimizer, module: th.nn.Module, max_grad_norm: float | None, check: FiniteCheck) -> None:
+    """Average the gradients over the ranks, clip and check them, step the optimizer (``check.step``) and clear them."""
     if distributed.is_active():
         distributed.average_gradients(module.parameters())
-    clip_gradients(module, max_grad_norm, phase, timestep)
-    optimizer.step()
+    check.clip_and_check_gradients(module, max_grad_norm)
+    check.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
 
 

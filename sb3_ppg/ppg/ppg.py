@@ -327,6 +327,8 @@ class PPG(OnPolicyAlgorithm):
         clip_range = self._schedule_value("clip_range", progress)
         clip_range_vf = self._schedule_value("clip_range_vf", progress)
         stats = PhaseStats()
+        optimizers = [optimizer for optimizer in (self.policy.optimizer, self.value_optimizer) if optimizer is not None]
+        check = optim.FiniteCheck("policy", self.num_timesteps, optimizers)
         if self.n_value_epochs == self.n_epochs:
             policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
         else:
@@ -335,11 +337,9 @@ class PPG(OnPolicyAlgorithm):
             value_loss = partial(self._value_loss, clip_range_vf=clip_range_vf)
             for _ in range(self.n_value_epochs):
                 for rollout_data in self._rollout_minibatches():
-                    diagnostics, _ = optim.backward(
-                        rollout_data, value_loss, self._micro_batch_size, "policy", self.num_timesteps
-                    )
+                    diagnostics, _ = optim.backward(rollout_data, value_loss, self._micro_batch_size, check)
                     stats.add(diagnostics)
-                    self._step(self.value_optimizer, "policy")
+                    self._step(self.value_optimizer, check)
                 self._n_updates += 1
             policy_epoch_loss = partial(self._policy_loss, clip_range=clip_range)
         continue_training = True
@@ -350,18 +350,18 @@ class PPG(OnPolicyAlgorithm):
                     rollout_data,
                     policy_epoch_loss,
                     self._micro_batch_size,
-                    "policy",
-                    self.num_timesteps,
+                    check,
                     target_kl=self.target_kl,
                     module=self.policy,
                 )
                 stats.add(diagnostics)
                 if not continue_training:
                     break
-                self._step(self.policy.optimizer, "policy")
+                self._step(self.policy.optimizer, check)
             self._n_updates += 1
             if not continue_training:
                 break
+        check.raise_if_skipped()
         self._log_policy_phase(stats, clip_range, clip_range_vf, continue_training)
 
     def _rollout_minibatches(self) -> Iterator[RolloutBufferSamples]:
@@ -442,6 +442,7 @@ class PPG(OnPolicyAlgorithm):
         n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
         accum = self.n_aux_grad_accum
         stats = PhaseStats()
+        check = optim.FiniteCheck("auxiliary", self.num_timesteps, [optimizer])
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
         for epoch in range(self.n_aux_epochs):
@@ -449,14 +450,13 @@ class PPG(OnPolicyAlgorithm):
                 # Average the gradient over the minibatches of one accumulation group (the last may be shorter)
                 group_start = batch_index - batch_index % accum
                 group_size = min(accum, n_batches - group_start)
-                diagnostics, _ = optim.backward(
-                    batch, self._aux_loss, self._micro_batch_size, "auxiliary", self.num_timesteps, divisor=group_size
-                )
+                diagnostics, _ = optim.backward(batch, self._aux_loss, self._micro_batch_size, check, divisor=group_size)
                 stats.add(diagnostics)
                 if batch_index - group_start == group_size - 1:
-                    self._step(optimizer, "auxiliary")
+                    self._step(optimizer, check)
                     self._n_aux_updates += 1
                 self._notify_aux_phase_callbacks("on_aux_minibatch", epoch + 1, batch_index + 1)
+        check.raise_if_skipped()
         self._n_aux_phases += 1
         values = stats.read()
         for name in ("kl_loss", "aux_value_loss", "real_value_loss"):
@@ -465,9 +465,9 @@ class PPG(OnPolicyAlgorithm):
         self.logger.record("aux/n_updates", self._n_aux_updates, exclude="tensorboard")
         self.logger.record("time/aux_phase_s", time.perf_counter() - start_time)
 
-    def _step(self, optimizer: th.optim.Optimizer, phase: str) -> None:
-        """One optimizer step of the policy's parameters (:func:`~sb3_ppg.common.optim.step`)."""
-        optim.step(optimizer, self.policy, self.max_grad_norm, phase, self.num_timesteps)
+    def _step(self, optimizer: th.optim.Optimizer, check: optim.FiniteCheck) -> None:
+        """One optimizer step of the policy's parameters (:func:`~sb3_ppg.common.optim.step`), checked by ``check``."""
+        optim.step(optimizer, self.policy, self.max_grad_norm, check)
 
     @contextmanager
     def _precision(self, phase: str) -> Iterator[None]:
