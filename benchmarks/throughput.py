@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--compile", action="store_true", help="Optimized mode: torch.compile the features extractors")
     parser.add_argument(
-        "--aux-buffer-device", default="cpu", help="Optimized mode's aux_buffer_device: cpu, pinned, device or auto"
+        "--aux-buffer-device", default="auto", help="Optimized mode's aux_buffer_device: cpu, pinned, device or auto"
     )
     parser.add_argument(
         "--overlap-groups", type=int, default=1, help="Optimized mode: N >= 2 envs groups with overlap_rollouts=True"

@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", help="cuda or cpu (CleanRL: --cuda / --no-cuda)")
     parser.add_argument("--precision", default="fp32", help="sb3-ppg's precision (CleanRL runs fp32)")
     parser.add_argument("--arch", default="detach", help="sb3-ppg's arch (CleanRL's network is 'detach')")
-    parser.add_argument("--aux-buffer-device", default="cpu", help="sb3-ppg's aux_buffer_device")
+    parser.add_argument("--aux-buffer-device", default="auto", help="sb3-ppg's aux_buffer_device")
     parser.add_argument("--overlap-groups", type=int, default=1, help="sb3-ppg: N >= 2 groups with overlap_rollouts")
     parser.add_argument("--order", default="cleanrl,sb3-ppg", help="Comma-separated order of the runs")
     parser.add_argument("--json", default=None, help="Write the results as JSON to this file")

@@ -238,34 +238,3 @@ def test_vs_cleanrl_runs_in_the_order_asked_for(monkeypatch):
     assert ran[1][1].endswith("vs_cleanrl.py") and ran[1][-1] == "--sb3-child"
     # CleanRL took 2 s, sb3-ppg 4 s for the same 64 x 256 x 8 steps
     assert results["env_steps"] == 64 * 256 * 8 and results["ratio"] == pytest.approx(0.5)
-
-
-def test_max_pool_backward_runs(tmp_path, capsys):
-    """benchmarks/max_pool_backward.py on tiny CPU shapes: every (shape, dtype, layout) row, timed and compared."""
-    max_pool_backward = load_script("max_pool_backward")
-    json_path = tmp_path / "max_pool.json"
-    args = ["--device", "cpu", "--batch-size", "2", "--shapes", "4x8x8,3x7x9", "--repeats", "2", "--warmup", "1"]
-    rows = max_pool_backward.main([*args, "--network", "3x16x16", "--json", str(json_path)])
-    network_rows = [row for row in rows if row.get("network")]
-    rows = rows[: len(rows) - len(network_rows)]
-    # The IMPALA CNN's forward + backward per dtype and layout; on a CPU both columns are ATen's max-pool
-    assert [(row["input_shape"], row["dtype"], row["layout"]) for row in network_rows] == [
-        ([2, 3, 16, 16], dtype, layout) for dtype in ("bf16", "fp32") for layout in ("channels_last", "contiguous")
-    ]
-    assert all(row["identical"] and row["aten_ms"] > 0 and row["gather_ms"] > 0 for row in network_rows)
-    assert [(row["input_shape"], row["dtype"], row["layout"]) for row in rows] == [
-        ([2, *shape], dtype, layout)
-        for shape in ([4, 8, 8], [3, 7, 9])
-        for dtype in ("bf16", "fp32")
-        for layout in ("channels_last", "contiguous")
-    ]
-    for row in rows:
-        assert row["aten_forward_ms"] > 0 and row["aten_backward_ms"] > 0 and row["gather_backward_ms"] > 0
-        assert row["speedup"] == pytest.approx(row["aten_backward_ms"] / row["gather_backward_ms"])
-        # Bit-identical in fp32; ATen's CPU kernel rounds each bf16 addition, the gather backward once
-        assert row["identical"] or row["dtype"] == "bf16"
-    assert json.loads(json_path.read_text()) == rows + network_rows
-    table = capsys.readouterr().out
-    assert "| 2x3x7x9 | fp32 | contiguous |" in table and table.count("| yes |") >= 4
-    with pytest.raises(SystemExit):
-        max_pool_backward.main(["--shapes", "4x4"])

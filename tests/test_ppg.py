@@ -459,7 +459,7 @@ def test_resumed_learn_counts_the_stored_rollouts_for_the_aux_phase_warning(make
 
 def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
     """The log (SB3's logger, here its log.txt) states the auxiliary buffer's size at the start of a run."""
-    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4)
+    model = make_model("CartPole-v1", n_envs=2, n_policy_iters=4, device="cpu")
     model.set_logger(configure(str(tmp_path), ["log"]))
     model.learn(128)
     # CartPole: 4 float32 observations, plus the value target and 2 logits (4 bytes each) per step
@@ -467,7 +467,7 @@ def test_aux_buffer_size_is_in_the_log(tmp_path, make_model):
     line = (
         "Auxiliary buffer: n_policy_iters * n_envs * n_steps = 4 * 2 * 16 steps of 28 bytes (16 of observations), "
         "3.6 kB, taken as rollouts arrive; next auxiliary phase at step 128. It lives in CPU memory "
-        "(aux_buffer_device='cpu')."
+        "(aux_buffer_device='auto' and the model is on cpu, not a CUDA device)."
     )
     assert line in (tmp_path / "log.txt").read_text().splitlines()
 

@@ -163,7 +163,7 @@ class PPG(OnPolicyAlgorithm):
         aux_learning_rate: float | Schedule | None = None,
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
-        aux_buffer_device: str = "cpu",
+        aux_buffer_device: str = "auto",
         overlap_rollouts: bool = False,
         cuda_graphs: bool = True,
         micro_batch_size: int | str | None = "auto",
