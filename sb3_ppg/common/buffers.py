@@ -493,20 +493,16 @@ class AuxiliaryBuffer:
         :param generator: random generator for the shuffle (NumPy's global one if None, which SB3 seeds)
         """
         permutation = generator.permutation(self.pos) if generator is not None else np.random.permutation(self.pos)
-        batches = (permutation[start : start + batch_rollouts] for start in range(0, self.pos, batch_rollouts))
-        if self.storage == "device":
-            # The permutation copied to the device once per epoch, each minibatch's rows sliced there
-            device_permutation = th.as_tensor(permutation, device=self.device)
-            for start in range(0, self.pos, batch_rollouts):
-                end = start + batch_rollouts
-                yield self._minibatch(permutation[start:end], device_permutation[start:end])
-            return
         if self.storage != "pinned":
-            for rows in batches:
-                yield self._minibatch(rows)
+            # On the device, the permutation is copied there once per epoch and each minibatch's rows sliced there
+            device_permutation = th.as_tensor(permutation, device=self.device) if self.storage == "device" else None
+            for start in range(0, self.pos, batch_rollouts):
+                rows = slice(start, start + batch_rollouts)
+                yield self._minibatch(permutation[rows], None if device_permutation is None else device_permutation[rows])
             return
         # Pinned memory: the next minibatch is gathered and its copy started before the current one is handed out,
         # so that the host prepares it while the device trains on the current one
+        batches = (permutation[start : start + batch_rollouts] for start in range(0, self.pos, batch_rollouts))
         pending = None
         for index, rows in enumerate(batches):
             prepared = self._staged_minibatch(rows, index % 2) if self._staged else self._minibatch(rows)

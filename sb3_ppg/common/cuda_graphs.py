@@ -9,15 +9,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 import torch as th
+from stable_baselines3.common.type_aliases import PyTorchObs
 from torch import nn
 
-#: Observations as the networks take them: a tensor, or a dict of tensors (Dict spaces)
-TensorObs = th.Tensor | dict[str, th.Tensor]
 #: A forward pass: observations -> a tuple of tensors
-ForwardFunction = Callable[[TensorObs], tuple[th.Tensor, ...]]
+ForwardFunction = Callable[[PyTorchObs], tuple[th.Tensor, ...]]
 
 
-def input_layout(observations: TensorObs) -> tuple:
+def input_layout(observations: PyTorchObs) -> tuple:
     """The shapes, dtypes and devices of observations (a tensor or a dict of tensors): one graph each."""
     if isinstance(observations, dict):
         return tuple((key, *input_layout(value)) for key, value in sorted(observations.items()))
@@ -32,13 +31,13 @@ def parameter_addresses(module: nn.Module) -> tuple[int, ...]:
     return tuple(tensor.data_ptr() for tensor in (*module.parameters(), *module.buffers()))
 
 
-def _clone(observations: TensorObs) -> TensorObs:
+def _clone(observations: PyTorchObs) -> PyTorchObs:
     if isinstance(observations, dict):
         return {key: value.clone() for key, value in observations.items()}
     return observations.clone()
 
 
-def _copy_into(static: TensorObs, observations: TensorObs) -> None:
+def _copy_into(static: PyTorchObs, observations: PyTorchObs) -> None:
     if isinstance(static, dict):
         for key, value in static.items():
             value.copy_(observations[key])  # type: ignore[index]
@@ -54,7 +53,7 @@ class CapturedForward:
     :param observations: example inputs of the layout to capture (copied)
     """
 
-    def __init__(self, function: ForwardFunction, observations: TensorObs) -> None:
+    def __init__(self, function: ForwardFunction, observations: PyTorchObs) -> None:
         self.static_inputs = _clone(observations)
         tensors = self.static_inputs.values() if isinstance(self.static_inputs, dict) else [self.static_inputs]
         device = next(iter(tensors)).device
@@ -75,7 +74,7 @@ class CapturedForward:
         with th.cuda.graph(self.graph):
             self.static_outputs = function(self.static_inputs)
 
-    def __call__(self, observations: TensorObs) -> tuple[th.Tensor, ...]:
+    def __call__(self, observations: PyTorchObs) -> tuple[th.Tensor, ...]:
         """Replay the graph on ``observations``; the outputs are copies (the next replay overwrites the graph's)."""
         _copy_into(self.static_inputs, observations)
         self.graph.replay()
@@ -98,7 +97,7 @@ class GraphedForward:
         #: The keys whose capture failed: they run the plain pass
         self.failed: set[Hashable] = set()
 
-    def __call__(self, observations: TensorObs, key: Hashable = ()) -> tuple[th.Tensor, ...]:
+    def __call__(self, observations: PyTorchObs, key: Hashable = ()) -> tuple[th.Tensor, ...]:
         """
         The forward pass on ``observations`` (from a graph when it can be).
 
@@ -115,7 +114,7 @@ class GraphedForward:
         self.graphs.move_to_end(full_key)
         return captured(observations)
 
-    def _capture(self, observations: TensorObs, key: Hashable) -> CapturedForward | None:
+    def _capture(self, observations: PyTorchObs, key: Hashable) -> CapturedForward | None:
         """Capture the pass for ``key`` (None when it cannot be captured: it then runs without graphs)."""
         try:
             captured = CapturedForward(self.function, observations)

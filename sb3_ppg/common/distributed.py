@@ -262,20 +262,22 @@ def average_gradients(parameters: Iterable[th.nn.Parameter]) -> None:
             offset += size
 
 
+def _all_reduced(tensor: th.Tensor, op: Any, doing: str) -> th.Tensor:
+    """A copy of a tensor on the communication device, all-reduced with ``op`` (``doing``: for the errors)."""
+    buffer = tensor.detach().to(_comm_device(), copy=True)
+    with _collective(doing):
+        dist.all_reduce(buffer, op=op)
+    return buffer
+
+
 def all_reduce_mean(tensor: th.Tensor) -> th.Tensor:
     """The mean over the ranks of a tensor (a new tensor, on the input's device)."""
-    buffer = tensor.detach().to(_comm_device(), copy=True)
-    with _collective("averaging a statistic"):
-        dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-    return (buffer / get_world_size()).to(tensor.device)
+    return (_all_reduced(tensor, dist.ReduceOp.SUM, "averaging a statistic") / get_world_size()).to(tensor.device)
 
 
 def all_reduce_max(tensor: th.Tensor) -> th.Tensor:
     """The maximum over the ranks of a tensor (a new tensor, on the input's device)."""
-    buffer = tensor.detach().to(_comm_device(), copy=True)
-    with _collective("comparing a flag"):
-        dist.all_reduce(buffer, op=dist.ReduceOp.MAX)
-    return buffer.to(tensor.device)
+    return _all_reduced(tensor, dist.ReduceOp.MAX, "comparing a flag").to(tensor.device)
 
 
 def global_mean_std(array: np.ndarray) -> tuple[float, float]:
