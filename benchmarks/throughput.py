@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Optimized mode's cuda_graphs (the rollout's forward pass from CUDA graphs on CUDA)",
     )
     parser.add_argument(
+        "--parallel-networks",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Optimized mode's parallel_networks (arch dual's two networks on two CUDA streams on CUDA)",
+    )
+    parser.add_argument(
         "--num-threads", type=int, default=None, help="Procgen threads per env group (default: make_procgen_env's)"
     )
     parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
@@ -134,6 +140,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         aux_buffer_device=args.aux_buffer_device if optimized else "cpu",
         overlap_rollouts=optimized and args.overlap_groups > 1,
         cuda_graphs=optimized and args.cuda_graphs,
+        parallel_networks=optimized and args.parallel_networks,
         policy_kwargs=policy_kwargs,
         device=args.device,
         seed=0,
@@ -353,6 +360,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["overlap_groups"] = args.overlap_groups if mode == "optimized" else 1
     result["aux_buffer_device"] = model.aux_buffer_device
     result["cuda_graphs"] = bool(model.cuda_graphs and cuda)
+    result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
     return result
@@ -408,6 +416,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
         f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, cuda_graphs: {args.cuda_graphs}, "
+        f"parallel_networks: {args.parallel_networks}, "
         f"procgen threads per group: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",

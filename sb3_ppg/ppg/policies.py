@@ -19,6 +19,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
+from sb3_ppg.common.cuda_streams import SideStream
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.preprocessing import (
     add_scalar_feature_axis,
@@ -152,6 +153,10 @@ class PPGPolicy(ActorCriticPolicy):
         # Replay the rollout's forward pass from CUDA graphs on a CUDA device (set by PPG's cuda_graphs)
         self.rollout_cuda_graphs = False
         self._rollout_graphs: GraphedForward | None = None
+        # Run arch="dual"'s value network on a second CUDA stream beside the policy network (set by PPG's
+        # parallel_networks)
+        self.parallel_networks = False
+        self._value_stream: SideStream | None = None
         self.arch = arch
         self.detach_value_in_aux = detach_value_in_aux
         self.normed_init = normed_init
@@ -292,10 +297,25 @@ class PPGPolicy(ActorCriticPolicy):
         :param detach_value: for the one-network architectures, stop the value head's gradient at the trunk
         """
         if self.arch == "dual":
-            pi_features, vf_features = self.extract_features(obs)
-            return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
+            value_stream = self._parallel_value_stream()
+            if value_stream is None:
+                pi_features, vf_features = self.extract_features(obs)
+                return self.mlp_extractor.forward_actor(pi_features), self.mlp_extractor.forward_critic(vf_features)
+            with value_stream.branch():
+                latent_vf = self.mlp_extractor.forward_critic(self._features(obs, self.vf_features_extractor))
+            latent_pi = self.mlp_extractor.forward_actor(self._features(obs, self.pi_features_extractor))
+            value_stream.join()
+            return latent_pi, latent_vf
         latent_pi = self.mlp_extractor.forward_actor(self.extract_features(obs))
         return latent_pi, latent_pi.detach() if detach_value else latent_pi
+
+    def _parallel_value_stream(self) -> SideStream | None:
+        """The stream of the value network's branch with ``parallel_networks`` on a CUDA device, else None."""
+        if not (self.parallel_networks and self.device.type == "cuda"):
+            return None
+        if self._value_stream is None or self._value_stream.device != self.device:
+            self._value_stream = SideStream(self.device)
+        return self._value_stream
 
     def get_distribution(self, obs: PyTorchObs) -> Distribution:
         """The current policy's action distribution for the observations (the policy network only)."""
@@ -332,7 +352,7 @@ class PPGPolicy(ActorCriticPolicy):
             return self._latent_and_values(obs)
         if self._rollout_graphs is None:
             self._rollout_graphs = GraphedForward(self._latent_and_values)
-        key = (self.training, self.compute_dtype, parameter_addresses(self))
+        key = (self.training, self.compute_dtype, self.parallel_networks, parameter_addresses(self))
         latent_pi, values = self._rollout_graphs(obs, key)
         return latent_pi, values
 

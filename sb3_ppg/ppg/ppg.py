@@ -108,6 +108,7 @@ class PPG(OnPolicyAlgorithm):
     :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
     :param overlap_rollouts: Step each group of a ``GroupedVecEnv`` while the network acts on the next
     :param cuda_graphs: Replay the rollout's forward pass from CUDA graphs on a CUDA device (the same results)
+    :param parallel_networks: Run ``arch="dual"``'s two networks on two CUDA streams on a CUDA device (the same results)
     :param micro_batch_size: The most samples per forward and backward pass; ``"auto"``: 256 for a CNN on a CPU
     :param precision: The features extractors' precision: ``"auto"``, ``"fp32"``, ``"bf16"`` or a dict per phase
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
@@ -166,6 +167,7 @@ class PPG(OnPolicyAlgorithm):
         aux_buffer_device: str = "auto",
         overlap_rollouts: bool = False,
         cuda_graphs: bool = True,
+        parallel_networks: bool = False,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -225,6 +227,7 @@ class PPG(OnPolicyAlgorithm):
         self.aux_buffer_device = aux_buffer_device
         self.overlap_rollouts = overlap_rollouts
         self.cuda_graphs = cuda_graphs
+        self.parallel_networks = parallel_networks
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -278,6 +281,7 @@ class PPG(OnPolicyAlgorithm):
         self._phase_dtypes = resolve_precision(self.precision, self.device, has_convolutions(self.policy))
         self.policy.compute_dtype = self._phase_dtypes["rollout"]
         self.policy.rollout_cuda_graphs = self.cuda_graphs
+        self.policy.parallel_networks = self.parallel_networks
         self._micro_batch_size = resolve_micro_batch_size(self.micro_batch_size, self.device, has_convolutions(self.policy))
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
