@@ -4,6 +4,9 @@ on a second stream beside the policy network, with the same results bit for bit;
 architectures, nothing changes. The CUDA tests run where a GPU is (the lead's GPU sessions); the rest everywhere.
 """
 
+import copy
+import pickle
+import threading
 from contextlib import contextmanager
 
 import pytest
@@ -120,3 +123,33 @@ def test_parallel_networks_one_network_and_maskable_on_cuda():
         )
         runs.append(rollout_and_parameters(model, 128))
     assert_same_run(*runs)
+
+
+def test_policy_copies_without_graphs_and_stream():
+    """pickle and deepcopy of a policy leave out its CUDA graphs and stream (which cannot be copied); the copy acts alike."""
+    model = image_model(False, "cpu", parallel_networks=True)
+    policy = model.policy
+    policy._rollout_graphs = threading.Lock()  # stand-ins that cannot be copied, as CUDA graphs and streams
+    policy._value_stream = threading.Lock()
+    for copied in (copy.deepcopy(policy), pickle.loads(pickle.dumps(policy))):
+        assert copied._rollout_graphs is None and copied._value_stream is None and copied.parallel_networks
+        obs = th.as_tensor(model.env.reset())
+        with th.no_grad():
+            for a, b in zip(copied.rollout_latent_and_values(obs), policy.rollout_latent_and_values(obs), strict=True):
+                assert th.equal(a, b)
+    assert isinstance(policy._rollout_graphs, type(threading.Lock())) and policy._value_stream is not None
+
+
+def test_policy_pickled_before_parallel_networks_loads():
+    """A policy pickled by an earlier version (no ``cuda_graphs`` / ``parallel_networks`` attributes) unpickles and runs."""
+    policy = image_model(False, "cpu").policy
+    state = policy.__getstate__()
+    for name in ("parallel_networks", "_value_stream", "rollout_cuda_graphs", "_rollout_graphs"):
+        del state[name]
+    old = PPGPolicy.__new__(type(policy))
+    old.__setstate__(state)
+    assert old.parallel_networks is False and old._parallel_value_stream() is None and old.rollout_cuda_graphs is False
+    obs = th.zeros((2, *policy.observation_space.shape), dtype=th.uint8)
+    with th.no_grad():
+        for a, b in zip(old.rollout_latent_and_values(obs), policy.rollout_latent_and_values(obs), strict=True):
+            assert th.equal(a, b)

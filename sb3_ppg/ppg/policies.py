@@ -256,6 +256,21 @@ class PPGPolicy(ActorCriticPolicy):
         )
         return data
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The state that pickle and ``copy.deepcopy`` copy: without the CUDA graphs and stream, rebuilt when used."""
+        state = super().__getstate__()
+        state["_rollout_graphs"] = None
+        state["_value_stream"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A pickled policy's state; one pickled before ``cuda_graphs`` or ``parallel_networks`` existed goes without."""
+        for name, default in (("rollout_cuda_graphs", False), ("_rollout_graphs", None)):
+            state.setdefault(name, default)
+        for name, default in (("parallel_networks", False), ("_value_stream", None)):
+            state.setdefault(name, default)
+        super().__setstate__(state)
+
     def obs_to_tensor(self, observation: np.ndarray | dict[str, np.ndarray]) -> tuple[PyTorchObs, bool]:
         """SB3's conversion for ``predict``, after checking that a Dict observation has exactly the space's keys."""
         check_observation_keys(observation, self.observation_space)
