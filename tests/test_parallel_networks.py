@@ -11,17 +11,20 @@ from contextlib import contextmanager
 
 import pytest
 import torch as th
-from helpers import small_ppg
+from helpers import SMALL_PPG, small_ppg
 from stable_baselines3.common.env_util import make_vec_env
-from test_cuda_graphs import TINY_CNN, MaskedImageEnv, assert_same_run, image_model, rollout_and_parameters
+from test_cuda_graphs import (
+    TINY_CNN,
+    MaskedImageEnv,
+    assert_same_run,
+    image_model,
+    requires_cuda,
+    rollout_and_parameters,
+)
 
 from sb3_ppg import PPG, MaskablePPG
 from sb3_ppg.common import cuda_streams
 from sb3_ppg.ppg.policies import PPGPolicy
-
-requires_cuda = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
-
-SMALL_IMAGE_PPG = dict(n_steps=16, batch_size=16, n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=1)
 
 
 class InlineBranch:
@@ -119,7 +122,7 @@ def test_parallel_networks_one_network_and_maskable_on_cuda():
     for flag in (True, False):
         env = make_vec_env(MaskedImageEnv, n_envs=4, seed=3)
         model = MaskablePPG(
-            "ProcgenCnn", env, policy_kwargs=TINY_CNN, seed=3, device="cuda", parallel_networks=flag, **SMALL_IMAGE_PPG
+            "ProcgenCnn", env, policy_kwargs=TINY_CNN, seed=3, device="cuda", parallel_networks=flag, **SMALL_PPG
         )
         runs.append(rollout_and_parameters(model, 128))
     assert_same_run(*runs)

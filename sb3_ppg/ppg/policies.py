@@ -265,9 +265,8 @@ class PPGPolicy(ActorCriticPolicy):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A pickled policy's state; one pickled before ``cuda_graphs`` or ``parallel_networks`` existed goes without."""
-        for name, default in (("rollout_cuda_graphs", False), ("_rollout_graphs", None)):
-            state.setdefault(name, default)
-        for name, default in (("parallel_networks", False), ("_value_stream", None)):
+        defaults = {"rollout_cuda_graphs": False, "_rollout_graphs": None, "parallel_networks": False, "_value_stream": None}
+        for name, default in defaults.items():
             state.setdefault(name, default)
         super().__setstate__(state)
 
