@@ -17,10 +17,10 @@ mode runs in a fresh subprocess (so that peak memory is its own) and reports:
   how close training comes to it.
 
 Modes: ``optimized`` (the package's defaults plus the options given: ``--precision``, ``--compile``,
-``--micro-batch-size``) and
-``reference`` (every optimization off: fp32, NCHW convolutions, no compile, no CUDA graphs). The report prints optimized /
-reference. Results go to ``--json`` and a Markdown table to ``--output`` (machine, date, versions, command;
-default ``docs/throughput_run.md``, the latest run, which ``docs/throughput.md`` collects and explains).
+``--micro-batch-size``, ``--rollout-buffer``, ...) and ``reference`` (every optimization off: fp32, NCHW convolutions,
+no compile, no CUDA graphs, SB3's rollout buffer). The report prints optimized / reference. Results go to ``--json``
+and a Markdown table to ``--output`` (machine, date, versions, command; default ``docs/throughput_run.md``, the latest
+run, which ``docs/throughput.md`` collects and explains).
 
 Usage, from the repository root with sb3_ppg installed:
 ``python benchmarks/throughput.py --game starpilot --n-envs 32 --n-steps 128 --arch detach --n-policy-iters 4``
@@ -81,6 +81,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Optimized mode's parallel_networks (arch dual's two networks on two CUDA streams on CUDA)",
     )
     parser.add_argument(
+        "--rollout-buffer",
+        choices=("ppg", "sb3"),
+        default="ppg",
+        help="Optimized mode's rollout buffer: PPG's default (PPGRolloutBuffer) or SB3's RolloutBuffer (the reference's)",
+    )
+    parser.add_argument(
         "--num-threads", type=int, default=None, help="Procgen threads per env group (default: make_procgen_env's)"
     )
     parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
@@ -118,6 +124,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     :return: The model
     """
     import torch as th
+    from stable_baselines3.common.buffers import RolloutBuffer
 
     from sb3_ppg import PPG
 
@@ -141,6 +148,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         overlap_rollouts=optimized and args.overlap_groups > 1,
         cuda_graphs=optimized and args.cuda_graphs,
         parallel_networks=optimized and args.parallel_networks,
+        rollout_buffer_class=None if optimized and args.rollout_buffer == "ppg" else RolloutBuffer,
         policy_kwargs=policy_kwargs,
         device=args.device,
         seed=0,
@@ -361,6 +369,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["aux_buffer_device"] = model.aux_buffer_device
     result["cuda_graphs"] = bool(model.cuda_graphs and cuda)
     result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
+    result["rollout_buffer"] = type(model.rollout_buffer).__name__
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
     return result
@@ -416,7 +425,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
         f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, cuda_graphs: {args.cuda_graphs}, "
-        f"parallel_networks: {args.parallel_networks}, procgen threads per group: "
+        f"parallel_networks: {args.parallel_networks}, rollout buffer: {args.rollout_buffer}, procgen threads per group: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "

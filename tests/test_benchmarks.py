@@ -1,11 +1,13 @@
 """The benchmark scripts run, and compute what their reports say."""
 
 import json
+import os
 import sys
 import time
 
 import numpy as np
 import pytest
+import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
 
 # Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
@@ -72,6 +74,7 @@ def test_throughput_runs(tmp_path):
     assert [result["mode"] for result in results] == ["optimized", "reference"]
     # Minibatches of 8 (policy) and 16 (aux) samples run in micro-batches of 3 in the optimized mode only
     assert [result["micro_batch_size"] for result in results] == [3, None]
+    assert [result["rollout_buffer"] for result in results] == ["PPGRolloutBuffer", "RolloutBuffer"]
     for result in results:
         assert result["env_steps"] == 2 * 2 * 8
         for key in ("end_to_end_env_steps_per_s", "rollout_env_steps_per_s", "bound_env_steps_per_s", "peak_rss_mib"):
@@ -91,11 +94,54 @@ def test_throughput_runs(tmp_path):
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
+    assert "parallel_networks: False, rollout buffer: ppg, procgen threads" in report
+    assert throughput.parse_args(["--rollout-buffer", "sb3"]).rollout_buffer == "sb3"
     assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
     for text, expected in (("auto", "auto"), ("none", None), ("64", 64)):
         assert throughput.parse_args([f"--micro-batch-size={text}"]).micro_batch_size == expected
     with pytest.raises(SystemExit):
         throughput.parse_args(["--micro-batch-size", "0"])
+
+
+def test_rollout_host_time_runs(tmp_path, capsys):
+    """benchmarks/rollout_host_time.py in a tiny configuration: both buffers timed, the report and the JSON."""
+    rollout_host_time = load_script("rollout_host_time")
+    json_path = tmp_path / "host.json"
+    args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--rounds", "2", "--num-threads", "1"]
+    results = rollout_host_time.main([*args, "--json", str(json_path)])
+    assert list(results) == ["PPGRolloutBuffer", "SB3 RolloutBuffer"]
+    for medians in results.values():
+        assert all(medians[key] > 0 for key in ("rollout_s", "minibatches_s", "aux_add_s"))
+        assert medians["total_s"] == pytest.approx(medians["rollout_s"] + medians["minibatches_s"] + medians["aux_add_s"])
+        assert medians["rollout_ms_per_step"] == pytest.approx(1000 * medians["rollout_s"] / 8)
+    report = capsys.readouterr().out
+    assert "starpilot x 2 envs x 8 steps, 2 minibatches, device cpu, medians of 2 rounds" in report
+    assert f"| PPGRolloutBuffer | {results['PPGRolloutBuffer']['rollout_ms_per_step']:.3f} |" in report
+    assert json.loads(json_path.read_text())["results"] == results
+    # The stand-in features extractor does no work: zeros for every observation
+    extractor = rollout_host_time.ZeroFeatures(rollout_host_time.spaces.Box(0, 255, (3, 8, 8), np.uint8), 5)
+    assert th.equal(extractor(th.ones(4, 3, 8, 8)), th.zeros(4, 5))
+
+
+def test_gpu_checks_script(tmp_path):
+    """benchmarks/gpu_checks.sh parses, names tests and options that exist, and runs no step that STEPS leaves out."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_checks.sh"
+    text = script.read_text()
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    for test_file in re.findall(r"tests/test_\w+\.py", text):
+        assert (script.parent.parent / test_file).is_file(), test_file
+    config = re.search(r"config=\((.*?)\)", text, re.DOTALL).group(1).split()
+    args = load_script("throughput").parse_args([*config, "--rollout-buffer", "sb3", "--parallel-networks"])
+    assert (args.device, args.arch, args.n_envs, args.precision, args.rollout_buffer) == ("cuda", "dual", 64, "bf16", "sb3")
+    run = subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out"), "STEPS": "none"}, check=False
+    )
+    assert run.returncode == 0 and (tmp_path / "out" / "machine.txt").is_file()
+    assert not (tmp_path / "out" / "summary.txt").exists()
 
 
 def test_procgen_learning_resumes_in_chunks(tmp_path):

@@ -151,10 +151,11 @@ def test_multi_input_env(arch):
     assert model.n_aux_phases == 1
     images = model.aux_buffer.observations["img"]
     assert images.dtype == np.uint8 and images.shape == (4, 16, 1, 64, 64)
-    # The buffered images are the channel-first ones of the rollout buffer (SimpleMultiObsEnv rows: random images)
+    # The buffered images are the channel-first ones of the rollout buffer (SimpleMultiObsEnv rows: random images),
+    # whose arrays PPG's rollout buffer keeps as (n_steps, n_envs, ...)
     assert images.any()
     np.testing.assert_array_equal(
-        images[2:].reshape(-1, 1, 64, 64), model.rollout_buffer.observations["img"].reshape(-1, 1, 64, 64)
+        images[2:].reshape(-1, 1, 64, 64), model.rollout_buffer.observations["img"].swapaxes(0, 1).reshape(-1, 1, 64, 64)
     )
     assert np.isfinite(model.logger.name_to_value["aux/kl_loss"])
     assert not all(th.equal(a, b) for a, b in zip(parameters, model.policy.parameters(), strict=True))
@@ -179,8 +180,9 @@ def test_image_env(policy, discrete):
     assert model.n_aux_phases == 1
     assert model.aux_buffer.observations.dtype == np.uint8
     assert model.aux_buffer.observations.shape == (4, 16, 3, 36, 36)
+    rollout_observations = model.rollout_buffer.observations.swapaxes(0, 1)  # (n_envs, n_steps, ...)
     np.testing.assert_array_equal(
-        model.aux_buffer.observations[2:].reshape(-1, 3, 36, 36), model.rollout_buffer.observations.reshape(-1, 3, 36, 36)
+        model.aux_buffer.observations[2:].reshape(-1, 3, 36, 36), rollout_observations.reshape(-1, 3, 36, 36)
     )
     for key in ("aux/kl_loss", "aux/aux_value_loss", "aux/real_value_loss"):
         assert np.isfinite(model.logger.name_to_value[key]), key

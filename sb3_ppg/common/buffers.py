@@ -1,4 +1,7 @@
-"""The auxiliary buffer of PPG: the last ``n_policy_iters`` rollouts, kept as whole per-env rollouts."""
+"""
+PPG's buffers: the rollout buffers of the policy phase (SB3's samples, gathered without flattening) and their
+minibatches, and the auxiliary buffer: the last ``n_policy_iters`` rollouts, kept as whole per-env rollouts.
+"""
 
 import io
 import pathlib
@@ -12,7 +15,8 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
-from stable_baselines3.common.utils import get_device, obs_as_tensor
+from stable_baselines3.common.utils import explained_variance, get_device, obs_as_tensor
+from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg.common.array_files import read_array_file, space_from_json, space_to_json, write_array_file
 from sb3_ppg.common.distributions import distribution_param_dim
@@ -49,6 +53,100 @@ class AuxiliaryBufferSamples(NamedTuple):
 #: The per-step arrays that the rollout buffers' ``get()`` flattens to ``(n_envs * n_steps, ...)``, env-major: those of
 #: SB3's ``RolloutBuffer`` and ``DictRolloutBuffer`` (observations a dict), and the ``action_masks`` of maskable buffers
 FLATTENED_ROLLOUT_ARRAYS = ("observations", "actions", "values", "log_probs", "advantages", "returns", "action_masks")
+#: The fields of SB3's rollout samples after the observations and actions, by the buffer's array they come from
+SAMPLED_VALUE_ARRAYS = ("values", "log_probs", "advantages", "returns")
+
+
+def reused_zeros(kept: np.ndarray | None, fresh: np.ndarray) -> np.ndarray:
+    """
+    ``kept`` (the previous rollout's array) filled with zeros where it has ``fresh``'s shape and dtype, else ``fresh``
+    (the new zero array of ``reset()``, whose pages would be mapped one at a time as the rollout writes them).
+    """
+    if kept is None or kept.shape != fresh.shape or kept.dtype != fresh.dtype:
+        return fresh
+    kept.fill(0)
+    return kept
+
+
+def transition_minibatches(
+    rollout_buffer: RolloutBuffer, batch_size: int | None
+) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
+    """
+    SB3's ``RolloutBuffer.get()`` for a buffer whose ``_get_samples`` reads unflattened arrays: the same permutation
+    (NumPy's global generator) and minibatches, without flattening the arrays first.
+    """
+    assert rollout_buffer.full, "The rollout buffer is not full"
+    n_samples = rollout_buffer.buffer_size * rollout_buffer.n_envs
+    indices = np.random.permutation(n_samples)
+    batch_size = n_samples if batch_size is None else batch_size
+    for start in range(0, n_samples, batch_size):
+        yield rollout_buffer._get_samples(indices[start : start + batch_size])
+
+
+class PPGRolloutBuffer(RolloutBuffer):
+    """
+    SB3's ``RolloutBuffer`` with the same samples, made faster for large observations: the observation array is kept
+    from one rollout to the next (zeroed by ``reset()``, not allocated anew), and ``get()`` gathers its minibatches from
+    the ``(n_steps, n_envs, ...)`` arrays without flattening them first (docs/throughput.md). The default of ``PPG``.
+    """
+
+    #: ``_get_samples`` takes SB3's flat sample indices whether the arrays are flattened or not
+    samples_unflattened = True
+
+    def reset(self) -> None:
+        kept = getattr(self, "_kept_observations", None)
+        super().reset()
+        self.observations = self._kept_observations = reused_zeros(kept, self.observations)
+
+    def get(self, batch_size: int | None = None) -> Generator[RolloutBufferSamples, None, None]:  # type: ignore[override]
+        """SB3's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
+        yield from transition_minibatches(self, batch_size)  # type: ignore[misc]
+
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> RolloutBufferSamples:
+        """The samples of SB3's flat indices (``env * n_steps + step``), read from the arrays flattened or not."""
+        if self.generator_ready:
+            return super()._get_samples(batch_inds, env)
+        steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
+        data = (
+            self.observations[steps, envs],
+            self.actions[steps, envs].astype(np.float32, copy=False),
+            *(getattr(self, name)[steps, envs] for name in SAMPLED_VALUE_ARRAYS),
+        )
+        return RolloutBufferSamples(*map(self.to_torch, data))
+
+
+class PPGDictRolloutBuffer(DictRolloutBuffer):
+    """
+    SB3's ``DictRolloutBuffer`` made faster as :class:`PPGRolloutBuffer`, with the same samples. The default of ``PPG``
+    for Dict observation spaces.
+    """
+
+    samples_unflattened = True
+
+    def reset(self) -> None:
+        kept = getattr(self, "_kept_observations", None) or {}
+        super().reset()
+        self.observations = {key: reused_zeros(kept.get(key), array) for key, array in self.observations.items()}
+        self._kept_observations = dict(self.observations)
+
+    def get(self, batch_size: int | None = None) -> Generator[DictRolloutBufferSamples, None, None]:  # type: ignore[override]
+        """SB3's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
+        yield from transition_minibatches(self, batch_size)  # type: ignore[misc]
+
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> DictRolloutBufferSamples:  # type: ignore[override]
+        """The samples of SB3's flat indices (``env * n_steps + step``), read from the arrays flattened or not."""
+        if self.generator_ready:
+            return super()._get_samples(batch_inds, env)
+        steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
+        return DictRolloutBufferSamples(
+            {key: self.to_torch(array[steps, envs]) for key, array in self.observations.items()},
+            self.to_torch(self.actions[steps, envs].astype(np.float32, copy=False)),
+            *(self.to_torch(getattr(self, name)[steps, envs]) for name in SAMPLED_VALUE_ARRAYS),
+        )
+
+
+#: The rollout buffers whose samples :func:`device_minibatches` makes on the device (SB3's, and PPG's with SB3's samples)
+DEVICE_GATHERED_BUFFERS = (RolloutBuffer, DictRolloutBuffer, PPGRolloutBuffer, PPGDictRolloutBuffer)
 
 
 def flatten_rollout_buffer(rollout_buffer: RolloutBuffer) -> None:
@@ -67,8 +165,22 @@ def flatten_rollout_buffer(rollout_buffer: RolloutBuffer) -> None:
     rollout_buffer.generator_ready = True
 
 
+def env_rollout_order(n_envs: int, n_steps: int, generator: np.random.Generator | None = None) -> np.ndarray:
+    """
+    The flat sample indices (``env * n_steps + step``) of the envs' whole rollouts in one random order of the envs,
+    each env's steps in time order (``policy_minibatches="envs"``, the paper's code).
+
+    :param generator: the generator of the permutation; ``None``: NumPy's global one (which SB3 seeds)
+    """
+    env_order = generator.permutation(n_envs) if generator is not None else np.random.permutation(n_envs)
+    return (env_order[:, None] * n_steps + np.arange(n_steps)).reshape(-1)
+
+
 def env_minibatches(
-    rollout_buffer: RolloutBuffer, batch_size: int, generator: np.random.Generator | None = None
+    rollout_buffer: RolloutBuffer,
+    batch_size: int,
+    generator: np.random.Generator | None = None,
+    device: th.device | None = None,
 ) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
     """
     One epoch of policy-phase minibatches of whole env rollouts (``policy_minibatches="envs"``, the paper's code): one
@@ -77,36 +189,49 @@ def env_minibatches(
     :param rollout_buffer: SB3's rollout buffer (or a subclass: its ``_get_samples`` makes the minibatches), full
     :param batch_size: the minibatch size, a multiple of ``n_steps``
     :param generator: the generator of the permutation; ``None``: NumPy's global one (which SB3 seeds)
+    :param device: gather the same samples on this device (:func:`device_minibatches`); ``None``: the buffer's
+        ``_get_samples``
     :return: a generator of the rollout buffer's samples
     """
-    n_steps, n_envs = rollout_buffer.buffer_size, rollout_buffer.n_envs
-    envs_per_minibatch = batch_size // n_steps
-    env_order = generator.permutation(n_envs) if generator is not None else np.random.permutation(n_envs)
-    flatten_rollout_buffer(rollout_buffer)
-    steps = np.arange(n_steps)
-    for start in range(0, n_envs, envs_per_minibatch):
-        envs = env_order[start : start + envs_per_minibatch]
-        yield rollout_buffer._get_samples((envs[:, None] * n_steps + steps).reshape(-1))
+    n_steps = rollout_buffer.buffer_size
+    order = env_rollout_order(rollout_buffer.n_envs, n_steps, generator)
+    chunk = batch_size // n_steps * n_steps
+    if device is not None:
+        yield from device_minibatches(rollout_buffer, chunk, device, order)
+        return
+    if not getattr(rollout_buffer, "samples_unflattened", False):
+        flatten_rollout_buffer(rollout_buffer)
+    for start in range(0, len(order), chunk):
+        yield rollout_buffer._get_samples(order[start : start + chunk])
 
 
 def device_minibatches(
-    rollout_buffer: RolloutBuffer, batch_size: int, device: th.device
+    rollout_buffer: RolloutBuffer, batch_size: int, device: th.device, order: np.ndarray | None = None
 ) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
     """
     One epoch of policy-phase minibatches as SB3's ``RolloutBuffer.get(batch_size)`` makes them (the same permutation
     from NumPy's global generator, the same samples), gathered on ``device`` from one copy of the rollout per epoch
     instead of a copy from the host per minibatch and field (each of which waits for the device).
 
-    :param rollout_buffer: a full SB3 ``RolloutBuffer`` or ``DictRolloutBuffer`` (not a subclass: other samples)
+    :param rollout_buffer: a full rollout buffer of ``DEVICE_GATHERED_BUFFERS`` (not another subclass: other samples)
     :param batch_size: the minibatch size
     :param device: where the minibatches are gathered
+    :param order: the flat sample indices (``env * n_steps + step``) of the epoch, in order (e.g.
+        :func:`env_rollout_order`); ``None``: SB3's permutation of all samples
     """
-    n_samples = rollout_buffer.buffer_size * rollout_buffer.n_envs
-    indices = np.random.permutation(n_samples)
-    flatten_rollout_buffer(rollout_buffer)
+    n_steps, n_envs = rollout_buffer.buffer_size, rollout_buffer.n_envs
+    n_samples = n_steps * n_envs
+    indices = np.random.permutation(n_samples) if order is None else order
+    if rollout_buffer.generator_ready:  # flattened (by SB3's get()): row = sample index
+        rows = indices
+    else:  # the (n_steps, n_envs, ...) arrays as they are: row = step * n_envs + env
+        rows = indices % n_steps * n_envs + indices // n_steps
+
+    step_dims = 1 if rollout_buffer.generator_ready else 2
 
     def to_device(array: np.ndarray) -> th.Tensor:
-        return th.as_tensor(array).to(device)
+        """An array as ``(n_samples, ...)`` rows on the device: one contiguous copy (a view on the CPU)."""
+        return th.as_tensor(array.reshape(n_samples, *array.shape[step_dims:])).to(device)
 
     observations = rollout_buffer.observations
     if isinstance(observations, dict):
@@ -115,22 +240,30 @@ def device_minibatches(
         device_observations = to_device(observations)
     # SB3's samples: actions as float32, the per-step values flat
     fields = [to_device(rollout_buffer.actions.astype(np.float32, copy=False))] + [
-        to_device(getattr(rollout_buffer, name).flatten()) for name in ("values", "log_probs", "advantages", "returns")
+        to_device(getattr(rollout_buffer, name)).reshape(-1) for name in SAMPLED_VALUE_ARRAYS
     ]
     samples_class = DictRolloutBufferSamples if isinstance(observations, dict) else RolloutBufferSamples
-    device_indices = to_device(indices)
-    for start in range(0, n_samples, batch_size):
-        rows = device_indices[start : start + batch_size]
+    device_rows = th.as_tensor(rows).to(device)
+    for start in range(0, len(rows), batch_size):
+        minibatch_rows = device_rows[start : start + batch_size]
         if isinstance(device_observations, dict):
-            minibatch_observations: TensorObs = {key: value[rows] for key, value in device_observations.items()}
+            minibatch_observations: TensorObs = {key: value[minibatch_rows] for key, value in device_observations.items()}
         else:
-            minibatch_observations = device_observations[rows]
-        yield samples_class(minibatch_observations, *(field[rows] for field in fields))  # type: ignore[arg-type]
+            minibatch_observations = device_observations[minibatch_rows]
+        yield samples_class(minibatch_observations, *(field[minibatch_rows] for field in fields))  # type: ignore[arg-type]
+
+
+def rollout_explained_variance(rollout_buffer: RolloutBuffer) -> float:
+    """The explained variance of the rollout's returns by its values, summed in SB3's (flattened, env-major) order."""
+    values, returns = rollout_buffer.values, rollout_buffer.returns
+    if not rollout_buffer.generator_ready:
+        values, returns = values.swapaxes(0, 1), returns.swapaxes(0, 1)
+    return float(explained_variance(values.flatten(), returns.flatten()))
 
 
 def gathers_on_device(rollout_buffer: RolloutBuffer, device: th.device) -> bool:
-    """Whether the policy phase gathers its minibatches on the device (``device_minibatches``): SB3's buffers on CUDA."""
-    return device.type == "cuda" and type(rollout_buffer) in (RolloutBuffer, DictRolloutBuffer)
+    """Whether the policy phase gathers its minibatches on the device (``device_minibatches``): SB3's samples on CUDA."""
+    return device.type == "cuda" and type(rollout_buffer) in DEVICE_GATHERED_BUFFERS
 
 
 def memory_info() -> tuple[int | None, int | None]:
@@ -406,13 +539,19 @@ class AuxiliaryBuffer:
         masks = [self.action_masks] if self.action_masks is not None else []
         return sum(array.nbytes for array in [*obs_arrays, self.returns, self.old_distribution_params, *masks])
 
-    def _env_major(self, array: np.ndarray, flattened: bool, step_shape: tuple[int, ...]) -> np.ndarray:
+    def _write_env_major(self, target: StoredArray, rows: slice, array: np.ndarray, flattened: bool) -> None:
         """
-        View a rollout-buffer array, ``(n_steps, n_envs, ...)`` or flattened by its ``get()``, as ``(n_envs, n_steps, ...)``.
+        Copy a rollout-buffer array, ``(n_steps, n_envs, ...)`` or flattened by its ``get()``, into some rows of a stored
+        array as ``(n_envs, n_steps, ...)``.
         """
+        step_shape = tuple(target.shape[2:])
         if flattened:
-            return array.reshape(self.n_envs, self.n_steps, *step_shape)
-        return array.swapaxes(0, 1)
+            self._write(target, rows, array.reshape(self.n_envs, self.n_steps, *step_shape))
+        elif isinstance(target, th.Tensor):  # one contiguous copy to the device, the axes swapped there
+            step_major = th.as_tensor(array.reshape(self.n_steps, self.n_envs, *step_shape))
+            target[rows] = step_major.to(target.device, target.dtype).swapaxes(0, 1)
+        else:
+            target[rows] = array.reshape(self.n_steps, self.n_envs, *step_shape).swapaxes(0, 1)
 
     def add(self, rollout_buffer: RolloutBuffer) -> None:
         """Copy a full rollout buffer's observations, value targets (and action masks) into the next ``n_envs`` rows."""
@@ -429,15 +568,13 @@ class AuxiliaryBuffer:
         rows = slice(self.pos, self.pos + self.n_envs)
         if isinstance(self.observations, dict):
             for key, array in self.observations.items():
-                values = self._env_major(rollout_buffer.observations[key], flattened, tuple(array.shape[2:]))  # type: ignore[index]
-                self._write(array, rows, values)
+                self._write_env_major(array, rows, rollout_buffer.observations[key], flattened)  # type: ignore[index]
         else:
-            observations = rollout_buffer.observations
-            self._write(self.observations, rows, self._env_major(observations, flattened, tuple(self.observations.shape[2:])))  # type: ignore[arg-type]
-        self._write(self.returns, rows, self._env_major(rollout_buffer.returns, flattened, ()))
+            self._write_env_major(self.observations, rows, rollout_buffer.observations, flattened)  # type: ignore[arg-type]
+        self._write_env_major(self.returns, rows, rollout_buffer.returns, flattened)
         if self.action_masks is not None:
-            masks = self._env_major(rollout_buffer.action_masks, flattened, (self.mask_dims,))  # type: ignore[attr-defined]
-            self._write(self.action_masks, rows, masks.astype(bool))
+            masks = rollout_buffer.action_masks.astype(bool)  # type: ignore[attr-defined]
+            self._write_env_major(self.action_masks, rows, masks, flattened)
         self.pos += self.n_envs
 
     def _observations_to_tensor(self, rows: np.ndarray | slice, device_rows: th.Tensor | None = None) -> TensorObs:

@@ -19,12 +19,7 @@ from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
-from stable_baselines3.common.utils import (
-    FloatSchedule,
-    check_for_correct_spaces,
-    explained_variance,
-    update_learning_rate,
-)
+from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
@@ -33,12 +28,15 @@ from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
+    PPGDictRolloutBuffer,
+    PPGRolloutBuffer,
     aux_buffer_storage,
     aux_buffer_summary,
     device_minibatches,
     env_minibatches,
     gathers_on_device,
     make_aux_buffer,
+    rollout_explained_variance,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
@@ -271,6 +269,9 @@ class PPG(OnPolicyAlgorithm):
             self.policy_class = self.policy_class.policy_class
         self.normalize_advantage = resolve_normalize_advantage(self.normalize_advantage)
         self._check_hyperparameters()
+        if self.rollout_buffer_class is None:
+            dict_obs = isinstance(self.observation_space, spaces.Dict)
+            self.rollout_buffer_class = PPGDictRolloutBuffer if dict_obs else PPGRolloutBuffer
         super()._setup_model()
         self.clip_range = FloatSchedule(self.clip_range) if self.clip_range is not None else None  # type: ignore[assignment]
         self.clip_range_vf = FloatSchedule(self.clip_range_vf) if self.clip_range_vf is not None else None  # type: ignore[assignment]
@@ -373,9 +374,11 @@ class PPG(OnPolicyAlgorithm):
         One epoch of the policy phase's minibatches (``policy_minibatches``): shuffled transitions (the rollout
         buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
         """
+        on_device = gathers_on_device(self.rollout_buffer, self.device)
         if self.policy_minibatches == "envs":
-            return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
-        if gathers_on_device(self.rollout_buffer, self.device):
+            device = self.device if on_device else None
+            return env_minibatches(self.rollout_buffer, self.batch_size, device=device)  # type: ignore[return-value]
+        if on_device:
             return device_minibatches(self.rollout_buffer, self.batch_size, self.device)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
 
@@ -632,7 +635,7 @@ class PPG(OnPolicyAlgorithm):
         for name in ("entropy_loss", "policy_gradient_loss", "value_loss", "approx_kl", "clip_fraction", "kl_penalty"):
             if (mean := values.get(name)) is not None:
                 self.logger.record(f"train/{name}", mean)
-        explained_var = explained_variance(self.rollout_buffer.values.flatten(), self.rollout_buffer.returns.flatten())
+        explained_var = rollout_explained_variance(self.rollout_buffer)
         self.logger.record("train/loss", values.get("last_loss"))
         self.logger.record("train/explained_variance", explained_var)
         if hasattr(self.policy, "log_std"):

@@ -17,6 +17,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg.common.buffers import AuxiliaryBufferSamples
 from sb3_ppg.ppg.ppg import PPG
+from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 from sb3_ppg.ppg_mask.distributions import (
     check_action_masks,
     get_unmasked_params,
@@ -52,7 +53,7 @@ class MaskablePPG(PPG):
         make_maskable_distribution(self.action_space)
         if self.rollout_buffer_class is None:
             dict_obs = isinstance(self.observation_space, spaces.Dict)
-            self.rollout_buffer_class = MaskableDictRolloutBuffer if dict_obs else MaskableRolloutBuffer
+            self.rollout_buffer_class = MaskablePPGDictRolloutBuffer if dict_obs else MaskablePPGRolloutBuffer
         if not issubclass(self.rollout_buffer_class, (MaskableRolloutBuffer, MaskableDictRolloutBuffer)):
             raise ValueError(
                 f"MaskablePPG stores the action masks in its rollout buffer: rollout_buffer_class="

@@ -1,0 +1,278 @@
+"""
+PPG's rollout buffers (PPGRolloutBuffer, PPGDictRolloutBuffer): SB3's samples without flattening the rollout, and the
+observation arrays kept from one rollout to the next.
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch as th
+from gymnasium import spaces
+from helpers import assert_identical, parameters, small_ppg
+from sb3_contrib.common.envs import InvalidActionEnvMultiDiscrete
+from sb3_contrib.common.maskable.buffers import MaskableDictRolloutBuffer, MaskableRolloutBuffer
+from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.logger import KVWriter, Logger
+from stable_baselines3.common.utils import explained_variance
+from test_cuda_graphs import requires_cuda
+
+from sb3_ppg import MaskablePPG
+from sb3_ppg.common.buffers import (
+    AuxiliaryBuffer,
+    PPGDictRolloutBuffer,
+    PPGRolloutBuffer,
+    device_minibatches,
+    env_minibatches,
+    flatten_rollout_buffer,
+    gathers_on_device,
+    rollout_explained_variance,
+)
+from sb3_ppg.common.envs import make_dict_cartpole
+from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
+
+N_STEPS, N_ENVS = 6, 4
+IMAGE = spaces.Box(0, 255, (3, 4, 4), np.uint8)
+DICT_SPACE = spaces.Dict({"image": IMAGE, "vector": spaces.Box(-1, 1, (2,))})
+ACTIONS = spaces.MultiDiscrete([3, 2])
+
+
+def fill(buffer: RolloutBuffer, seed: int = 0) -> RolloutBuffer:
+    """Fill a rollout buffer with random steps (the same for the same seed), returns and advantages computed."""
+    rng = np.random.default_rng(seed)
+    buffer.reset()
+    for _ in range(N_STEPS):
+        if isinstance(buffer.observation_space, spaces.Dict):
+            obs = {key: np.stack([space.sample() for _ in range(N_ENVS)]) for key, space in DICT_SPACE.spaces.items()}
+        else:
+            obs = rng.integers(0, 256, (N_ENVS, *IMAGE.shape), dtype=np.uint8)
+        # A mask per action of each sub-space (sb3-contrib's maskable buffers)
+        masks = dict(action_masks=rng.random((N_ENVS, 5)) < 0.7) if hasattr(buffer, "action_masks") else {}
+        buffer.add(
+            obs,
+            rng.integers(0, 2, (N_ENVS, 2)),
+            rng.normal(size=N_ENVS).astype(np.float32),
+            rng.random(N_ENVS) < 0.2,
+            th.as_tensor(rng.normal(size=N_ENVS), dtype=th.float32),
+            th.as_tensor(rng.normal(size=N_ENVS), dtype=th.float32),
+            **masks,
+        )
+    buffer.compute_returns_and_advantage(th.as_tensor(rng.normal(size=N_ENVS), dtype=th.float32), rng.random(N_ENVS) < 0.2)
+    return buffer
+
+
+#: (SB3's or sb3-contrib's buffer, PPG's with the same samples) for plain and Dict observations, without and with masks
+BUFFER_CLASSES = {
+    (False, False): (RolloutBuffer, PPGRolloutBuffer),
+    (True, False): (DictRolloutBuffer, PPGDictRolloutBuffer),
+    (False, True): (MaskableRolloutBuffer, MaskablePPGRolloutBuffer),
+    (True, True): (MaskableDictRolloutBuffer, MaskablePPGDictRolloutBuffer),
+}
+
+
+def buffer_pair(dict_obs: bool, masks: bool = False) -> tuple[RolloutBuffer, RolloutBuffer]:
+    """SB3's (or sb3-contrib's) buffer and PPG's, filled with the same steps."""
+    space = DICT_SPACE if dict_obs else IMAGE
+    pair = []
+    for buffer_class in BUFFER_CLASSES[dict_obs, masks]:
+        DICT_SPACE.seed(1)
+        pair.append(fill(buffer_class(N_STEPS, space, ACTIONS, device="cpu", n_envs=N_ENVS)))
+    return pair[0], pair[1]
+
+
+def assert_same_samples(mine: list, sb3: list) -> None:
+    """The same minibatches: type, fields, dtypes, shapes and values."""
+    assert len(mine) == len(sb3) > 0
+    for a, b in zip(mine, sb3, strict=True):
+        assert type(a) is type(b)
+        for name in b._fields:
+            x, y = getattr(a, name), getattr(b, name)
+            pairs = [(x[key], y[key]) for key in y] if isinstance(y, dict) else [(x, y)]
+            for u, v in pairs:
+                assert u.dtype == v.dtype and u.shape == v.shape and th.equal(u, v), name
+
+
+@pytest.mark.parametrize("dict_obs, masks", list(BUFFER_CLASSES))
+def test_get_is_sb3s_without_flattening(dict_obs, masks):
+    sb3, ppg = buffer_pair(dict_obs, masks)
+    for batch_size in (5, None):  # two epochs, SB3's arrays flattened by the first
+        np.random.seed(3)
+        expected = list(sb3.get(batch_size))
+        np.random.seed(3)
+        assert_same_samples(list(ppg.get(batch_size)), expected)
+    assert sb3.generator_ready and not ppg.generator_ready
+    assert (ppg.observations["image"] if dict_obs else ppg.observations).shape[:2] == (N_STEPS, N_ENVS)
+    # Flat indices (env * n_steps + step) give the same samples flattened or not
+    indices = np.array([0, 7, 23, 5, 12])
+    unflattened = ppg._get_samples(indices)
+    flatten_rollout_buffer(ppg)
+    assert_same_samples([unflattened], [sb3._get_samples(indices)])
+    assert_same_samples([ppg._get_samples(indices)], [sb3._get_samples(indices)])
+
+
+@pytest.mark.parametrize("dict_obs, masks", list(BUFFER_CLASSES))
+@pytest.mark.parametrize("batch_size", [N_STEPS, 2 * N_STEPS, 3 * N_STEPS - 1])
+def test_env_minibatches_are_the_same_from_ppgs_buffer_and_on_the_device(dict_obs, masks, batch_size):
+    sb3, ppg = buffer_pair(dict_obs, masks)
+    expected = list(env_minibatches(sb3, batch_size, generator=np.random.default_rng(5)))
+    assert_same_samples(list(env_minibatches(ppg, batch_size, generator=np.random.default_rng(5))), expected)
+    assert not ppg.generator_ready  # gathered without flattening
+    if masks:
+        return  # MaskablePPG gathers on the host (device_minibatches makes SB3's samples, without masks)
+    on_device = env_minibatches(ppg, batch_size, generator=np.random.default_rng(5), device=th.device("cpu"))
+    assert_same_samples(list(on_device), expected)
+
+
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_device_minibatches_from_ppgs_buffer_are_sb3s(dict_obs):
+    sb3, ppg = buffer_pair(dict_obs)
+    np.random.seed(11)
+    expected = list(sb3.get(7))
+    np.random.seed(11)
+    assert_same_samples(list(device_minibatches(ppg, 7, th.device("cpu"))), expected)
+    # A flattened buffer (SB3's, after its get()) gives them too
+    np.random.seed(11)
+    assert_same_samples(list(device_minibatches(sb3, 7, th.device("cpu"))), expected)
+    assert gathers_on_device(ppg, th.device("cuda")) and not gathers_on_device(ppg, th.device("cpu"))
+
+
+@pytest.mark.parametrize("dict_obs, masks", list(BUFFER_CLASSES))
+def test_reset_keeps_the_observation_arrays_zeroed(dict_obs, masks):
+    _, ppg = buffer_pair(dict_obs, masks)
+    arrays = dict(ppg.observations) if dict_obs else {"": ppg.observations}
+    assert any(array.any() for array in arrays.values())
+    flatten_rollout_buffer(ppg)  # as SB3's get() or a test's replay may: the kept arrays still come back
+    ppg.reset()
+    again = dict(ppg.observations) if dict_obs else {"": ppg.observations}
+    for key, array in arrays.items():
+        assert again[key] is array and not array.any() and array.shape[:2] == (N_STEPS, N_ENVS)
+    assert not ppg.generator_ready and ppg.pos == 0 and not ppg.full
+    # The other arrays are SB3's new zeros (and sb3-contrib's masks ones)
+    assert not ppg.values.any() and not ppg.advantages.any() and not ppg.actions.any()
+    assert not masks or ppg.action_masks.all()
+    # Filled again, it holds what was added, as SB3's new arrays do
+    DICT_SPACE.seed(2)
+    fill(ppg, seed=9)
+    DICT_SPACE.seed(2)
+    sb3 = fill(
+        BUFFER_CLASSES[dict_obs, masks][0](N_STEPS, ppg.observation_space, ACTIONS, device="cpu", n_envs=N_ENVS), seed=9
+    )
+    for key, array in arrays.items():
+        assert (again[key] is array) and np.array_equal(array, sb3.observations[key] if dict_obs else sb3.observations)
+
+
+def test_explained_variance_in_sb3s_order():
+    """The logged explained variance sums in SB3's flattened order (64 x 8 float32 values: another order, other bits)."""
+    rng = np.random.default_rng(2)  # values whose sums differ in the last bits in the two orders
+    sb3 = RolloutBuffer(64, IMAGE, ACTIONS, device="cpu", n_envs=8)
+    sb3.values = rng.normal(size=(64, 8)).astype(np.float32)
+    sb3.returns = (sb3.values + rng.normal(size=(64, 8))).astype(np.float32)
+    step_major = explained_variance(sb3.values.flatten(), sb3.returns.flatten())
+    unflattened = rollout_explained_variance(sb3)
+    flatten_rollout_buffer(sb3)
+    assert unflattened == rollout_explained_variance(sb3) == explained_variance(sb3.values.flatten(), sb3.returns.flatten())
+    assert step_major != unflattened  # the order matters for these values
+
+
+def test_deepcopy_keeps_one_array():
+    _, ppg = buffer_pair(False)
+    clone = copy.deepcopy(ppg)
+    assert clone._kept_observations is clone.observations and clone.observations is not ppg.observations
+    clone.reset()
+    assert ppg.observations.any() and not clone.observations.any()
+
+
+@pytest.mark.parametrize("storage", ["host", "pinned", "device"])
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_aux_buffer_adds_the_same_rows_flattened_or_not(storage, dict_obs):
+    sb3, ppg = buffer_pair(dict_obs)
+    flatten_rollout_buffer(sb3)
+    space = DICT_SPACE if dict_obs else IMAGE
+    buffers = [AuxiliaryBuffer(1, N_STEPS, N_ENVS, space, ACTIONS, device="cpu", storage=storage) for _ in range(2)]
+    buffers[0].add(sb3)
+    buffers[1].add(ppg)
+    for name, array in buffers[0].iteration_arrays(0).items():
+        np.testing.assert_array_equal(buffers[1].iteration_arrays(0)[name], array, err_msg=name)
+
+
+def test_maskable_aux_buffer_adds_masks_unflattened():
+    action_space = spaces.Discrete(3)
+    rollout = MaskableRolloutBuffer(N_STEPS, IMAGE, action_space, device="cpu", n_envs=N_ENVS)
+    rng = np.random.default_rng(0)
+    masks = rng.random((N_STEPS, N_ENVS, 3)) < 0.5
+    for step in range(N_STEPS):
+        obs = rng.integers(0, 256, (N_ENVS, *IMAGE.shape), dtype=np.uint8)
+        rollout.add(obs, np.zeros((N_ENVS, 1)), np.zeros(N_ENVS), np.zeros(N_ENVS), th.zeros(N_ENVS), th.zeros(N_ENVS),
+                    action_masks=masks[step])  # fmt: skip
+    rollout.compute_returns_and_advantage(th.zeros(N_ENVS), np.zeros(N_ENVS))
+    for storage in ("host", "device"):
+        aux = AuxiliaryBuffer(1, N_STEPS, N_ENVS, IMAGE, action_space, device="cpu", storage=storage, mask_dims=3)
+        aux.add(rollout)
+        np.testing.assert_array_equal(aux.iteration_arrays(0)["action_masks"], masks.swapaxes(0, 1))
+
+
+class LoggedValues(KVWriter):
+    """The values of every log dump, without the timings."""
+
+    def __init__(self) -> None:
+        self.dumps: list[dict] = []
+
+    def write(self, key_values: dict, key_excluded: dict, step: int = 0) -> None:
+        self.dumps.append({key: value for key, value in key_values.items() if not key.startswith("time/")})
+
+
+def test_ppg_uses_its_buffers():
+    assert type(small_ppg().rollout_buffer) is PPGRolloutBuffer
+    dict_env = make_vec_env(make_dict_cartpole, n_envs=2, seed=0)
+    assert type(small_ppg(dict_env, policy="MultiInputPolicy").rollout_buffer) is PPGDictRolloutBuffer
+    assert type(small_ppg(rollout_buffer_class=RolloutBuffer).rollout_buffer) is RolloutBuffer
+    assert type(MaskablePPG("MlpPolicy", small_ppg().env, n_steps=16).rollout_buffer) is MaskablePPGRolloutBuffer
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_ppg_trains_as_with_sb3s_buffer(device):
+    """
+    PPG's default buffers make the updates (and the logs) of SB3's, bit for bit, with both kinds of minibatches (on
+    CUDA both gather on the device, SB3's flattened first).
+    """
+    for minibatches in ("transitions", "envs"):
+        runs = []
+        for buffer_class in (None, RolloutBuffer):
+            model = small_ppg(
+                n_envs=4, batch_size=32, policy_minibatches=minibatches, rollout_buffer_class=buffer_class, device=device
+            )
+            assert gathers_on_device(model.rollout_buffer, model.device) == (device == "cuda")
+            logged = LoggedValues()
+            model.set_logger(Logger(None, [logged]))
+            model.learn(4 * 16 * 3, log_interval=1)
+            runs.append((parameters(model), logged.dumps))
+        assert_identical(runs[0][0], runs[1][0])
+        assert len(runs[0][1]) == 3 and runs[0][1] == runs[1][1]
+        # SB3 dumps the logs before train(): the dumps after the first hold the previous iteration's train/ values
+        assert sum("train/explained_variance" in dump for dump in runs[0][1]) == 2
+
+
+def test_saved_model_keeps_its_buffer_class(tmp_path):
+    model = small_ppg(rollout_buffer_class=RolloutBuffer)
+    model.save(tmp_path / "sb3_buffer")
+    assert type(type(model).load(tmp_path / "sb3_buffer").rollout_buffer) is RolloutBuffer
+    model = small_ppg()
+    model.save(tmp_path / "ppg_buffer")
+    assert type(type(model).load(tmp_path / "ppg_buffer").rollout_buffer) is PPGRolloutBuffer
+
+
+def test_maskable_ppg_trains_as_with_sb3_contribs_buffer():
+    """MaskablePPG's default buffers make the updates of sb3-contrib's, bit for bit, with both kinds of minibatches."""
+    for minibatches in ("transitions", "envs"):
+        runs = []
+        for buffer_class in (None, MaskableRolloutBuffer):
+            env = make_vec_env(lambda: InvalidActionEnvMultiDiscrete(dims=[2, 3], n_invalid_actions=1), n_envs=4, seed=0)
+            model = MaskablePPG("MlpPolicy", env, policy_kwargs=dict(net_arch=[16]), seed=0, n_steps=16, batch_size=32,
+                                n_policy_iters=2, n_aux_epochs=1, aux_batch_rollouts=2, policy_minibatches=minibatches,
+                                rollout_buffer_class=buffer_class)  # fmt: skip
+            model.learn(4 * 16 * 3)
+            assert model.n_aux_phases == 1
+            runs.append(parameters(model))
+        assert type(model.rollout_buffer) is MaskableRolloutBuffer
+        assert_identical(*runs)
