@@ -285,7 +285,10 @@ def test_env_minibatches_are_used_in_every_epoch(monkeypatch, make_model):
         return loss(self, rollout_data, **kwargs)
 
     monkeypatch.setattr(PPG, "_joint_loss", recording_loss)
-    model = make_model("CartPole-v1", n_envs=6, policy_minibatches="envs", batch_size=32, n_epochs=2, n_aux_epochs=0)
+    # On the CPU the minibatches come from the rollout buffer's _get_samples (on CUDA they are gathered on the device)
+    model = make_model(
+        "CartPole-v1", n_envs=6, policy_minibatches="envs", batch_size=32, n_epochs=2, n_aux_epochs=0, device="cpu"
+    )
     env_rows = []
     get_samples = model.rollout_buffer._get_samples
 

@@ -30,6 +30,7 @@ from sb3_ppg.common.buffers import (
     rollout_explained_variance,
 )
 from sb3_ppg.common.envs import make_dict_cartpole
+from sb3_ppg.ppg import ppg as ppg_module
 from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 
 N_STEPS, N_ENVS = 6, 4
@@ -162,6 +163,35 @@ def test_reset_keeps_the_observation_arrays_zeroed(dict_obs, masks):
         assert (again[key] is array) and np.array_equal(array, sb3.observations[key] if dict_obs else sb3.observations)
 
 
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_scalar_observations_are_sampled_as_sb3s(dict_obs):
+    """A Box of shape () is sampled as (B, 1), as SB3's flattening makes it, on the host and on the device."""
+    scalar = spaces.Box(-1, 1, (), np.float32)
+    space = spaces.Dict({"x": scalar, "image": IMAGE}) if dict_obs else scalar
+    buffers = []
+    for buffer_class in (DictRolloutBuffer, PPGDictRolloutBuffer) if dict_obs else (RolloutBuffer, PPGRolloutBuffer):
+        space.seed(4)
+        buffer = buffer_class(N_STEPS, space, ACTIONS, device="cpu", n_envs=N_ENVS)
+        for _ in range(N_STEPS):
+            samples = [space.sample() for _ in range(N_ENVS)]
+            obs = (
+                {key: np.stack([sample[key] for sample in samples]) for key in space.spaces} if dict_obs else np.stack(samples)
+            )
+            buffer.add(obs, np.ones((N_ENVS, 2)), np.ones(N_ENVS), np.zeros(N_ENVS), th.ones(N_ENVS), th.ones(N_ENVS))
+        buffer.compute_returns_and_advantage(th.zeros(N_ENVS), np.zeros(N_ENVS))
+        buffers.append(buffer)
+    sb3, ppg = buffers
+    np.random.seed(0)
+    expected = list(sb3.get(7))
+    assert (expected[0].observations["x"] if dict_obs else expected[0].observations).shape == (7, 1)
+    for gathered in (lambda: ppg.get(7), lambda: device_minibatches(ppg, 7, th.device("cpu"))):
+        np.random.seed(0)
+        assert_same_samples(list(gathered()), expected)
+    expected = list(env_minibatches(sb3, N_STEPS, generator=np.random.default_rng(1)))
+    for device in (None, th.device("cpu")):
+        assert_same_samples(list(env_minibatches(ppg, N_STEPS, generator=np.random.default_rng(1), device=device)), expected)
+
+
 def test_explained_variance_in_sb3s_order():
     """The logged explained variance sums in SB3's flattened order (64 x 8 float32 values: another order, other bits)."""
     rng = np.random.default_rng(2)  # values whose sums differ in the last bits in the two orders
@@ -231,10 +261,11 @@ def test_ppg_uses_its_buffers():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
-def test_ppg_trains_as_with_sb3s_buffer(device):
+def test_ppg_trains_as_with_sb3s_buffer(device, monkeypatch):
     """
-    PPG's default buffers make the updates (and the logs) of SB3's, bit for bit, with both kinds of minibatches (on
-    CUDA both gather on the device, SB3's flattened first).
+    PPG's default buffers make the updates (and the logs) of SB3's, bit for bit, with both kinds of minibatches: SB3's
+    buffer gathering on the host as SB3 does (its get() flattens, its _get_samples copies), PPG's as PPG does (on CUDA
+    on the device, from the unflattened arrays).
     """
     for minibatches in ("transitions", "envs"):
         runs = []
@@ -242,7 +273,8 @@ def test_ppg_trains_as_with_sb3s_buffer(device):
             model = small_ppg(
                 n_envs=4, batch_size=32, policy_minibatches=minibatches, rollout_buffer_class=buffer_class, device=device
             )
-            assert gathers_on_device(model.rollout_buffer, model.device) == (device == "cuda")
+            on_device = buffer_class is None and device == "cuda"
+            monkeypatch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
             logged = LoggedValues()
             model.set_logger(Logger(None, [logged]))
             model.learn(4 * 16 * 3, log_interval=1)

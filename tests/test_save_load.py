@@ -780,7 +780,8 @@ def test_load_with_fewer_envs_than_the_batch_needs(tmp_path):
     model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=0), n_steps=32, batch_size=256, seed=0)
     model.save(tmp_path / "model")
     with pytest.warns(UserWarning, match=r"batch_size=256 is larger than the rollout \(n_steps \* n_envs = 32 \* 2 = 64\)"):
-        loaded = PPG.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=2, seed=0))
+        # On the CPU the minibatches come from the rollout buffer's get() (on CUDA they are gathered on the device)
+        loaded = PPG.load(tmp_path / "model", env=make_vec_env("CartPole-v1", n_envs=2, seed=0), device="cpu")
     sizes = []
     get = loaded.rollout_buffer.get
 

@@ -68,6 +68,15 @@ def reused_zeros(kept: np.ndarray | None, fresh: np.ndarray) -> np.ndarray:
     return kept
 
 
+def step_major_samples(array: np.ndarray, steps: np.ndarray, envs: np.ndarray) -> np.ndarray:
+    """
+    The rows ``(steps[i], envs[i])`` of an ``(n_steps, n_envs, ...)`` array, shaped as SB3's flattened array gives them
+    (``swap_and_flatten`` adds a feature axis to an array without one: a scalar observation is sampled as ``(B, 1)``).
+    """
+    rows = array[steps, envs]
+    return rows.reshape(-1, 1) if array.ndim == 2 else rows
+
+
 def transition_minibatches(
     rollout_buffer: RolloutBuffer, batch_size: int | None
 ) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
@@ -108,7 +117,7 @@ class PPGRolloutBuffer(RolloutBuffer):
             return super()._get_samples(batch_inds, env)
         steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
         data = (
-            self.observations[steps, envs],
+            step_major_samples(self.observations, steps, envs),
             self.actions[steps, envs].astype(np.float32, copy=False),
             *(getattr(self, name)[steps, envs] for name in SAMPLED_VALUE_ARRAYS),
         )
@@ -139,7 +148,7 @@ class PPGDictRolloutBuffer(DictRolloutBuffer):
             return super()._get_samples(batch_inds, env)
         steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
         return DictRolloutBufferSamples(
-            {key: self.to_torch(array[steps, envs]) for key, array in self.observations.items()},
+            {key: self.to_torch(step_major_samples(array, steps, envs)) for key, array in self.observations.items()},
             self.to_torch(self.actions[steps, envs].astype(np.float32, copy=False)),
             *(self.to_torch(getattr(self, name)[steps, envs]) for name in SAMPLED_VALUE_ARRAYS),
         )
@@ -230,8 +239,11 @@ def device_minibatches(
     step_dims = 1 if rollout_buffer.generator_ready else 2
 
     def to_device(array: np.ndarray) -> th.Tensor:
-        """An array as ``(n_samples, ...)`` rows on the device: one contiguous copy (a view on the CPU)."""
-        return th.as_tensor(array.reshape(n_samples, *array.shape[step_dims:])).to(device)
+        """
+        An array as ``(n_samples, ...)`` rows on the device, one contiguous copy (a view on the CPU); an array without
+        feature axis as ``(n_samples, 1)``, as SB3's flattening makes it.
+        """
+        return th.as_tensor(array.reshape(n_samples, *(array.shape[step_dims:] or (1,)))).to(device)
 
     observations = rollout_buffer.observations
     if isinstance(observations, dict):

@@ -14,7 +14,7 @@ from sb3_contrib.common.maskable.buffers import (
 )
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, reused_zeros, transition_minibatches
+from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, reused_zeros, step_major_samples, transition_minibatches
 
 
 class MaskablePPGRolloutBuffer(MaskableRolloutBuffer):
@@ -41,7 +41,7 @@ class MaskablePPGRolloutBuffer(MaskableRolloutBuffer):
             return super()._get_samples(batch_inds, env)
         steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
         data = (
-            self.observations[steps, envs],
+            step_major_samples(self.observations, steps, envs),
             self.actions[steps, envs],
             *(getattr(self, name)[steps, envs] for name in SAMPLED_VALUE_ARRAYS),
             self.action_masks[steps, envs].reshape(-1, self.mask_dims),
@@ -73,7 +73,7 @@ class MaskablePPGDictRolloutBuffer(MaskableDictRolloutBuffer):
             return super()._get_samples(batch_inds, env)
         steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
         return MaskableDictRolloutBufferSamples(
-            {key: self.to_torch(array[steps, envs]) for key, array in self.observations.items()},
+            {key: self.to_torch(step_major_samples(array, steps, envs)) for key, array in self.observations.items()},
             self.to_torch(self.actions[steps, envs]),
             *(self.to_torch(getattr(self, name)[steps, envs]) for name in SAMPLED_VALUE_ARRAYS),
             self.to_torch(self.action_masks[steps, envs].reshape(-1, self.mask_dims)),
