@@ -7,6 +7,8 @@
 # From the checkout's root, after `bash ../shared/gpu-kit/make-kit.sh` built .gpu-kit/ there (carry .gpu-kit):
 #   bash benchmarks/gpu_checks.sh            # about 8 minutes on an H100/H200-class GPU
 # STEPS="throughput_ppg_buffer throughput_sb3_buffer" bash benchmarks/gpu_checks.sh runs only the steps named.
+# The CUDA tests need pytest there; where the GPU image lacks it, add its wheels to the kit before carrying it:
+#   pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .gpu-kit/whl pytest pluggy iniconfig packaging
 set -uo pipefail
 out="${OUT:-gpu_checks_out}"
 mkdir -p "$out"
@@ -17,19 +19,25 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1; nproc; git log -1 --format=%H 2>&1; } \
     > "$out/machine.txt"
 
+# wanted NAME: whether STEPS (when set) names the step
+wanted() {
+    [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]
+}
+
 # step NAME SECONDS COMMAND...: run it unless STEPS leaves it out, its output in $OUT/NAME.log
 step() {
     local name=$1 limit=$2
     shift 2
-    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then
-        return
-    fi
+    wanted "$name" || return 0
     local start=$SECONDS
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     local rc=$?
     echo "$name: rc=$rc in $((SECONDS - start)) s (limit $limit s)" | tee -a "$out/summary.txt"
 }
 
+if wanted cuda_tests && ! python3 -c "import pytest" 2>/dev/null; then
+    echo "cuda_tests: pytest is not installed (see the header)" | tee -a "$out/summary.txt"
+fi
 step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_exactness.py tests/test_cuda_graphs.py \
     tests/test_parallel_networks.py tests/test_rollout_buffers.py tests/test_finite_check.py tests/test_aux_buffer_device.py
 
