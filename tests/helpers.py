@@ -62,6 +62,18 @@ def assert_identical(params_a: dict[str, th.Tensor], params_b: dict[str, th.Tens
         assert th.equal(params_a[name], params_b[name]), f"{name} differs"
 
 
+def assert_same_samples(mine: list, expected: list) -> None:
+    """The same rollout minibatches: type, fields, dtypes, shapes and values (observation dicts key by key)."""
+    assert len(mine) == len(expected) > 0
+    for a, b in zip(mine, expected, strict=True):
+        assert type(a) is type(b)
+        for name in b._fields:
+            x, y = getattr(a, name), getattr(b, name)
+            pairs = [(x[key], y[key]) for key in y] if isinstance(y, dict) else [(x, y)]
+            for u, v in pairs:
+                assert u.dtype == v.dtype and u.shape == v.shape and th.equal(u, v), name
+
+
 def hold_lock(folder: str, ready: Any, release: Any) -> None:
     """In a child process: lock ``folder`` as a training run does, tell the parent (``ready``), wait for ``release``."""
     lock_folder(folder)

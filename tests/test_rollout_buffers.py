@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
-from helpers import assert_identical, parameters, small_ppg
+from helpers import assert_identical, assert_same_samples, parameters, small_ppg
 from sb3_contrib.common.envs import InvalidActionEnvMultiDiscrete
 from sb3_contrib.common.maskable.buffers import MaskableDictRolloutBuffer, MaskableRolloutBuffer
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
@@ -80,18 +80,6 @@ def buffer_pair(dict_obs: bool, masks: bool = False) -> tuple[RolloutBuffer, Rol
         DICT_SPACE.seed(1)
         pair.append(fill(buffer_class(N_STEPS, space, ACTIONS, device="cpu", n_envs=N_ENVS)))
     return pair[0], pair[1]
-
-
-def assert_same_samples(mine: list, sb3: list) -> None:
-    """The same minibatches: type, fields, dtypes, shapes and values."""
-    assert len(mine) == len(sb3) > 0
-    for a, b in zip(mine, sb3, strict=True):
-        assert type(a) is type(b)
-        for name in b._fields:
-            x, y = getattr(a, name), getattr(b, name)
-            pairs = [(x[key], y[key]) for key in y] if isinstance(y, dict) else [(x, y)]
-            for u, v in pairs:
-                assert u.dtype == v.dtype and u.shape == v.shape and th.equal(u, v), name
 
 
 @pytest.mark.parametrize("dict_obs, masks", list(BUFFER_CLASSES))

@@ -57,15 +57,29 @@ FLATTENED_ROLLOUT_ARRAYS = ("observations", "actions", "values", "log_probs", "a
 SAMPLED_VALUE_ARRAYS = ("values", "log_probs", "advantages", "returns")
 
 
-def reused_zeros(kept: np.ndarray | None, fresh: np.ndarray) -> np.ndarray:
-    """
-    ``kept`` (the previous rollout's array) filled with zeros where it has ``fresh``'s shape and dtype, else ``fresh``
-    (the new zero array of ``reset()``, whose pages would be mapped one at a time as the rollout writes them).
-    """
+def _reused_zeros(kept: np.ndarray | None, fresh: np.ndarray) -> np.ndarray:
+    """``kept`` filled with zeros where it has ``fresh``'s shape and dtype, else ``fresh``."""
     if kept is None or kept.shape != fresh.shape or kept.dtype != fresh.dtype:
         return fresh
     kept.fill(0)
     return kept
+
+
+def reuse_observation_arrays(rollout_buffer: RolloutBuffer, kept: ObsArray | None) -> ObsArray:
+    """
+    After SB3's ``reset()`` made new zero observation arrays: put the previous rollout's back (``kept``), zeroed, where
+    they have the new ones' shapes and dtypes (their memory is mapped already, where a new array's pages are mapped one
+    at a time as the rollout writes them).
+
+    :return: what the next ``reset()`` reuses
+    """
+    fresh = rollout_buffer.observations
+    if isinstance(fresh, dict):
+        kept_arrays = kept if isinstance(kept, dict) else {}
+        rollout_buffer.observations = {key: _reused_zeros(kept_arrays.get(key), array) for key, array in fresh.items()}
+        return dict(rollout_buffer.observations)
+    rollout_buffer.observations = _reused_zeros(kept if isinstance(kept, np.ndarray) else None, fresh)
+    return rollout_buffer.observations
 
 
 def step_major_samples(array: np.ndarray, steps: np.ndarray, envs: np.ndarray) -> np.ndarray:
@@ -105,7 +119,7 @@ class PPGRolloutBuffer(RolloutBuffer):
     def reset(self) -> None:
         kept = getattr(self, "_kept_observations", None)
         super().reset()
-        self.observations = self._kept_observations = reused_zeros(kept, self.observations)
+        self._kept_observations = reuse_observation_arrays(self, kept)
 
     def get(self, batch_size: int | None = None) -> Generator[RolloutBufferSamples, None, None]:  # type: ignore[override]
         """SB3's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
@@ -133,10 +147,9 @@ class PPGDictRolloutBuffer(DictRolloutBuffer):
     samples_unflattened = True
 
     def reset(self) -> None:
-        kept = getattr(self, "_kept_observations", None) or {}
+        kept = getattr(self, "_kept_observations", None)
         super().reset()
-        self.observations = {key: reused_zeros(kept.get(key), array) for key, array in self.observations.items()}
-        self._kept_observations = dict(self.observations)
+        self._kept_observations = reuse_observation_arrays(self, kept)
 
     def get(self, batch_size: int | None = None) -> Generator[DictRolloutBufferSamples, None, None]:  # type: ignore[override]
         """SB3's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""

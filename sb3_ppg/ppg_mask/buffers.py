@@ -14,7 +14,7 @@ from sb3_contrib.common.maskable.buffers import (
 )
 from stable_baselines3.common.vec_env import VecNormalize
 
-from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, reused_zeros, step_major_samples, transition_minibatches
+from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, reuse_observation_arrays, step_major_samples, transition_minibatches
 
 
 class MaskablePPGRolloutBuffer(MaskableRolloutBuffer):
@@ -29,7 +29,7 @@ class MaskablePPGRolloutBuffer(MaskableRolloutBuffer):
     def reset(self) -> None:
         kept = getattr(self, "_kept_observations", None)
         super().reset()
-        self.observations = self._kept_observations = reused_zeros(kept, self.observations)
+        self._kept_observations = reuse_observation_arrays(self, kept)
 
     def get(self, batch_size: int | None = None) -> Generator[MaskableRolloutBufferSamples, None, None]:  # type: ignore[override]
         """sb3-contrib's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
@@ -58,10 +58,9 @@ class MaskablePPGDictRolloutBuffer(MaskableDictRolloutBuffer):
     samples_unflattened = True
 
     def reset(self) -> None:
-        kept = getattr(self, "_kept_observations", None) or {}
+        kept = getattr(self, "_kept_observations", None)
         super().reset()
-        self.observations = {key: reused_zeros(kept.get(key), array) for key, array in self.observations.items()}
-        self._kept_observations = dict(self.observations)
+        self._kept_observations = reuse_observation_arrays(self, kept)
 
     def get(self, batch_size: int | None = None) -> Generator[MaskableDictRolloutBufferSamples, None, None]:  # type: ignore[override]
         """sb3-contrib's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
