@@ -65,23 +65,6 @@ def _reused_zeros(kept: np.ndarray | None, fresh: np.ndarray) -> np.ndarray:
     return kept
 
 
-def reuse_observation_arrays(rollout_buffer: RolloutBuffer, kept: ObsArray | None) -> ObsArray:
-    """
-    After SB3's ``reset()`` made new zero observation arrays: put the previous rollout's back (``kept``), zeroed, where
-    they have the new ones' shapes and dtypes (their memory is mapped already, where a new array's pages are mapped one
-    at a time as the rollout writes them).
-
-    :return: what the next ``reset()`` reuses
-    """
-    fresh = rollout_buffer.observations
-    if isinstance(fresh, dict):
-        kept_arrays = kept if isinstance(kept, dict) else {}
-        rollout_buffer.observations = {key: _reused_zeros(kept_arrays.get(key), array) for key, array in fresh.items()}
-        return dict(rollout_buffer.observations)
-    rollout_buffer.observations = _reused_zeros(kept if isinstance(kept, np.ndarray) else None, fresh)
-    return rollout_buffer.observations
-
-
 def step_major_samples(array: np.ndarray, steps: np.ndarray, envs: np.ndarray) -> np.ndarray:
     """
     The rows ``(steps[i], envs[i])`` of an ``(n_steps, n_envs, ...)`` array, shaped as SB3's flattened array gives them
@@ -91,45 +74,61 @@ def step_major_samples(array: np.ndarray, steps: np.ndarray, envs: np.ndarray) -
     return rows.reshape(-1, 1) if array.ndim == 2 else rows
 
 
-def transition_minibatches(
-    rollout_buffer: RolloutBuffer, batch_size: int | None
-) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
+class UnflattenedRolloutBuffer:
     """
-    SB3's ``RolloutBuffer.get()`` for a buffer whose ``_get_samples`` reads unflattened arrays: the same permutation
-    (NumPy's global generator) and minibatches, without flattening the arrays first.
-    """
-    assert rollout_buffer.full, "The rollout buffer is not full"
-    n_samples = rollout_buffer.buffer_size * rollout_buffer.n_envs
-    indices = np.random.permutation(n_samples)
-    batch_size = n_samples if batch_size is None else batch_size
-    for start in range(0, n_samples, batch_size):
-        yield rollout_buffer._get_samples(indices[start : start + batch_size])
-
-
-class PPGRolloutBuffer(RolloutBuffer):
-    """
-    SB3's ``RolloutBuffer`` with the same samples, made faster for large observations: the observation array is kept
-    from one rollout to the next (zeroed by ``reset()``, not allocated anew), and ``get()`` gathers its minibatches from
-    the ``(n_steps, n_envs, ...)`` arrays without flattening them first (docs/throughput.md). The default of ``PPG``.
+    What PPG's rollout buffers add to SB3's and sb3-contrib's (it comes first among their bases), with their samples:
+    ``reset()`` keeps the observation arrays from one rollout to the next (zeroed, not allocated anew, whose pages would
+    be mapped one at a time as the rollout writes them), and ``get()`` gathers its minibatches from the
+    ``(n_steps, n_envs, ...)`` arrays without flattening them first (docs/throughput.md). A subclass reads the samples
+    of given steps and envs (``_step_major_samples``).
     """
 
-    #: ``_get_samples`` takes SB3's flat sample indices whether the arrays are flattened or not
-    samples_unflattened = True
+    # SB3's buffer attributes that the methods below read
+    buffer_size: int
+    n_envs: int
+    full: bool
+    generator_ready: bool
+    observations: ObsArray
 
     def reset(self) -> None:
+        """SB3's ``reset()``, the previous rollout's observation arrays put back zeroed where they fit."""
         kept = getattr(self, "_kept_observations", None)
-        super().reset()
-        self._kept_observations = reuse_observation_arrays(self, kept)
+        super().reset()  # type: ignore[misc]
+        fresh = self.observations
+        if isinstance(fresh, dict):
+            kept_arrays = kept if isinstance(kept, dict) else {}
+            self.observations = {key: _reused_zeros(kept_arrays.get(key), array) for key, array in fresh.items()}
+            self._kept_observations: ObsArray = dict(self.observations)
+        else:
+            self.observations = self._kept_observations = _reused_zeros(kept if isinstance(kept, np.ndarray) else None, fresh)
 
-    def get(self, batch_size: int | None = None) -> Generator[RolloutBufferSamples, None, None]:  # type: ignore[override]
-        """SB3's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
-        yield from transition_minibatches(self, batch_size)  # type: ignore[misc]
+    def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
+        """SB3's minibatches: the same permutation (NumPy's global generator) of the samples, the same samples."""
+        assert self.full, "The rollout buffer is not full"
+        n_samples = self.buffer_size * self.n_envs
+        indices = np.random.permutation(n_samples)
+        batch_size = n_samples if batch_size is None else batch_size
+        for start in range(0, n_samples, batch_size):
+            yield self._get_samples(indices[start : start + batch_size])
 
-    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> RolloutBufferSamples:
+    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> Any:
         """The samples of SB3's flat indices (``env * n_steps + step``), read from the arrays flattened or not."""
         if self.generator_ready:
-            return super()._get_samples(batch_inds, env)
-        steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
+            return super()._get_samples(batch_inds, env)  # type: ignore[misc]
+        return self._step_major_samples(batch_inds % self.buffer_size, batch_inds // self.buffer_size)
+
+    def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> Any:
+        """The samples of steps ``steps[i]`` of envs ``envs[i]``, read from the ``(n_steps, n_envs, ...)`` arrays."""
+        raise NotImplementedError
+
+
+class PPGRolloutBuffer(UnflattenedRolloutBuffer, RolloutBuffer):
+    """
+    SB3's ``RolloutBuffer`` with the same samples, made faster for large observations as
+    :class:`UnflattenedRolloutBuffer` says. The default of ``PPG``.
+    """
+
+    def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> RolloutBufferSamples:
         data = (
             step_major_samples(self.observations, steps, envs),
             self.actions[steps, envs].astype(np.float32, copy=False),
@@ -138,28 +137,13 @@ class PPGRolloutBuffer(RolloutBuffer):
         return RolloutBufferSamples(*map(self.to_torch, data))
 
 
-class PPGDictRolloutBuffer(DictRolloutBuffer):
+class PPGDictRolloutBuffer(UnflattenedRolloutBuffer, DictRolloutBuffer):
     """
     SB3's ``DictRolloutBuffer`` made faster as :class:`PPGRolloutBuffer`, with the same samples. The default of ``PPG``
     for Dict observation spaces.
     """
 
-    samples_unflattened = True
-
-    def reset(self) -> None:
-        kept = getattr(self, "_kept_observations", None)
-        super().reset()
-        self._kept_observations = reuse_observation_arrays(self, kept)
-
-    def get(self, batch_size: int | None = None) -> Generator[DictRolloutBufferSamples, None, None]:  # type: ignore[override]
-        """SB3's minibatches: the same permutation of the ``n_envs * n_steps`` samples, the same samples."""
-        yield from transition_minibatches(self, batch_size)  # type: ignore[misc]
-
-    def _get_samples(self, batch_inds: np.ndarray, env: VecNormalize | None = None) -> DictRolloutBufferSamples:  # type: ignore[override]
-        """The samples of SB3's flat indices (``env * n_steps + step``), read from the arrays flattened or not."""
-        if self.generator_ready:
-            return super()._get_samples(batch_inds, env)
-        steps, envs = batch_inds % self.buffer_size, batch_inds // self.buffer_size
+    def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> DictRolloutBufferSamples:
         return DictRolloutBufferSamples(
             {key: self.to_torch(step_major_samples(array, steps, envs)) for key, array in self.observations.items()},
             self.to_torch(self.actions[steps, envs].astype(np.float32, copy=False)),
@@ -221,7 +205,7 @@ def env_minibatches(
     if device is not None:
         yield from device_minibatches(rollout_buffer, chunk, device, order)
         return
-    if not getattr(rollout_buffer, "samples_unflattened", False):
+    if not isinstance(rollout_buffer, UnflattenedRolloutBuffer):
         flatten_rollout_buffer(rollout_buffer)
     for start in range(0, len(order), chunk):
         yield rollout_buffer._get_samples(order[start : start + chunk])
