@@ -1,22 +1,27 @@
 """
 The host's time around the network, per rollout: PPG's rollout buffer (``PPGRolloutBuffer``, the default) against
-SB3's ``RolloutBuffer``, in alternating rounds on the same envs.
+SB3's ``RolloutBuffer``, and on CUDA against PPG's code without its rollout host levers (``--device cuda`` only: the
+distributions' argument checks in the rollout, the CUDA graph key's named parameter walk, a copy of the rollout to
+the device per epoch and another for the auxiliary buffer), in alternating rounds on the same envs.
 
 The model is ``arch="dual"`` on Procgen (``make_procgen_env``) with a features extractor that returns zeros, so that
 what is timed is what the host does on any device: env stepping, action sampling, the rollout buffer's writes
 (``collect_rollouts``), one epoch of the policy phase's minibatches gathered (``_rollout_minibatches``, SB3's
-flattening included) and the rollout stored in the auxiliary buffer (``AuxiliaryBuffer.add``). On a GPU these are the
-costs that the network's kernels do not hide (docs/throughput.md).
+flattening included, the rollout copied to the device as ``train()`` does) and the rollout stored in the auxiliary
+buffer (``AuxiliaryBuffer.add``). On a GPU these are the costs that the network's kernels do not hide
+(docs/throughput.md).
 
 Usage, from the repository root: ``python benchmarks/rollout_host_time.py --n-envs 64 --n-steps 256 --rounds 5``
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch as th
@@ -25,13 +30,18 @@ from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG, make_procgen_env
+from sb3_ppg.common.buffers import gathers_on_device, rollout_to_device
+from sb3_ppg.ppg import policies as policies_module
+from sb3_ppg.ppg import ppg as ppg_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import throughput
 
-#: The rollout buffers compared, by the name the report gives them
-BUFFERS = {"PPGRolloutBuffer": None, "SB3 RolloutBuffer": RolloutBuffer}
+#: The variants compared, by the name the report gives them: (rollout buffer class, with the rollout host levers)
+VARIANTS = {"PPGRolloutBuffer": (None, True), "SB3 RolloutBuffer": (RolloutBuffer, True)}
+#: On CUDA only, where the levers act
+CUDA_VARIANTS = {"PPGRolloutBuffer, no host levers": (None, False)}
 
 
 class ZeroFeatures(BaseFeaturesExtractor):
@@ -46,7 +56,9 @@ class ZeroFeatures(BaseFeaturesExtractor):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """:param argv: Command-line arguments (``None``: ``sys.argv[1:]``)"""
-    parser = argparse.ArgumentParser(description="Host time per rollout: PPG's rollout buffer vs SB3's")
+    parser = argparse.ArgumentParser(
+        description="Host time per rollout: PPG's rollout buffer vs SB3's (and on CUDA, without the host levers)"
+    )
     parser.add_argument("--game", default="starpilot", help="Procgen game (easy mode)")
     parser.add_argument("--n-envs", type=int, default=64)
     parser.add_argument("--n-steps", type=int, default=256)
@@ -81,22 +93,56 @@ def synchronize(device: th.device) -> None:
         th.cuda.synchronize(device)
 
 
-def time_one_rollout(model: PPG) -> dict[str, float]:
-    """Seconds of one rollout's collection, one epoch of its minibatches, and its store in the auxiliary buffer."""
+@contextlib.contextmanager
+def without_host_levers() -> Iterator[None]:
+    """
+    The rollout's code before its host levers (2026-11-27): distributions checked in the rollout, the graph key's walk
+    through ``module.parameters()``, no copy of the rollout kept by ``train()`` (see docs/throughput.md).
+    """
+    patches = [
+        (ppg_module, "unchecked_distributions", lambda device: contextlib.nullcontext()),
+        (policies_module, "parameter_addresses", named_parameter_addresses),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    for module, name, value in patches:
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def named_parameter_addresses(module: th.nn.Module) -> tuple[int, ...]:
+    """The graph key's parameter addresses as read before the levers: through ``parameters()`` and ``buffers()``."""
+    return tuple(tensor.data_ptr() for tensor in (*module.parameters(), *module.buffers()))
+
+
+def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
+    """
+    Seconds of one rollout's collection, one epoch of its minibatches, and its store in the auxiliary buffer.
+
+    :param levers: with the rollout host levers (else as :func:`without_host_levers`)
+    """
     assert model.aux_buffer is not None
     if model.aux_buffer.full():
         model.aux_buffer.reset()
     timings = {}
+    with contextlib.nullcontext() if levers else without_host_levers():
+        start = time.perf_counter()
+        model.collect_rollouts(model.env, model._callback, model.rollout_buffer, model.n_steps)
+        timings["rollout_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    model.collect_rollouts(model.env, model._callback, model.rollout_buffer, model.n_steps)
-    timings["rollout_s"] = time.perf_counter() - start
-    start = time.perf_counter()
+    # As train() does: the rollout copied to the device once (where the minibatches are gathered there)
+    on_device = levers and gathers_on_device(model.rollout_buffer, model.device)
+    model._device_rollout = rollout_to_device(model.rollout_buffer, model.device) if on_device else None
     for _ in model._rollout_minibatches():
         pass
     synchronize(model.device)  # until the minibatches are where the device can use them
     timings["minibatches_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    model.aux_buffer.add(model.rollout_buffer)
+    model.aux_buffer.add(model.rollout_buffer, model._device_rollout)
+    model._device_rollout = None
     synchronize(model.device)
     timings["aux_add_s"] = time.perf_counter() - start
     return timings
@@ -105,15 +151,16 @@ def time_one_rollout(model: PPG) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Alternate the buffers for ``rounds`` timed rollouts each (after one untimed); the medians per buffer."""
     th.set_num_threads(args.torch_threads)
-    models = {name: make_model(args, buffer_class) for name, buffer_class in BUFFERS.items()}
-    for model in models.values():
+    variants = {**VARIANTS, **(CUDA_VARIANTS if th.device(args.device).type == "cuda" else {})}
+    models = {name: make_model(args, buffer_class) for name, (buffer_class, _) in variants.items()}
+    for name, model in models.items():
         model._setup_learn(10**9, callback=None)
         model._callback = model._init_callback(None)
-        time_one_rollout(model)
+        time_one_rollout(model, levers=variants[name][1])
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
-            samples[name].append(time_one_rollout(model))
+            samples[name].append(time_one_rollout(model, levers=variants[name][1]))
     results = {}
     for name, rounds in samples.items():
         medians = {key: statistics.median(sample[key] for sample in rounds) for key in rounds[0]}
@@ -131,8 +178,7 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> st
         f"{throughput.machine()}; {args.game} x {args.n_envs} envs x {args.n_steps} steps, {args.n_minibatches} "
         f"minibatches, device {args.device}, medians of {args.rounds} rounds",
         "",
-        "| rollout buffer | rollout (ms per step) | minibatches of one epoch (ms) | aux buffer add (ms) "
-        "| total per rollout (s) |",
+        "| variant | rollout (ms per step) | minibatches of one epoch (ms) | aux buffer add (ms) | total per rollout (s) |",
         "|---|---|---|---|---|",
     ]
     for name, medians in results.items():

@@ -121,6 +121,23 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     # The stand-in features extractor does no work: zeros for every observation
     extractor = rollout_host_time.ZeroFeatures(rollout_host_time.spaces.Box(0, 255, (3, 8, 8), np.uint8), 5)
     assert th.equal(extractor(th.ones(4, 3, 8, 8)), th.zeros(4, 5))
+    # The variant without the host levers (timed on CUDA only) swaps in the code before them, and back
+    levers = (rollout_host_time.ppg_module.unchecked_distributions, rollout_host_time.policies_module.parameter_addresses)
+    with rollout_host_time.without_host_levers():
+        assert rollout_host_time.ppg_module.unchecked_distributions is not levers[0]
+        assert rollout_host_time.policies_module.parameter_addresses is rollout_host_time.named_parameter_addresses
+    assert (
+        rollout_host_time.ppg_module.unchecked_distributions,
+        rollout_host_time.policies_module.parameter_addresses,
+    ) == levers
+    model = rollout_host_time.make_model(rollout_host_time.parse_args(args), None)
+    model._setup_learn(10**9, callback=None)
+    model._callback = model._init_callback(None)
+    timings = rollout_host_time.time_one_rollout(model, levers=False)
+    assert all(timings[key] > 0 for key in ("rollout_s", "minibatches_s", "aux_add_s")) and model.aux_buffer.pos == 2
+    addresses = rollout_host_time.named_parameter_addresses(model.policy)
+    assert sorted(addresses) == sorted(levers[1](model.policy))
+    model.env.close()
 
 
 def test_gpu_checks_script(tmp_path):

@@ -1,8 +1,9 @@
 """
 On a CUDA device the levers that move data (the auxiliary buffer on the device, the policy phase's minibatches gathered
-on the device, distributions without argument checks during training) give bit for bit the parameters of the paths
-they replace. These tests run where a GPU is (the lead's GPU sessions) and skip elsewhere; the CPU tests of each lever
-are in tests/test_aux_buffer_device.py, tests/test_buffers.py and tests/test_distributions.py.
+on the device from one copy of the rollout per train(), which the auxiliary buffer also stores from, distributions
+without argument checks during rollouts and training) give bit for bit the parameters of the paths they replace.
+These tests run where a GPU is (the lead's GPU sessions) and skip elsewhere; the CPU tests of each lever are in
+tests/test_aux_buffer_device.py, tests/test_buffers.py, tests/test_rollout_buffers.py and tests/test_distributions.py.
 """
 
 import contextlib

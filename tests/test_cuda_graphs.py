@@ -42,6 +42,17 @@ class TinyImageEnv(gym.Env):
         return obs, float(action == self.t % 3), self.t >= 9, False, {}
 
 
+class BatchNormFeatures(BaseFeaturesExtractor):
+    """A features extractor with buffers: a batch norm of the observations."""
+
+    def __init__(self, observation_space: spaces.Box) -> None:
+        super().__init__(observation_space, observation_space.shape[0])
+        self.norm = th.nn.BatchNorm1d(observation_space.shape[0])
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        return self.norm(observations)
+
+
 def image_model(cuda_graphs: bool, device: str, policy_kwargs: dict | None = None, **kwargs: object) -> PPG:
     env = make_vec_env(TinyImageEnv, n_envs=4, seed=3)
     policy_kwargs = TINY_CNN if policy_kwargs is None else policy_kwargs
@@ -70,6 +81,29 @@ def test_input_layout_and_parameter_addresses():
     before = parameter_addresses(module)
     module.load_state_dict({name: value.clone() for name, value in module.state_dict().items()}, assign=True)
     assert parameter_addresses(module) != before
+
+
+@pytest.mark.parametrize("arch", ["dual", "detach", "shared"])
+def test_parameter_addresses_are_the_policys_tensors(arch):
+    """
+    The addresses are those of ``parameters()`` and ``buffers()`` (each once, shared modules included), read from the
+    live module tree: a replaced submodule, parameter or buffer changes them, nothing else does.
+    """
+    policy = small_ppg(policy_kwargs=dict(net_arch=[8], arch=arch, features_extractor_class=BatchNormFeatures)).policy
+    addresses = parameter_addresses(policy)
+    expected = [tensor.data_ptr() for tensor in (*policy.parameters(), *policy.buffers())]
+    assert sorted(addresses) == sorted(expected) and len(addresses) == len(set(addresses))
+    assert any(tensor.data_ptr() in addresses for tensor in policy.buffers())  # the batch norm's statistics
+    assert parameter_addresses(policy) == addresses
+    policy.value_net = th.nn.Linear(policy.value_net.in_features, 1)  # a new submodule
+    replaced = parameter_addresses(policy)
+    assert replaced != addresses
+    policy.value_net.weight = th.nn.Parameter(policy.value_net.weight.detach().clone())  # a new parameter
+    assert parameter_addresses(policy) != replaced
+    replaced = parameter_addresses(policy)
+    norm = policy.pi_features_extractor.norm
+    norm.running_mean = norm.running_mean.clone()  # a new buffer
+    assert parameter_addresses(policy) != replaced
 
 
 def test_no_graphs_without_cuda(monkeypatch):

@@ -106,3 +106,44 @@ def test_unchecked_distributions_only_on_cuda():
         raise RuntimeError("stop")
     with pytest.raises(ValueError, match="logits"):
         Categorical(logits=bad_logits)  # checked again after the context, also after an exception
+
+
+@pytest.mark.parametrize("maskable", [False, True])
+def test_rollout_runs_in_unchecked_distributions(monkeypatch, maskable):
+    """
+    The rollout's forward passes (where the actions are sampled and their log-probabilities taken) run inside
+    ``unchecked_distributions(model.device)``, as train() does; PPG's and MaskablePPG's rollouts alike.
+    """
+    from contextlib import contextmanager
+
+    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+
+    from sb3_ppg import PPG, MaskablePPG
+    from sb3_ppg.ppg import ppg as ppg_module
+
+    active: list[th.device] = []
+
+    @contextmanager
+    def recording(device: th.device):
+        active.append(device)
+        try:
+            yield
+        finally:
+            active.pop()
+
+    monkeypatch.setattr(ppg_module, "unchecked_distributions", recording)
+    algorithm = MaskablePPG if maskable else PPG
+    env = InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1) if maskable else "CartPole-v1"
+    model = algorithm("MlpPolicy", env, n_steps=8, batch_size=8, n_policy_iters=2, aux_batch_rollouts=1, seed=0, device="cpu")
+    contexts_at_forward = []
+    forward = model.policy.forward
+
+    def recorded_forward(*args, **kwargs):
+        contexts_at_forward.append(list(active))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model.policy, "forward", recorded_forward)
+    model.learn(16)
+    assert len(contexts_at_forward) == 16
+    assert all(contexts == [model.device] for contexts in contexts_at_forward)
+    assert active == []

@@ -21,6 +21,7 @@ from test_cuda_graphs import requires_cuda
 from sb3_ppg import MaskablePPG
 from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
+    DeviceRollout,
     PPGDictRolloutBuffer,
     PPGRolloutBuffer,
     device_minibatches,
@@ -28,6 +29,7 @@ from sb3_ppg.common.buffers import (
     flatten_rollout_buffer,
     gathers_on_device,
     rollout_explained_variance,
+    rollout_to_device,
 )
 from sb3_ppg.common.envs import make_dict_cartpole
 from sb3_ppg.ppg import ppg as ppg_module
@@ -214,6 +216,56 @@ def test_aux_buffer_adds_the_same_rows_flattened_or_not(storage, dict_obs):
         np.testing.assert_array_equal(buffers[1].iteration_arrays(0)[name], array, err_msg=name)
 
 
+@pytest.mark.parametrize("storage", ["host", "pinned", "device"])
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_aux_buffer_adds_the_same_rows_from_the_device_rollout(storage, dict_obs):
+    """
+    Given the rollout already copied to its device (train()'s on CUDA), a buffer stored on that device takes the
+    observations and value targets from that copy (the same rows), flattened or not; others copy from the host.
+    """
+    sb3, ppg = buffer_pair(dict_obs)
+    flatten_rollout_buffer(sb3)
+    space = DICT_SPACE if dict_obs else IMAGE
+    expected = AuxiliaryBuffer(1, N_STEPS, N_ENVS, space, ACTIONS, device="cpu", storage="host")
+    expected.add(ppg)
+    for rollout in (ppg, sb3):
+        device_rollout = rollout_to_device(rollout, th.device("cpu"))  # views of the host arrays on the CPU: copied
+        observations = device_rollout.observations
+        observations = {k: v.clone() for k, v in observations.items()} if dict_obs else observations.clone()
+        device_rollout = DeviceRollout(observations, [field.clone() for field in device_rollout.fields], rollout is ppg)
+        aux = AuxiliaryBuffer(1, N_STEPS, N_ENVS, space, ACTIONS, device="cpu", storage=storage)
+        aux.add(rollout, device_rollout)
+        for name, array in expected.iteration_arrays(0).items():
+            np.testing.assert_array_equal(aux.iteration_arrays(0)[name], array, err_msg=name)
+        # Which copy was read: the device one for a buffer on the device, the host one otherwise
+        device_rollout.fields[-1].add_(1.0)
+        aux.reset()
+        aux.add(rollout, device_rollout)
+        shifted = 1.0 if storage == "device" else 0.0
+        np.testing.assert_array_equal(aux.iteration_arrays(0)["returns"], expected.iteration_arrays(0)["returns"] + shifted)
+
+
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_device_minibatches_from_one_device_rollout(dict_obs):
+    """Every epoch gathers from the same copy of the rollout: the samples of a copy per epoch, the same permutations."""
+    sb3, ppg = buffer_pair(dict_obs)
+    device_rollout = rollout_to_device(ppg, th.device("cpu"))
+    for order in (None, np.random.default_rng(0).permutation(N_STEPS * N_ENVS)):
+        np.random.seed(5)
+        expected = [list(device_minibatches(ppg, 7, th.device("cpu"), order)) for _ in range(2)]
+        np.random.seed(5)
+        gathered = [list(device_minibatches(ppg, 7, th.device("cpu"), order, device_rollout)) for _ in range(2)]
+        for epoch, expected_epoch in zip(gathered, expected, strict=True):
+            assert_same_samples(epoch, expected_epoch)
+    np.random.seed(5)
+    expected = list(sb3.get(7))
+    np.random.seed(5)
+    assert_same_samples(list(device_minibatches(ppg, 7, th.device("cpu"), device_rollout=device_rollout)), expected)
+    expected = list(env_minibatches(ppg, N_STEPS, generator=np.random.default_rng(2)))
+    from_copy = env_minibatches(ppg, N_STEPS, np.random.default_rng(2), th.device("cpu"), device_rollout)
+    assert_same_samples(list(from_copy), expected)
+
+
 def test_maskable_aux_buffer_adds_masks_unflattened():
     action_space = spaces.Discrete(3)
     rollout = MaskableRolloutBuffer(N_STEPS, IMAGE, action_space, device="cpu", n_envs=N_ENVS)
@@ -271,6 +323,42 @@ def test_ppg_trains_as_with_sb3s_buffer(device, monkeypatch):
         assert len(runs[0][1]) == 3 and runs[0][1] == runs[1][1]
         # SB3 dumps the logs before train(): the dumps after the first hold the previous iteration's train/ values
         assert sum("train/explained_variance" in dump for dump in runs[0][1]) == 2
+
+
+@pytest.mark.parametrize("minibatches", ["transitions", "envs"])
+def test_train_copies_the_rollout_to_the_device_once(monkeypatch, minibatches):
+    """
+    Gathering on the device (CUDA's path, run here on the CPU), train() copies the rollout there once for all the
+    policy phase's epochs and the auxiliary buffer's add, and drops the copy after: the updates of the host path.
+    """
+    runs = []
+    copy_rollout = ppg_module.rollout_to_device
+    for on_device in (False, True):
+        copies, added = [], []
+
+        def recorded_copy(*args, copies=copies):
+            copies.append(copy_rollout(*args))
+            return copies[-1]
+
+        monkeypatch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
+        monkeypatch.setattr(ppg_module, "rollout_to_device", recorded_copy)
+        model = small_ppg(n_envs=4, batch_size=32, n_epochs=2, policy_minibatches=minibatches, aux_buffer_device="device")
+        add = model.aux_buffer.add
+
+        def recorded_add(rollout_buffer, device_rollout=None, add=add, added=added):
+            added.append(device_rollout)
+            add(rollout_buffer, device_rollout)
+
+        monkeypatch.setattr(model.aux_buffer, "add", recorded_add)
+        model.learn(4 * 16 * 3)
+        assert model.n_aux_phases == 1 and model._device_rollout is None
+        assert len(added) == 3
+        if on_device:  # one copy per train(), the one the auxiliary buffer stored from
+            assert len(copies) == 3 and all(given is copy for given, copy in zip(added, copies, strict=True))
+        else:
+            assert copies == [] and added == [None] * 3
+        runs.append(parameters(model))
+    assert_identical(*runs)
 
 
 def test_saved_model_keeps_its_buffer_class(tmp_path):

@@ -171,6 +171,50 @@ def flatten_rollout_buffer(rollout_buffer: RolloutBuffer) -> None:
     rollout_buffer.generator_ready = True
 
 
+class DeviceRollout(NamedTuple):
+    """
+    A full rollout buffer's sampled arrays copied to a device, each as ``(n_samples, ...)`` rows (see
+    :func:`rollout_to_device`).
+
+    :param observations: the observations (a dict of them for Dict spaces)
+    :param fields: the other fields of SB3's samples, in their order: actions (float32), values, log-probabilities,
+        advantages, returns
+    :param step_major: whether row ``step * n_envs + env`` holds a sample (the buffer's arrays as they are), else row
+        ``env * n_steps + step`` (SB3's flattened arrays)
+    """
+
+    observations: TensorObs
+    fields: list[th.Tensor]
+    step_major: bool
+
+
+def rollout_to_device(rollout_buffer: RolloutBuffer, device: th.device) -> DeviceRollout:
+    """
+    A full rollout buffer's arrays on ``device``, one contiguous copy each (views on the CPU): what
+    :func:`device_minibatches` gathers from, and ``AuxiliaryBuffer.add`` stores from.
+
+    :param rollout_buffer: a full rollout buffer of ``DEVICE_GATHERED_BUFFERS``
+    :param device: where to copy the arrays
+    """
+    n_samples = rollout_buffer.buffer_size * rollout_buffer.n_envs
+    step_dims = 1 if rollout_buffer.generator_ready else 2
+
+    def to_device(array: np.ndarray) -> th.Tensor:
+        """An array as ``(n_samples, ...)`` rows; one without feature axis as ``(n_samples, 1)`` as SB3 flattens it."""
+        return th.as_tensor(array.reshape(n_samples, *(array.shape[step_dims:] or (1,)))).to(device)
+
+    observations = rollout_buffer.observations
+    if isinstance(observations, dict):
+        device_observations: TensorObs = {key: to_device(value) for key, value in observations.items()}
+    else:
+        device_observations = to_device(observations)
+    # SB3's samples: actions as float32, the per-step values flat
+    fields = [to_device(rollout_buffer.actions.astype(np.float32, copy=False))] + [
+        to_device(getattr(rollout_buffer, name)).reshape(-1) for name in SAMPLED_VALUE_ARRAYS
+    ]
+    return DeviceRollout(device_observations, fields, not rollout_buffer.generator_ready)
+
+
 def env_rollout_order(n_envs: int, n_steps: int, generator: np.random.Generator | None = None) -> np.ndarray:
     """
     The flat sample indices (``env * n_steps + step``) of the envs' whole rollouts in one random order of the envs,
@@ -187,6 +231,7 @@ def env_minibatches(
     batch_size: int,
     generator: np.random.Generator | None = None,
     device: th.device | None = None,
+    device_rollout: DeviceRollout | None = None,
 ) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
     """
     One epoch of policy-phase minibatches of whole env rollouts (``policy_minibatches="envs"``, the paper's code): one
@@ -197,13 +242,14 @@ def env_minibatches(
     :param generator: the generator of the permutation; ``None``: NumPy's global one (which SB3 seeds)
     :param device: gather the same samples on this device (:func:`device_minibatches`); ``None``: the buffer's
         ``_get_samples``
+    :param device_rollout: with ``device``, the rollout already there (see :func:`device_minibatches`)
     :return: a generator of the rollout buffer's samples
     """
     n_steps = rollout_buffer.buffer_size
     order = env_rollout_order(rollout_buffer.n_envs, n_steps, generator)
     chunk = batch_size // n_steps * n_steps
     if device is not None:
-        yield from device_minibatches(rollout_buffer, chunk, device, order)
+        yield from device_minibatches(rollout_buffer, chunk, device, order, device_rollout)
         return
     if not isinstance(rollout_buffer, UnflattenedRolloutBuffer):
         flatten_rollout_buffer(rollout_buffer)
@@ -212,54 +258,45 @@ def env_minibatches(
 
 
 def device_minibatches(
-    rollout_buffer: RolloutBuffer, batch_size: int, device: th.device, order: np.ndarray | None = None
+    rollout_buffer: RolloutBuffer,
+    batch_size: int,
+    device: th.device,
+    order: np.ndarray | None = None,
+    device_rollout: DeviceRollout | None = None,
 ) -> Generator[RolloutBufferSamples | DictRolloutBufferSamples, None, None]:
     """
     One epoch of policy-phase minibatches as SB3's ``RolloutBuffer.get(batch_size)`` makes them (the same permutation
-    from NumPy's global generator, the same samples), gathered on ``device`` from one copy of the rollout per epoch
-    instead of a copy from the host per minibatch and field (each of which waits for the device).
+    from NumPy's global generator, the same samples), gathered on ``device`` from one copy of the rollout
+    (:func:`rollout_to_device`) instead of a copy from the host per minibatch and field (each of which waits for the
+    device).
 
     :param rollout_buffer: a full rollout buffer of ``DEVICE_GATHERED_BUFFERS`` (not another subclass: other samples)
     :param batch_size: the minibatch size
     :param device: where the minibatches are gathered
     :param order: the flat sample indices (``env * n_steps + step``) of the epoch, in order (e.g.
         :func:`env_rollout_order`); ``None``: SB3's permutation of all samples
+    :param device_rollout: the rollout already on ``device`` (made from this buffer's arrays as they are now);
+        ``None``: copied for this epoch
     """
     n_steps, n_envs = rollout_buffer.buffer_size, rollout_buffer.n_envs
-    n_samples = n_steps * n_envs
-    indices = np.random.permutation(n_samples) if order is None else order
-    if rollout_buffer.generator_ready:  # flattened (by SB3's get()): row = sample index
-        rows = indices
-    else:  # the (n_steps, n_envs, ...) arrays as they are: row = step * n_envs + env
+    indices = np.random.permutation(n_steps * n_envs) if order is None else order
+    if device_rollout is None:
+        device_rollout = rollout_to_device(rollout_buffer, device)
+    if device_rollout.step_major:  # row = step * n_envs + env
         rows = indices % n_steps * n_envs + indices // n_steps
-
-    step_dims = 1 if rollout_buffer.generator_ready else 2
-
-    def to_device(array: np.ndarray) -> th.Tensor:
-        """
-        An array as ``(n_samples, ...)`` rows on the device, one contiguous copy (a view on the CPU); an array without
-        feature axis as ``(n_samples, 1)``, as SB3's flattening makes it.
-        """
-        return th.as_tensor(array.reshape(n_samples, *(array.shape[step_dims:] or (1,)))).to(device)
-
-    observations = rollout_buffer.observations
-    if isinstance(observations, dict):
-        device_observations: TensorObs = {key: to_device(value) for key, value in observations.items()}
-    else:
-        device_observations = to_device(observations)
-    # SB3's samples: actions as float32, the per-step values flat
-    fields = [to_device(rollout_buffer.actions.astype(np.float32, copy=False))] + [
-        to_device(getattr(rollout_buffer, name)).reshape(-1) for name in SAMPLED_VALUE_ARRAYS
-    ]
+    else:  # flattened (by SB3's get()): row = sample index
+        rows = indices
+    observations = device_rollout.observations
     samples_class = DictRolloutBufferSamples if isinstance(observations, dict) else RolloutBufferSamples
     device_rows = th.as_tensor(rows).to(device)
     for start in range(0, len(rows), batch_size):
         minibatch_rows = device_rows[start : start + batch_size]
-        if isinstance(device_observations, dict):
-            minibatch_observations: TensorObs = {key: value[minibatch_rows] for key, value in device_observations.items()}
+        if isinstance(observations, dict):
+            minibatch_observations: TensorObs = {key: value[minibatch_rows] for key, value in observations.items()}
         else:
-            minibatch_observations = device_observations[minibatch_rows]
-        yield samples_class(minibatch_observations, *(field[minibatch_rows] for field in fields))  # type: ignore[arg-type]
+            minibatch_observations = observations[minibatch_rows]
+        fields = (field[minibatch_rows] for field in device_rollout.fields)
+        yield samples_class(minibatch_observations, *fields)  # type: ignore[arg-type]
 
 
 def rollout_explained_variance(rollout_buffer: RolloutBuffer) -> float:
@@ -562,8 +599,29 @@ class AuxiliaryBuffer:
         else:
             target[rows] = array.reshape(self.n_steps, self.n_envs, *step_shape).swapaxes(0, 1)
 
-    def add(self, rollout_buffer: RolloutBuffer) -> None:
-        """Copy a full rollout buffer's observations, value targets (and action masks) into the next ``n_envs`` rows."""
+    def _on_device_of(self, tensor: th.Tensor) -> bool:
+        """Whether the buffer's arrays are tensors on ``tensor``'s device (storage ``"device"``)."""
+        return isinstance(self.returns, th.Tensor) and self.returns.device == tensor.device
+
+    def _write_from_device(self, target: th.Tensor, rows: slice, source: th.Tensor, step_major: bool) -> None:
+        """
+        Copy an array of a rollout already on the target's device (``(n_samples, ...)`` rows of a
+        :class:`DeviceRollout`) into some rows of a stored tensor as ``(n_envs, n_steps, ...)``.
+        """
+        step_shape = tuple(target.shape[2:])
+        if step_major:
+            target[rows] = source.reshape(self.n_steps, self.n_envs, *step_shape).swapaxes(0, 1)
+        else:
+            target[rows] = source.reshape(self.n_envs, self.n_steps, *step_shape)
+
+    def add(self, rollout_buffer: RolloutBuffer, device_rollout: DeviceRollout | None = None) -> None:
+        """
+        Copy a full rollout buffer's observations, value targets (and action masks) into the next ``n_envs`` rows.
+
+        :param rollout_buffer: the rollout buffer
+        :param device_rollout: its arrays already copied to a device (:func:`rollout_to_device`): a buffer stored on
+            that device takes its observations and value targets from there instead of copying them from the host
+        """
         if self.full():
             raise RuntimeError("The auxiliary buffer is full: run the auxiliary phase and reset() it before adding more.")
         if rollout_buffer.buffer_size != self.n_steps or rollout_buffer.n_envs != self.n_envs:
@@ -575,12 +633,22 @@ class AuxiliaryBuffer:
         if self.pos == 0:
             self.returns = self._with_dtype(self.returns, rollout_buffer.returns.dtype)
         rows = slice(self.pos, self.pos + self.n_envs)
-        if isinstance(self.observations, dict):
-            for key, array in self.observations.items():
-                self._write_env_major(array, rows, rollout_buffer.observations[key], flattened)  # type: ignore[index]
+        if device_rollout is not None and self._on_device_of(device_rollout.fields[-1]):
+            observations, step_major = device_rollout.observations, device_rollout.step_major
+            if isinstance(self.observations, dict):
+                assert isinstance(observations, dict)
+                for key, array in self.observations.items():
+                    self._write_from_device(array, rows, observations[key], step_major)  # type: ignore[arg-type]
+            else:
+                self._write_from_device(self.observations, rows, observations, step_major)  # type: ignore[arg-type]
+            self._write_from_device(self.returns, rows, device_rollout.fields[-1], step_major)  # type: ignore[arg-type]
         else:
-            self._write_env_major(self.observations, rows, rollout_buffer.observations, flattened)  # type: ignore[arg-type]
-        self._write_env_major(self.returns, rows, rollout_buffer.returns, flattened)
+            if isinstance(self.observations, dict):
+                for key, array in self.observations.items():
+                    self._write_env_major(array, rows, rollout_buffer.observations[key], flattened)  # type: ignore[index]
+            else:
+                self._write_env_major(self.observations, rows, rollout_buffer.observations, flattened)  # type: ignore[arg-type]
+            self._write_env_major(self.returns, rows, rollout_buffer.returns, flattened)
         if self.action_masks is not None:
             masks = rollout_buffer.action_masks.astype(bool)  # type: ignore[attr-defined]
             self._write_env_major(self.action_masks, rows, masks, flattened)

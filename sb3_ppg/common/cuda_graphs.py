@@ -28,7 +28,23 @@ def parameter_addresses(module: nn.Module) -> tuple[int, ...]:
     Where a module's parameters and buffers live: a graph reads them there, so a graph captured before they moved
     (``module.to()``, a ``load_state_dict(assign=True)``) is not replayed after.
     """
-    return tuple(tensor.data_ptr() for tensor in (*module.parameters(), *module.buffers()))
+    addresses: list[int] = []
+    seen: set[int] = set()
+    modules = [module]
+    # The live module tree walked without the parameters' names that ``module.parameters()`` builds: a rollout step
+    # reads the addresses, at a third of the cost for the IMPALA policies (docs/throughput.md)
+    while modules:
+        current = modules.pop()
+        if id(current) in seen:  # a module registered twice (e.g. a shared features extractor)
+            continue
+        seen.add(id(current))
+        for tensor in (*current._parameters.values(), *current._buffers.values()):
+            if tensor is not None:
+                addresses.append(tensor.data_ptr())
+        for child in current._modules.values():
+            if child is not None:
+                modules.append(child)
+    return tuple(addresses)
 
 
 def _clone(observations: PyTorchObs) -> PyTorchObs:

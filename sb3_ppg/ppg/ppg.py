@@ -28,6 +28,7 @@ from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
+    DeviceRollout,
     PPGDictRolloutBuffer,
     PPGRolloutBuffer,
     aux_buffer_storage,
@@ -37,6 +38,7 @@ from sb3_ppg.common.buffers import (
     gathers_on_device,
     make_aux_buffer,
     rollout_explained_variance,
+    rollout_to_device,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
@@ -247,6 +249,8 @@ class PPG(OnPolicyAlgorithm):
         self._at_rollout_boundary = True
         # Data-parallel training: the VecNormalize statistics every rank started the current rollout from
         self._data_parallel_stats: dict[str, RunningStats] = {}
+        # During train() on CUDA, the rollout copied to the device (see train())
+        self._device_rollout: DeviceRollout | None = None
         self._check_hyperparameters()
 
         if _init_setup_model:
@@ -301,15 +305,24 @@ class PPG(OnPolicyAlgorithm):
         self.policy.set_training_mode(True)
         if self.normalize_advantage == "batch":
             self._normalize_advantages()
-        with unchecked_distributions(self.device):
-            with self._precision("policy"):
-                self._policy_phase()
-            if self.aux_buffer is not None:
-                if self.aux_buffer.full():
-                    self._rerun_interrupted_aux_phase()
-                self.aux_buffer.add(self.rollout_buffer)
-                if self.aux_buffer.full():
-                    self._aux_phase()
+        # On CUDA the rollout is copied to the device once: the policy phase's epochs gather their minibatches there
+        # and the auxiliary buffer stores it from there (its arrays as they are now: after the advantages' update)
+        on_device = gathers_on_device(self.rollout_buffer, self.device)
+        self._device_rollout = rollout_to_device(self.rollout_buffer, self.device) if on_device else None
+        try:
+            with unchecked_distributions(self.device):
+                with self._precision("policy"):
+                    self._policy_phase()
+                if self.aux_buffer is not None:
+                    if self.aux_buffer.full():
+                        self._device_rollout = None  # the device memory free for that phase
+                        self._rerun_interrupted_aux_phase()
+                    self.aux_buffer.add(self.rollout_buffer, self._device_rollout)
+                    self._device_rollout = None  # the device memory free for the auxiliary phase
+                    if self.aux_buffer.full():
+                        self._aux_phase()
+        finally:
+            self._device_rollout = None
         self.logger.record("train/n_aux_phases", self._n_aux_phases)
         self._at_rollout_boundary = True
 
@@ -375,11 +388,13 @@ class PPG(OnPolicyAlgorithm):
         buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
         """
         on_device = gathers_on_device(self.rollout_buffer, self.device)
+        device_rollout = self._device_rollout if on_device else None  # train()'s copy (None: one per epoch)
         if self.policy_minibatches == "envs":
             device = self.device if on_device else None
-            return env_minibatches(self.rollout_buffer, self.batch_size, device=device)  # type: ignore[return-value]
+            minibatches = env_minibatches(self.rollout_buffer, self.batch_size, device=device, device_rollout=device_rollout)
+            return minibatches  # type: ignore[return-value]
         if on_device:
-            return device_minibatches(self.rollout_buffer, self.batch_size, self.device)  # type: ignore[return-value]
+            return device_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
 
     def _aux_phase(self) -> None:
@@ -731,14 +746,18 @@ class PPG(OnPolicyAlgorithm):
     ) -> bool:
         """
         SB3's ``collect_rollouts()``, after calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks
-        then share its outcome.
+        then share its outcome. On a CUDA device the action distributions skip torch's argument checks (two host syncs
+        per step, see ``unchecked_distributions``).
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
         # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
         self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        with overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde):
+        with (
+            overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde),
+            unchecked_distributions(self.device),
+        ):
             if not distributed.is_active():
                 return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
             complete, self._data_parallel_stats = data_parallel.collect_rollouts(
@@ -923,6 +942,7 @@ class PPG(OnPolicyAlgorithm):
             "_at_rollout_boundary",
             "_aux_buffer_storage",
             "_aux_phase_callbacks",
+            "_device_rollout",
         ]
         return [*super()._excluded_save_params(), *excluded]
 
