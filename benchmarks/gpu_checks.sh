@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one call on a lent GPU machine (docs/throughput.md, "Not measured yet"): the CUDA
 # tests, then issue 27's unmeasured numbers (PPG's rollout buffer against SB3's, parallel_networks, the host's time
-# per rollout), each step under its own time limit so that a slow one leaves the others' results. Everything is
-# written to $OUT (the device tool's folder that comes back; ./gpu_checks_out elsewhere), with a summary line per step.
+# per rollout with and without the rollout's host levers, a profile of the phases), each step under its own time
+# limit so that a slow one leaves the others' results. Everything is written to $OUT (the device tool's folder that
+# comes back; ./gpu_checks_out elsewhere), with a summary line per step.
 #
 # From the checkout's root, after `bash ../shared/gpu-kit/make-kit.sh` built .gpu-kit/ there (carry .gpu-kit):
-#   bash benchmarks/gpu_checks.sh            # about 8 minutes on an H100/H200-class GPU
+#   bash benchmarks/gpu_checks.sh            # about 9 minutes on an H100/H200-class GPU
 # STEPS="throughput_ppg_buffer throughput_sb3_buffer" bash benchmarks/gpu_checks.sh runs only the steps named.
 # The CUDA tests need pytest there; where the GPU image lacks it, add its wheels to the kit before carrying it:
 #   pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .gpu-kit/whl pytest pluggy iniconfig packaging
@@ -56,3 +57,8 @@ done
 
 step rollout_host_time 60 python3 benchmarks/rollout_host_time.py --device cuda --n-envs 64 --n-steps 256 --rounds 5 \
     --json "$out/rollout_host_time.json"
+
+# Where each phase's time goes now (device busy share, kernels, host syncs): last, the first step to leave out when
+# the device time left is short
+step profile_phases 90 python3 benchmarks/profile_phases.py --device cuda --arch dual --n-envs 64 --n-steps 256 \
+    --n-policy-iters 2 --n-aux-epochs 1 --precision bf16

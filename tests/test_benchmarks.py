@@ -154,6 +154,9 @@ def test_gpu_checks_script(tmp_path):
     config = re.search(r"config=\((.*?)\)", text, re.DOTALL).group(1).split()
     args = load_script("throughput").parse_args([*config, "--rollout-buffer", "sb3", "--parallel-networks"])
     assert (args.device, args.arch, args.n_envs, args.precision, args.rollout_buffer) == ("cuda", "dual", 64, "bf16", "sb3")
+    for script_name in ("rollout_host_time", "profile_phases"):  # the options of the other benchmarks' steps exist
+        options = re.search(rf"benchmarks/{script_name}\.py (.*?)\n", text.replace("\\\n", " ")).group(1).split()
+        load_script(script_name).parse_args([option.replace('"$out', str(tmp_path)).strip('"') for option in options])
     run = subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out"), "STEPS": "none"}, check=False
     )
