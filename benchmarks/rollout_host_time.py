@@ -32,7 +32,6 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from sb3_ppg import PPG, make_procgen_env
 from sb3_ppg.common.buffers import gathers_on_device, rollout_to_device
 from sb3_ppg.ppg import policies as policies_module
-from sb3_ppg.ppg import ppg as ppg_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,7 +99,7 @@ def without_host_levers() -> Iterator[None]:
     through ``module.parameters()``, no copy of the rollout kept by ``train()`` (see docs/throughput.md).
     """
     patches = [
-        (ppg_module, "unchecked_distributions", lambda device: contextlib.nullcontext()),
+        (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
         (policies_module, "parameter_addresses", named_parameter_addresses),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
@@ -136,13 +135,15 @@ def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
     # As train() does: the rollout copied to the device once (where the minibatches are gathered there)
     on_device = levers and gathers_on_device(model.rollout_buffer, model.device)
     model._device_rollout = rollout_to_device(model.rollout_buffer, model.device) if on_device else None
-    for _ in model._rollout_minibatches():
-        pass
-    synchronize(model.device)  # until the minibatches are where the device can use them
-    timings["minibatches_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    model.aux_buffer.add(model.rollout_buffer, model._device_rollout)
-    model._device_rollout = None
+    try:
+        for _ in model._rollout_minibatches():
+            pass
+        synchronize(model.device)  # until the minibatches are where the device can use them
+        timings["minibatches_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        model.aux_buffer.add(model.rollout_buffer, model._device_rollout)
+    finally:
+        model._device_rollout = None
     synchronize(model.device)
     timings["aux_add_s"] = time.perf_counter() - start
     return timings

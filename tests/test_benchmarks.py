@@ -122,14 +122,12 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     extractor = rollout_host_time.ZeroFeatures(rollout_host_time.spaces.Box(0, 255, (3, 8, 8), np.uint8), 5)
     assert th.equal(extractor(th.ones(4, 3, 8, 8)), th.zeros(4, 5))
     # The variant without the host levers (timed on CUDA only) swaps in the code before them, and back
-    levers = (rollout_host_time.ppg_module.unchecked_distributions, rollout_host_time.policies_module.parameter_addresses)
+    policies = rollout_host_time.policies_module
+    levers = (policies.unchecked_distributions, policies.parameter_addresses)
     with rollout_host_time.without_host_levers():
-        assert rollout_host_time.ppg_module.unchecked_distributions is not levers[0]
-        assert rollout_host_time.policies_module.parameter_addresses is rollout_host_time.named_parameter_addresses
-    assert (
-        rollout_host_time.ppg_module.unchecked_distributions,
-        rollout_host_time.policies_module.parameter_addresses,
-    ) == levers
+        assert policies.unchecked_distributions is not levers[0]
+        assert policies.parameter_addresses is rollout_host_time.named_parameter_addresses
+    assert (policies.unchecked_distributions, policies.parameter_addresses) == levers
     model = rollout_host_time.make_model(rollout_host_time.parse_args(args), None)
     model._setup_learn(10**9, callback=None)
     model._callback = model._init_callback(None)

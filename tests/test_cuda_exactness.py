@@ -14,6 +14,7 @@ from helpers import assert_identical, parameters
 from test_cuda_graphs import image_model
 
 from sb3_ppg.common import buffers
+from sb3_ppg.ppg import policies as policies_module
 from sb3_ppg.ppg import ppg as ppg_module
 
 pytestmark = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
@@ -25,6 +26,7 @@ def trained(monkeypatch: pytest.MonkeyPatch, aux_buffer_device: str, device_gath
             patch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device: False)
         if checks:
             patch.setattr(ppg_module, "unchecked_distributions", lambda device: contextlib.nullcontext())
+            patch.setattr(policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext())
         model = image_model(True, "cuda", aux_buffer_device=aux_buffer_device)
         model.learn(256)
         assert model.n_aux_phases == 2

@@ -1,18 +1,27 @@
 """sb3_ppg.common.distributions: stored parameters and KL(pi_old || pi) for each action space, against torch.distributions."""
 
+import threading
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 import torch as th
 from gymnasium import spaces
+from sb3_contrib.common.envs import InvalidActionEnvDiscrete
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.envs import IdentityEnvMultiDiscrete
 from stable_baselines3.common.utils import ConstantSchedule
-from torch.distributions import Bernoulli, Categorical, Independent, Normal, kl_divergence
+from torch.distributions import Bernoulli, Categorical, Distribution, Independent, Normal, kl_divergence
 
+from sb3_ppg import PPG, MaskablePPG
 from sb3_ppg.common.distributions import (
     distribution_param_dim,
     get_distribution_params,
     kl_divergence_from_params,
+    sampling_checks_parameters,
     unchecked_distributions,
 )
+from sb3_ppg.ppg import policies as policies_module
 from sb3_ppg.ppg.policies import PPGPolicy
 
 OBS_SPACE = spaces.Box(-1, 1, (4,), np.float32)
@@ -108,42 +117,93 @@ def test_unchecked_distributions_only_on_cuda():
         Categorical(logits=bad_logits)  # checked again after the context, also after an exception
 
 
-@pytest.mark.parametrize("maskable", [False, True])
-def test_rollout_runs_in_unchecked_distributions(monkeypatch, maskable):
+def test_unchecked_distributions_nest_across_threads():
+    """torch's process-wide default is set back when the last open context exits, whatever the order of the exits."""
+    cuda = th.device("cuda")  # the flag only: nothing runs on the device
+    default = Distribution._validate_args
+    with unchecked_distributions(cuda, enabled=False):
+        assert Distribution._validate_args == default
+    first, second = unchecked_distributions(cuda), unchecked_distributions(cuda)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert Distribution._validate_args is False  # the second is still open
+    second.__exit__(None, None, None)
+    assert Distribution._validate_args == default
+    # Two threads, the first to enter exits first
+    entered, first_exited = threading.Event(), threading.Event()
+    during: list[bool] = []
+
+    def long_context() -> None:
+        with unchecked_distributions(cuda):
+            entered.set()
+            first_exited.wait(10)
+            during.append(Distribution._validate_args)
+
+    thread = threading.Thread(target=long_context)
+    with unchecked_distributions(cuda):
+        thread.start()
+        entered.wait(10)
+    first_exited.set()
+    thread.join(10)
+    assert during == [False] and Distribution._validate_args == default
+
+
+#: Rollouts to check: (algorithm, env, whether the sampling skips the argument checks on CUDA)
+ROLLOUT_CASES = {
+    "Discrete": (PPG, lambda: "CartPole-v1", True),
+    "Box": (PPG, lambda: "Pendulum-v1", False),
+    "MultiDiscrete": (PPG, lambda: IdentityEnvMultiDiscrete(dim=2), True),
+    "masked Discrete": (MaskablePPG, lambda: InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1), True),
+}
+
+
+@pytest.mark.parametrize("case", list(ROLLOUT_CASES))
+def test_rollout_samples_in_unchecked_distributions(monkeypatch, case):
     """
-    The rollout's forward passes (where the actions are sampled and their log-probabilities taken) run inside
-    ``unchecked_distributions(model.device)``, as train() does; PPG's and MaskablePPG's rollouts alike.
+    The rollout builds and samples its action distributions inside ``unchecked_distributions(model.device, enabled)``,
+    enabled for the categorical action spaces (whose sampling refuses non-finite probabilities itself), not for a
+    Gaussian; the callbacks run outside it.
     """
-    from contextlib import contextmanager
-
-    from sb3_contrib.common.envs import InvalidActionEnvDiscrete
-
-    from sb3_ppg import PPG, MaskablePPG
-    from sb3_ppg.ppg import ppg as ppg_module
-
-    active: list[th.device] = []
+    algorithm, make_env, enabled = ROLLOUT_CASES[case]
+    active: list[tuple[th.device, bool]] = []
 
     @contextmanager
-    def recording(device: th.device):
-        active.append(device)
+    def recording(device: th.device, enabled: bool = True):
+        active.append((device, enabled))
         try:
             yield
         finally:
             active.pop()
 
-    monkeypatch.setattr(ppg_module, "unchecked_distributions", recording)
-    algorithm = MaskablePPG if maskable else PPG
-    env = InvalidActionEnvDiscrete(dim=4, n_invalid_actions=1) if maskable else "CartPole-v1"
-    model = algorithm("MlpPolicy", env, n_steps=8, batch_size=8, n_policy_iters=2, aux_batch_rollouts=1, seed=0, device="cpu")
-    contexts_at_forward = []
-    forward = model.policy.forward
+    monkeypatch.setattr(policies_module, "unchecked_distributions", recording)
+    model = algorithm(
+        "MlpPolicy", make_env(), n_steps=8, batch_size=8, n_policy_iters=2, aux_batch_rollouts=1, seed=0, device="cpu"
+    )
+    at_sampling = []
+    get_distribution = model.policy._get_action_dist_from_latent
 
-    def recorded_forward(*args, **kwargs):
-        contexts_at_forward.append(list(active))
-        return forward(*args, **kwargs)
+    def recorded_get_distribution(*args, **kwargs):
+        at_sampling.append(list(active))
+        return get_distribution(*args, **kwargs)
 
-    monkeypatch.setattr(model.policy, "forward", recorded_forward)
-    model.learn(16)
-    assert len(contexts_at_forward) == 16
-    assert all(contexts == [model.device] for contexts in contexts_at_forward)
+    class RecordingCallback(BaseCallback):
+        def _on_step(self) -> bool:
+            at_sampling.append(("callback", list(active)))
+            return True
+
+    monkeypatch.setattr(model.policy, "_get_action_dist_from_latent", recorded_get_distribution)
+    model.learn(16, callback=RecordingCallback())
+    rollout = [contexts for contexts in at_sampling if not isinstance(contexts, tuple) and contexts]
+    assert rollout == [[(model.device, enabled)]] * 16  # each rollout step, inside one context
+    assert [entry for entry in at_sampling if isinstance(entry, tuple)] == [("callback", [])] * 16
     assert active == []
+
+
+def test_sampling_checks_parameters():
+    """Categorical sampling (torch.multinomial) refuses non-finite probabilities; a Gaussian's and a Bernoulli's pass."""
+    assert sampling_checks_parameters(spaces.Discrete(3)) and sampling_checks_parameters(spaces.MultiDiscrete([2, 3]))
+    assert not sampling_checks_parameters(spaces.Box(-1, 1, (2,))) and not sampling_checks_parameters(spaces.MultiBinary(2))
+    with pytest.raises(RuntimeError, match="probability tensor contains either"):
+        Categorical(logits=th.tensor([[float("nan"), 0.0]]), validate_args=False).sample()
+    assert th.isnan(Normal(th.tensor([float("nan")]), th.ones(1), validate_args=False).sample()).all()

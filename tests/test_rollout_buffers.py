@@ -19,6 +19,7 @@ from stable_baselines3.common.utils import explained_variance
 from test_cuda_graphs import requires_cuda
 
 from sb3_ppg import MaskablePPG
+from sb3_ppg.common import buffers as buffers_module
 from sb3_ppg.common.buffers import (
     AuxiliaryBuffer,
     DeviceRollout,
@@ -216,6 +217,16 @@ def test_aux_buffer_adds_the_same_rows_flattened_or_not(storage, dict_obs):
         np.testing.assert_array_equal(buffers[1].iteration_arrays(0)[name], array, err_msg=name)
 
 
+def snapshot(device_rollout: DeviceRollout) -> DeviceRollout:
+    """A rollout copied as a device copies it: apart from the host arrays (on the CPU ``rollout_to_device`` views them)."""
+    observations = device_rollout.observations
+    if isinstance(observations, dict):
+        observations = {key: value.clone() for key, value in observations.items()}
+    else:
+        observations = observations.clone()
+    return DeviceRollout(observations, [field.clone() for field in device_rollout.fields], device_rollout.step_major)
+
+
 @pytest.mark.parametrize("storage", ["host", "pinned", "device"])
 @pytest.mark.parametrize("dict_obs", [False, True])
 def test_aux_buffer_adds_the_same_rows_from_the_device_rollout(storage, dict_obs):
@@ -229,20 +240,33 @@ def test_aux_buffer_adds_the_same_rows_from_the_device_rollout(storage, dict_obs
     expected = AuxiliaryBuffer(1, N_STEPS, N_ENVS, space, ACTIONS, device="cpu", storage="host")
     expected.add(ppg)
     for rollout in (ppg, sb3):
-        device_rollout = rollout_to_device(rollout, th.device("cpu"))  # views of the host arrays on the CPU: copied
-        observations = device_rollout.observations
-        observations = {k: v.clone() for k, v in observations.items()} if dict_obs else observations.clone()
-        device_rollout = DeviceRollout(observations, [field.clone() for field in device_rollout.fields], rollout is ppg)
+        device_rollout = snapshot(rollout_to_device(rollout, th.device("cpu")))
+        assert device_rollout.step_major is (rollout is ppg)
         aux = AuxiliaryBuffer(1, N_STEPS, N_ENVS, space, ACTIONS, device="cpu", storage=storage)
         aux.add(rollout, device_rollout)
         for name, array in expected.iteration_arrays(0).items():
             np.testing.assert_array_equal(aux.iteration_arrays(0)[name], array, err_msg=name)
         # Which copy was read: the device one for a buffer on the device, the host one otherwise
         device_rollout.fields[-1].add_(1.0)
+        for tensor in device_rollout.observations.values() if dict_obs else [device_rollout.observations]:
+            tensor.add_(1)
         aux.reset()
         aux.add(rollout, device_rollout)
-        shifted = 1.0 if storage == "device" else 0.0
-        np.testing.assert_array_equal(aux.iteration_arrays(0)["returns"], expected.iteration_arrays(0)["returns"] + shifted)
+        shift = 1 if storage == "device" else 0
+        for name, array in expected.iteration_arrays(0).items():
+            if name == "old_distribution_params":  # not from the rollout
+                continue
+            np.testing.assert_array_equal(aux.iteration_arrays(0)[name], array + np.array(shift, array.dtype), err_msg=name)
+
+
+def test_aux_buffer_refuses_another_rollouts_device_copy():
+    _, ppg = buffer_pair(False)
+    other = PPGRolloutBuffer(N_STEPS - 1, IMAGE, ACTIONS, device="cpu", n_envs=N_ENVS)
+    other.full = True
+    aux = AuxiliaryBuffer(1, N_STEPS, N_ENVS, IMAGE, ACTIONS, device="cpu", storage="device")
+    with pytest.raises(ValueError, match="device copy of the rollout holds 20 steps, not the rollout buffer's 6 x 4"):
+        aux.add(ppg, rollout_to_device(other, th.device("cpu")))
+    assert aux.pos == 0
 
 
 @pytest.mark.parametrize("dict_obs", [False, True])
@@ -332,27 +356,34 @@ def test_train_copies_the_rollout_to_the_device_once(monkeypatch, minibatches):
     policy phase's epochs and the auxiliary buffer's add, and drops the copy after: the updates of the host path.
     """
     runs = []
-    copy_rollout = ppg_module.rollout_to_device
+    copy_rollout = buffers_module.rollout_to_device
     for on_device in (False, True):
-        copies, added = [], []
+        copies, added, at_aux_phase = [], [], []
 
         def recorded_copy(*args, copies=copies):
-            copies.append(copy_rollout(*args))
+            """The copy as a device makes it: a snapshot of the host arrays (on the CPU the copy is a view)."""
+            copies.append(snapshot(copy_rollout(*args)))
             return copies[-1]
 
         monkeypatch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
-        monkeypatch.setattr(ppg_module, "rollout_to_device", recorded_copy)
+        monkeypatch.setattr(ppg_module, "rollout_to_device", recorded_copy)  # train()'s copy
+        monkeypatch.setattr(buffers_module, "rollout_to_device", recorded_copy)  # an epoch's own copy
         model = small_ppg(n_envs=4, batch_size=32, n_epochs=2, policy_minibatches=minibatches, aux_buffer_device="device")
-        add = model.aux_buffer.add
+        add, aux_phase = model.aux_buffer.add, model._aux_phase
 
         def recorded_add(rollout_buffer, device_rollout=None, add=add, added=added):
             added.append(device_rollout)
             add(rollout_buffer, device_rollout)
 
+        def recorded_aux_phase(aux_phase=aux_phase, at_aux_phase=at_aux_phase, model=model):
+            at_aux_phase.append(model._device_rollout)
+            aux_phase()
+
         monkeypatch.setattr(model.aux_buffer, "add", recorded_add)
+        monkeypatch.setattr(model, "_aux_phase", recorded_aux_phase)
         model.learn(4 * 16 * 3)
         assert model.n_aux_phases == 1 and model._device_rollout is None
-        assert len(added) == 3
+        assert len(added) == 3 and at_aux_phase == [None]  # the copy dropped before the auxiliary phase
         if on_device:  # one copy per train(), the one the auxiliary buffer stored from
             assert len(copies) == 3 and all(given is copy for given, copy in zip(added, copies, strict=True))
         else:

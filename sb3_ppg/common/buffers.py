@@ -634,6 +634,11 @@ class AuxiliaryBuffer:
             self.returns = self._with_dtype(self.returns, rollout_buffer.returns.dtype)
         rows = slice(self.pos, self.pos + self.n_envs)
         if device_rollout is not None and self._on_device_of(device_rollout.fields[-1]):
+            if device_rollout.fields[-1].numel() != self.n_steps * self.n_envs:
+                raise ValueError(
+                    f"The device copy of the rollout holds {device_rollout.fields[-1].numel()} steps, not the rollout "
+                    f"buffer's {self.n_steps} x {self.n_envs}: copy this rollout buffer (rollout_to_device)."
+                )
             observations, step_major = device_rollout.observations, device_rollout.step_major
             if isinstance(self.observations, dict):
                 assert isinstance(observations, dict)

@@ -1,6 +1,7 @@
 """Action distributions as stored parameters, and KL(pi_old || pi) from them, for every action space PPG supports."""
 
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -61,19 +62,43 @@ def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution)
     raise NotImplementedError(f"PPG cannot compute the KL divergence of {type(distribution).__name__}")
 
 
+#: The contexts of :func:`unchecked_distributions` open now, in all threads, and torch's default before the first
+_unchecked = {"depth": 0, "default": True}
+_unchecked_lock = threading.Lock()
+
+
 @contextmanager
-def unchecked_distributions(device: th.device) -> Iterator[None]:
+def unchecked_distributions(device: th.device, enabled: bool = True) -> Iterator[None]:
     """
     On a CUDA device, torch distributions built inside the context skip the check of their arguments, which reads
-    the device (a host sync per minibatch); the phases' finite checks still stop a non-finite loss. Elsewhere nothing
-    changes.
+    the device (a host sync); elsewhere, or when not ``enabled``, nothing changes. torch's default is process-wide:
+    it is set back when the last context open in any thread exits.
+
+    :param device: the device the distributions are on
+    :param enabled: whether to skip the checks (e.g. only for action spaces whose sampling refuses non-finite
+        parameters itself, see :func:`sampling_checks_parameters`)
     """
-    if device.type != "cuda":
+    if device.type != "cuda" or not enabled:
         yield
         return
-    previous = th.distributions.Distribution._validate_args
-    th.distributions.Distribution.set_default_validate_args(False)
+    with _unchecked_lock:
+        if _unchecked["depth"] == 0:
+            _unchecked["default"] = th.distributions.Distribution._validate_args
+            th.distributions.Distribution.set_default_validate_args(False)
+        _unchecked["depth"] += 1
     try:
         yield
     finally:
-        th.distributions.Distribution.set_default_validate_args(previous)
+        with _unchecked_lock:
+            _unchecked["depth"] -= 1
+            if _unchecked["depth"] == 0:
+                th.distributions.Distribution.set_default_validate_args(_unchecked["default"])
+
+
+def sampling_checks_parameters(action_space: spaces.Space) -> bool:
+    """
+    Whether sampling the action distribution of ``action_space`` refuses non-finite parameters by itself: categorical
+    ones (Discrete, MultiDiscrete) sample with ``torch.multinomial``, which refuses NaN or infinite probabilities. A
+    Gaussian or Bernoulli sample would carry them into the env: their argument checks stay on in the rollout.
+    """
+    return isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete))

@@ -1,6 +1,7 @@
 """PPG policies: an actor-critic with an auxiliary value head, in the paper's three architectures."""
 
 import warnings
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch import nn
 
 from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
 from sb3_ppg.common.cuda_streams import SideStream
+from sb3_ppg.common.distributions import sampling_checks_parameters, unchecked_distributions
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.preprocessing import (
     add_scalar_feature_axis,
@@ -351,11 +353,19 @@ class PPGPolicy(ActorCriticPolicy):
         """
         check_finite_observations(obs)
         latent_pi, values = self.rollout_latent_and_values(obs)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        actions = distribution.get_actions(deterministic=deterministic)
-        log_prob = distribution.log_prob(actions)
+        with self._unchecked_sampling():
+            distribution = self._get_action_dist_from_latent(latent_pi)
+            actions = distribution.get_actions(deterministic=deterministic)
+            log_prob = distribution.log_prob(actions)
         actions = actions.reshape((-1, *self.action_space.shape))  # type: ignore[misc]
         return actions, values, log_prob
+
+    def _unchecked_sampling(self) -> AbstractContextManager:
+        """
+        Where the rollout samples its actions: on a CUDA device without the distributions' argument checks (two host
+        syncs per step), for the action spaces whose sampling refuses non-finite parameters itself.
+        """
+        return unchecked_distributions(self.device, sampling_checks_parameters(self.action_space))
 
     def rollout_latent_and_values(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         """

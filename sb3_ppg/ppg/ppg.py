@@ -746,18 +746,14 @@ class PPG(OnPolicyAlgorithm):
     ) -> bool:
         """
         SB3's ``collect_rollouts()``, after calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks
-        then share its outcome. On a CUDA device the action distributions skip torch's argument checks (two host syncs
-        per step, see ``unchecked_distributions``).
+        then share its outcome.
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
         # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
         self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        with (
-            overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde),
-            unchecked_distributions(self.device),
-        ):
+        with overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde):
             if not distributed.is_active():
                 return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
             complete, self._data_parallel_stats = data_parallel.collect_rollouts(

@@ -46,11 +46,12 @@ class MaskablePPGPolicy(PPGPolicy):
         """
         check_finite_observations(obs)
         latent_pi, values = self.rollout_latent_and_values(obs)
-        distribution = self._get_action_dist_from_latent(latent_pi)
-        if action_masks is not None:
-            distribution.apply_masking(action_masks)
-        actions = distribution.get_actions(deterministic=deterministic)
-        log_prob = distribution.log_prob(actions)
+        with self._unchecked_sampling():
+            distribution = self._get_action_dist_from_latent(latent_pi)
+            if action_masks is not None:
+                distribution.apply_masking(action_masks)
+            actions = distribution.get_actions(deterministic=deterministic)
+            log_prob = distribution.log_prob(actions)
         actions = actions.reshape((-1, *self.action_space.shape))  # type: ignore[misc]
         return actions, values, log_prob
 
