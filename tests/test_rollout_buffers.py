@@ -259,14 +259,17 @@ def test_aux_buffer_adds_the_same_rows_from_the_device_rollout(storage, dict_obs
             np.testing.assert_array_equal(aux.iteration_arrays(0)[name], array + np.array(shift, array.dtype), err_msg=name)
 
 
-def test_aux_buffer_refuses_another_rollouts_device_copy():
+def test_another_rollouts_device_copy_is_refused():
     _, ppg = buffer_pair(False)
     other = PPGRolloutBuffer(N_STEPS - 1, IMAGE, ACTIONS, device="cpu", n_envs=N_ENVS)
     other.full = True
     aux = AuxiliaryBuffer(1, N_STEPS, N_ENVS, IMAGE, ACTIONS, device="cpu", storage="device")
+    other_copy = rollout_to_device(other, th.device("cpu"))
     with pytest.raises(ValueError, match="device copy of the rollout holds 20 steps, not the rollout buffer's 6 x 4"):
-        aux.add(ppg, rollout_to_device(other, th.device("cpu")))
+        aux.add(ppg, other_copy)
     assert aux.pos == 0
+    with pytest.raises(ValueError, match="device copy of the rollout holds 20 steps"):
+        next(device_minibatches(ppg, 7, th.device("cpu"), device_rollout=other_copy))
 
 
 @pytest.mark.parametrize("dict_obs", [False, True])

@@ -215,6 +215,16 @@ def rollout_to_device(rollout_buffer: RolloutBuffer, device: th.device) -> Devic
     return DeviceRollout(device_observations, fields, not rollout_buffer.generator_ready)
 
 
+def check_device_rollout(device_rollout: DeviceRollout, n_steps: int, n_envs: int) -> None:
+    """Refuse a device copy that is not of a rollout of ``n_steps`` steps of ``n_envs`` envs."""
+    n_copied = device_rollout.fields[-1].numel()
+    if n_copied != n_steps * n_envs:
+        raise ValueError(
+            f"The device copy of the rollout holds {n_copied} steps, not the rollout buffer's {n_steps} x {n_envs}: "
+            "copy this rollout buffer (rollout_to_device)."
+        )
+
+
 def env_rollout_order(n_envs: int, n_steps: int, generator: np.random.Generator | None = None) -> np.ndarray:
     """
     The flat sample indices (``env * n_steps + step``) of the envs' whole rollouts in one random order of the envs,
@@ -282,6 +292,7 @@ def device_minibatches(
     indices = np.random.permutation(n_steps * n_envs) if order is None else order
     if device_rollout is None:
         device_rollout = rollout_to_device(rollout_buffer, device)
+    check_device_rollout(device_rollout, n_steps, n_envs)
     if device_rollout.step_major:  # row = step * n_envs + env
         rows = indices % n_steps * n_envs + indices // n_steps
     else:  # flattened (by SB3's get()): row = sample index
@@ -634,11 +645,7 @@ class AuxiliaryBuffer:
             self.returns = self._with_dtype(self.returns, rollout_buffer.returns.dtype)
         rows = slice(self.pos, self.pos + self.n_envs)
         if device_rollout is not None and self._on_device_of(device_rollout.fields[-1]):
-            if device_rollout.fields[-1].numel() != self.n_steps * self.n_envs:
-                raise ValueError(
-                    f"The device copy of the rollout holds {device_rollout.fields[-1].numel()} steps, not the rollout "
-                    f"buffer's {self.n_steps} x {self.n_envs}: copy this rollout buffer (rollout_to_device)."
-                )
+            check_device_rollout(device_rollout, self.n_steps, self.n_envs)
             observations, step_major = device_rollout.observations, device_rollout.step_major
             if isinstance(self.observations, dict):
                 assert isinstance(observations, dict)
