@@ -247,7 +247,7 @@ def test_aux_buffer_adds_the_same_rows_from_the_device_rollout(storage, dict_obs
         for name, array in expected.iteration_arrays(0).items():
             np.testing.assert_array_equal(aux.iteration_arrays(0)[name], array, err_msg=name)
         # Which copy was read: the device one for a buffer on the device, the host one otherwise
-        device_rollout.fields[-1].add_(1.0)
+        device_rollout.returns.add_(1.0)
         for tensor in device_rollout.observations.values() if dict_obs else [device_rollout.observations]:
             tensor.add_(1)
         aux.reset()

@@ -187,6 +187,11 @@ class DeviceRollout(NamedTuple):
     fields: list[th.Tensor]
     step_major: bool
 
+    @property
+    def returns(self) -> th.Tensor:
+        """The value targets, flat: the last field."""
+        return self.fields[-1]
+
 
 def rollout_to_device(rollout_buffer: RolloutBuffer, device: th.device) -> DeviceRollout:
     """
@@ -217,7 +222,7 @@ def rollout_to_device(rollout_buffer: RolloutBuffer, device: th.device) -> Devic
 
 def check_device_rollout(device_rollout: DeviceRollout, n_steps: int, n_envs: int) -> None:
     """Refuse a device copy that is not of a rollout of ``n_steps`` steps of ``n_envs`` envs."""
-    n_copied = device_rollout.fields[-1].numel()
+    n_copied = device_rollout.returns.numel()
     if n_copied != n_steps * n_envs:
         raise ValueError(
             f"The device copy of the rollout holds {n_copied} steps, not the rollout buffer's {n_steps} x {n_envs}: "
@@ -596,10 +601,11 @@ class AuxiliaryBuffer:
         masks = [self.action_masks] if self.action_masks is not None else []
         return sum(array.nbytes for array in [*obs_arrays, self.returns, self.old_distribution_params, *masks])
 
-    def _write_env_major(self, target: StoredArray, rows: slice, array: np.ndarray, flattened: bool) -> None:
+    def _write_env_major(self, target: StoredArray, rows: slice, array: np.ndarray | th.Tensor, flattened: bool) -> None:
         """
-        Copy a rollout-buffer array, ``(n_steps, n_envs, ...)`` or flattened by its ``get()``, into some rows of a stored
-        array as ``(n_envs, n_steps, ...)``.
+        Copy a rollout array into some rows of a stored array as ``(n_envs, n_steps, ...)``: a rollout buffer's,
+        ``(n_steps, n_envs, ...)`` or flattened by its ``get()``, or one of a :class:`DeviceRollout` on the target's
+        device (``(n_samples, ...)`` rows, flattened where not ``step_major``).
         """
         step_shape = tuple(target.shape[2:])
         if flattened:
@@ -613,17 +619,6 @@ class AuxiliaryBuffer:
     def _on_device_of(self, tensor: th.Tensor) -> bool:
         """Whether the buffer's arrays are tensors on ``tensor``'s device (storage ``"device"``)."""
         return isinstance(self.returns, th.Tensor) and self.returns.device == tensor.device
-
-    def _write_from_device(self, target: th.Tensor, rows: slice, source: th.Tensor, step_major: bool) -> None:
-        """
-        Copy an array of a rollout already on the target's device (``(n_samples, ...)`` rows of a
-        :class:`DeviceRollout`) into some rows of a stored tensor as ``(n_envs, n_steps, ...)``.
-        """
-        step_shape = tuple(target.shape[2:])
-        if step_major:
-            target[rows] = source.reshape(self.n_steps, self.n_envs, *step_shape).swapaxes(0, 1)
-        else:
-            target[rows] = source.reshape(self.n_envs, self.n_steps, *step_shape)
 
     def add(self, rollout_buffer: RolloutBuffer, device_rollout: DeviceRollout | None = None) -> None:
         """
@@ -644,23 +639,20 @@ class AuxiliaryBuffer:
         if self.pos == 0:
             self.returns = self._with_dtype(self.returns, rollout_buffer.returns.dtype)
         rows = slice(self.pos, self.pos + self.n_envs)
-        if device_rollout is not None and self._on_device_of(device_rollout.fields[-1]):
+        # The observations and value targets from the device copy where the buffer lives on its device, else the host
+        observations: ObsArray | TensorObs = rollout_buffer.observations
+        returns: np.ndarray | th.Tensor = rollout_buffer.returns
+        source_flattened = flattened
+        if device_rollout is not None and self._on_device_of(device_rollout.returns):
             check_device_rollout(device_rollout, self.n_steps, self.n_envs)
-            observations, step_major = device_rollout.observations, device_rollout.step_major
-            if isinstance(self.observations, dict):
-                assert isinstance(observations, dict)
-                for key, array in self.observations.items():
-                    self._write_from_device(array, rows, observations[key], step_major)  # type: ignore[arg-type]
-            else:
-                self._write_from_device(self.observations, rows, observations, step_major)  # type: ignore[arg-type]
-            self._write_from_device(self.returns, rows, device_rollout.fields[-1], step_major)  # type: ignore[arg-type]
+            observations, returns = device_rollout.observations, device_rollout.returns
+            source_flattened = not device_rollout.step_major
+        if isinstance(self.observations, dict):
+            for key, array in self.observations.items():
+                self._write_env_major(array, rows, observations[key], source_flattened)  # type: ignore[index]
         else:
-            if isinstance(self.observations, dict):
-                for key, array in self.observations.items():
-                    self._write_env_major(array, rows, rollout_buffer.observations[key], flattened)  # type: ignore[index]
-            else:
-                self._write_env_major(self.observations, rows, rollout_buffer.observations, flattened)  # type: ignore[arg-type]
-            self._write_env_major(self.returns, rows, rollout_buffer.returns, flattened)
+            self._write_env_major(self.observations, rows, observations, source_flattened)  # type: ignore[arg-type]
+        self._write_env_major(self.returns, rows, returns, source_flattened)
         if self.action_masks is not None:
             masks = rollout_buffer.action_masks.astype(bool)  # type: ignore[attr-defined]
             self._write_env_major(self.action_masks, rows, masks, flattened)

@@ -388,7 +388,7 @@ class PPG(OnPolicyAlgorithm):
         buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
         """
         on_device = gathers_on_device(self.rollout_buffer, self.device)
-        device_rollout = self._device_rollout if on_device else None  # train()'s copy (None: one per epoch)
+        device_rollout = self._device_rollout  # train()'s copy where it gathers on the device (None: one per epoch)
         if self.policy_minibatches == "envs":
             device = self.device if on_device else None
             minibatches = env_minibatches(self.rollout_buffer, self.batch_size, device=device, device_rollout=device_rollout)
