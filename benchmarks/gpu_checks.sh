@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one call on a lent GPU machine (docs/throughput.md, "Not measured yet"): the CUDA
 # tests, then issue 27's unmeasured numbers (PPG's rollout buffer against SB3's, parallel_networks, the host's time
-# per rollout with and without the rollout's host levers, a profile of the phases), each step under its own time
-# limit so that a slow one leaves the others' results. Everything is written to $OUT (the device tool's folder that
-# comes back; ./gpu_checks_out elsewhere), with a summary line per step.
+# per rollout with and without the rollout's host levers, a profile of the phases; CleanRL's script against sb3-ppg
+# when STEPS names it), each step under its own time limit so that a slow one leaves the others' results. Everything
+# is written to $OUT (the device tool's folder that comes back; ./gpu_checks_out elsewhere), with a summary line per
+# step.
 #
 # From the checkout's root, after `bash ../shared/gpu-kit/make-kit.sh` built .gpu-kit/ there (carry .gpu-kit):
 #   bash benchmarks/gpu_checks.sh            # about 9 minutes on an H100/H200-class GPU
@@ -57,6 +58,24 @@ done
 
 step rollout_host_time 60 python3 benchmarks/rollout_host_time.py --device cuda --n-envs 64 --n-steps 256 --rounds 5 \
     --json "$out/rollout_host_time.json"
+
+# Issue 27's comparison with CleanRL's own script (detach, sb3-ppg in bf16, 3 cycles: whole processes and the last
+# cycle's rates), about 4 minutes: only when STEPS names vs_cleanrl (the default steps take about 9 of the 10 minutes
+# one device call may run), e.g. STEPS="vs_cleanrl profile_phases". It needs CleanRL's script in the kit,
+# `git -C /path/to/cleanrl show HEAD:cleanrl/ppg_procgen.py > .gpu-kit/ppg_procgen.py` (or CLEANRL_SCRIPT), and its
+# imports: gym 0.23.1 and tyro are in the kit; add tensorboard's wheels where the image lacks it.
+cleanrl_script="${CLEANRL_SCRIPT:-.gpu-kit/ppg_procgen.py}"
+if [ -n "${STEPS:-}" ] && wanted vs_cleanrl; then
+    if [ ! -f "$cleanrl_script" ]; then
+        echo "vs_cleanrl: no CleanRL script at $cleanrl_script (see above)" | tee -a "$out/summary.txt"
+    elif ! python3 -c "import gym, tyro, procgen, torch.utils.tensorboard" > "$out/vs_cleanrl_imports.log" 2>&1; then
+        echo "vs_cleanrl: CleanRL's imports fail here: $out/vs_cleanrl_imports.log" | tee -a "$out/summary.txt"
+    else
+        step vs_cleanrl 300 python3 benchmarks/vs_cleanrl.py --cleanrl-script "$cleanrl_script" --device cuda \
+            --arch detach --precision bf16 --n-envs 64 --n-steps 256 --n-policy-iters 8 --n-aux-epochs 6 --n-cycles 3 \
+            --json "$out/vs_cleanrl.json"
+    fi
+fi
 
 # Where each phase's time goes now (device busy share, kernels, host syncs): last, the first step to leave out when
 # the device time left is short

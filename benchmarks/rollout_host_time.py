@@ -1,15 +1,16 @@
 """
 The host's time around the network, per rollout: PPG's rollout buffer (``PPGRolloutBuffer``, the default) against
-SB3's ``RolloutBuffer``, and on CUDA against PPG's code without its rollout host levers (``--device cuda`` only: the
-distributions' argument checks in the rollout, the CUDA graph key's named parameter walk, a copy of the rollout to
-the device per epoch and another for the auxiliary buffer), in alternating rounds on the same envs.
+SB3's ``RolloutBuffer``, and against PPG's code without its rollout host levers (SB3's ``add()``, which copies each
+step twice; on CUDA also the distributions' argument checks in the rollout, the CUDA graph key's named parameter
+walk, a copy of the rollout to the device per epoch and another for the auxiliary buffer), in alternating rounds on
+the same envs.
 
 The model is ``arch="dual"`` on Procgen (``make_procgen_env``) with a features extractor that returns zeros, so that
 what is timed is what the host does on any device: env stepping, action sampling, the rollout buffer's writes
-(``collect_rollouts``), one epoch of the policy phase's minibatches gathered (``_rollout_minibatches``, SB3's
-flattening included, the rollout copied to the device as ``train()`` does) and the rollout stored in the auxiliary
-buffer (``AuxiliaryBuffer.add``). On a GPU these are the costs that the network's kernels do not hide
-(docs/throughput.md).
+(``collect_rollouts``; the buffer's ``reset()`` and ``add()`` calls also timed alone), one epoch of the policy
+phase's minibatches gathered (``_rollout_minibatches``, SB3's flattening included, the rollout copied to the device
+as ``train()`` does) and the rollout stored in the auxiliary buffer (``AuxiliaryBuffer.add``). On a GPU these are the
+costs that the network's kernels do not hide (docs/throughput.md).
 
 Usage, from the repository root: ``python benchmarks/rollout_host_time.py --n-envs 64 --n-steps 256 --rounds 5``
 """
@@ -26,11 +27,11 @@ from typing import Any
 
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG, make_procgen_env
-from sb3_ppg.common.buffers import gathers_on_device, rollout_to_device
+from sb3_ppg.common.buffers import PPGRolloutBuffer, gathers_on_device, rollout_to_device
 from sb3_ppg.ppg import policies as policies_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,9 +39,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import throughput
 
 #: The variants compared, by the name the report gives them: (rollout buffer class, with the rollout host levers)
-VARIANTS = {"PPGRolloutBuffer": (None, True), "SB3 RolloutBuffer": (RolloutBuffer, True)}
-#: On CUDA only, where the levers act
-CUDA_VARIANTS = {"PPGRolloutBuffer, no host levers": (None, False)}
+VARIANTS = {
+    "PPGRolloutBuffer": (None, True),
+    "SB3 RolloutBuffer": (RolloutBuffer, True),
+    "PPGRolloutBuffer, no host levers": (None, False),
+}
+#: Stands for an attribute that a patched class or module did not have itself
+MISSING = object()
 
 
 class ZeroFeatures(BaseFeaturesExtractor):
@@ -95,21 +100,26 @@ def synchronize(device: th.device) -> None:
 @contextlib.contextmanager
 def without_host_levers() -> Iterator[None]:
     """
-    The rollout's code before its host levers (2026-11-27): distributions checked in the rollout, the graph key's walk
-    through ``module.parameters()``, no copy of the rollout kept by ``train()`` (see docs/throughput.md).
+    The rollout's code before its host levers (2026-11-27): SB3's ``add()`` in ``PPGRolloutBuffer``, distributions
+    checked in the rollout, the graph key's walk through ``module.parameters()``, no copy of the rollout kept by
+    ``train()`` (see docs/throughput.md).
     """
     patches = [
+        (PPGRolloutBuffer, "add", RolloutBuffer.add),
         (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
         (policies_module, "parameter_addresses", named_parameter_addresses),
     ]
-    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
-    for module, name, value in patches:
-        setattr(module, name, value)
+    saved = [(owner, name, vars(owner).get(name, MISSING)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
     try:
         yield
     finally:
-        for module, name, value in saved:
-            setattr(module, name, value)
+        for owner, name, value in saved:
+            if value is MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
 
 
 def named_parameter_addresses(module: th.nn.Module) -> tuple[int, ...]:
@@ -119,7 +129,8 @@ def named_parameter_addresses(module: th.nn.Module) -> tuple[int, ...]:
 
 def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
     """
-    Seconds of one rollout's collection, one epoch of its minibatches, and its store in the auxiliary buffer.
+    Seconds of one rollout's collection (and of the rollout buffer's ``reset()`` and ``add()`` calls in it), one epoch
+    of its minibatches, and its store in the auxiliary buffer.
 
     :param levers: with the rollout host levers (else as :func:`without_host_levers`)
     """
@@ -127,10 +138,11 @@ def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
     if model.aux_buffer.full():
         model.aux_buffer.reset()
     timings = {}
-    with contextlib.nullcontext() if levers else without_host_levers():
+    with contextlib.nullcontext() if levers else without_host_levers(), timed_buffer_writes(model.rollout_buffer) as writes:
         start = time.perf_counter()
         model.collect_rollouts(model.env, model._callback, model.rollout_buffer, model.n_steps)
         timings["rollout_s"] = time.perf_counter() - start
+    timings["buffer_writes_s"] = writes[0]
     start = time.perf_counter()
     # As train() does: the rollout copied to the device once (where the minibatches are gathered there)
     on_device = levers and gathers_on_device(model.rollout_buffer, model.device)
@@ -149,23 +161,45 @@ def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
     return timings
 
 
+@contextlib.contextmanager
+def timed_buffer_writes(buffer: BaseBuffer) -> Iterator[list[float]]:
+    """Within the context, the seconds spent in the buffer's ``reset()`` and ``add()`` add up in the list's item."""
+    seconds = [0.0]
+
+    def timed(method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                seconds[0] += time.perf_counter() - start
+
+        return call
+
+    buffer.reset, buffer.add = timed(buffer.reset), timed(buffer.add)  # type: ignore[method-assign]
+    try:
+        yield seconds
+    finally:
+        del buffer.reset, buffer.add
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Alternate the buffers for ``rounds`` timed rollouts each (after one untimed); the medians per buffer."""
     th.set_num_threads(args.torch_threads)
-    variants = {**VARIANTS, **(CUDA_VARIANTS if th.device(args.device).type == "cuda" else {})}
-    models = {name: make_model(args, buffer_class) for name, (buffer_class, _) in variants.items()}
+    models = {name: make_model(args, buffer_class) for name, (buffer_class, _) in VARIANTS.items()}
     for name, model in models.items():
         model._setup_learn(10**9, callback=None)
         model._callback = model._init_callback(None)
-        time_one_rollout(model, levers=variants[name][1])
+        time_one_rollout(model, levers=VARIANTS[name][1])
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
-            samples[name].append(time_one_rollout(model, levers=variants[name][1]))
+            samples[name].append(time_one_rollout(model, levers=VARIANTS[name][1]))
     results = {}
     for name, rounds in samples.items():
         medians = {key: statistics.median(sample[key] for sample in rounds) for key in rounds[0]}
         medians["rollout_ms_per_step"] = 1000 * medians["rollout_s"] / args.n_steps
+        medians["buffer_writes_us_per_step"] = 1e6 * medians["buffer_writes_s"] / args.n_steps
         medians["total_s"] = medians["rollout_s"] + medians["minibatches_s"] + medians["aux_add_s"]
         results[name] = medians
     for model in models.values():
@@ -179,12 +213,14 @@ def report(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> st
         f"{throughput.machine()}; {args.game} x {args.n_envs} envs x {args.n_steps} steps, {args.n_minibatches} "
         f"minibatches, device {args.device}, medians of {args.rounds} rounds",
         "",
-        "| variant | rollout (ms per step) | minibatches of one epoch (ms) | aux buffer add (ms) | total per rollout (s) |",
-        "|---|---|---|---|---|",
+        "| variant | rollout (ms per step) | of which buffer writes (us per step) | minibatches of one epoch (ms) "
+        "| aux buffer add (ms) | total per rollout (s) |",
+        "|---|---|---|---|---|---|",
     ]
     for name, medians in results.items():
         lines.append(
-            f"| {name} | {medians['rollout_ms_per_step']:.3f} | {1000 * medians['minibatches_s']:.1f} | "
+            f"| {name} | {medians['rollout_ms_per_step']:.3f} | {medians['buffer_writes_us_per_step']:.0f} | "
+            f"{1000 * medians['minibatches_s']:.1f} | "
             f"{1000 * medians['aux_add_s']:.1f} | {medians['total_s']:.3f} |"
         )
     return "\n".join(lines)

@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
+from stable_baselines3.common.buffers import RolloutBuffer
+
+from sb3_ppg.common.buffers import PPGRolloutBuffer, UnflattenedRolloutBuffer
 
 # Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
 # is meant
@@ -104,14 +107,16 @@ def test_throughput_runs(tmp_path):
 
 
 def test_rollout_host_time_runs(tmp_path, capsys):
-    """benchmarks/rollout_host_time.py in a tiny configuration: both buffers timed, the report and the JSON."""
+    """benchmarks/rollout_host_time.py in a tiny configuration: the three variants timed, the report and the JSON."""
     rollout_host_time = load_script("rollout_host_time")
     json_path = tmp_path / "host.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--rounds", "2", "--num-threads", "1"]
     results = rollout_host_time.main([*args, "--json", str(json_path)])
-    assert list(results) == ["PPGRolloutBuffer", "SB3 RolloutBuffer"]
+    assert list(results) == ["PPGRolloutBuffer", "SB3 RolloutBuffer", "PPGRolloutBuffer, no host levers"]
     for medians in results.values():
-        assert all(medians[key] > 0 for key in ("rollout_s", "minibatches_s", "aux_add_s"))
+        assert all(medians[key] > 0 for key in ("rollout_s", "buffer_writes_s", "minibatches_s", "aux_add_s"))
+        assert medians["buffer_writes_s"] < medians["rollout_s"]
+        assert medians["buffer_writes_us_per_step"] == pytest.approx(1e6 * medians["buffer_writes_s"] / 8)
         assert medians["total_s"] == pytest.approx(medians["rollout_s"] + medians["minibatches_s"] + medians["aux_add_s"])
         assert medians["rollout_ms_per_step"] == pytest.approx(1000 * medians["rollout_s"] / 8)
     report = capsys.readouterr().out
@@ -121,18 +126,21 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     # The stand-in features extractor does no work: zeros for every observation
     extractor = rollout_host_time.ZeroFeatures(rollout_host_time.spaces.Box(0, 255, (3, 8, 8), np.uint8), 5)
     assert th.equal(extractor(th.ones(4, 3, 8, 8)), th.zeros(4, 5))
-    # The variant without the host levers (timed on CUDA only) swaps in the code before them, and back
+    # The variant without the host levers swaps in the code before them, and back
     policies = rollout_host_time.policies_module
     levers = (policies.unchecked_distributions, policies.parameter_addresses)
     with rollout_host_time.without_host_levers():
         assert policies.unchecked_distributions is not levers[0]
         assert policies.parameter_addresses is rollout_host_time.named_parameter_addresses
+        assert PPGRolloutBuffer.add is RolloutBuffer.add
     assert (policies.unchecked_distributions, policies.parameter_addresses) == levers
+    assert "add" not in vars(PPGRolloutBuffer) and PPGRolloutBuffer.add is UnflattenedRolloutBuffer.add
     model = rollout_host_time.make_model(rollout_host_time.parse_args(args), None)
     model._setup_learn(10**9, callback=None)
     model._callback = model._init_callback(None)
     timings = rollout_host_time.time_one_rollout(model, levers=False)
     assert all(timings[key] > 0 for key in ("rollout_s", "minibatches_s", "aux_add_s")) and model.aux_buffer.pos == 2
+    assert "add" not in vars(model.rollout_buffer) and "reset" not in vars(model.rollout_buffer)  # the timers removed
     addresses = rollout_host_time.named_parameter_addresses(model.policy)
     assert sorted(addresses) == sorted(levers[1](model.policy))
     model.env.close()
@@ -152,14 +160,24 @@ def test_gpu_checks_script(tmp_path):
     config = re.search(r"config=\((.*?)\)", text, re.DOTALL).group(1).split()
     args = load_script("throughput").parse_args([*config, "--rollout-buffer", "sb3", "--parallel-networks"])
     assert (args.device, args.arch, args.n_envs, args.precision, args.rollout_buffer) == ("cuda", "dual", 64, "bf16", "sb3")
-    for script_name in ("rollout_host_time", "profile_phases"):  # the options of the other benchmarks' steps exist
+    for script_name in ("rollout_host_time", "profile_phases", "vs_cleanrl"):  # the other benchmarks' options exist
         options = re.search(rf"benchmarks/{script_name}\.py (.*?)\n", text.replace("\\\n", " ")).group(1).split()
-        load_script(script_name).parse_args([option.replace('"$out', str(tmp_path)).strip('"') for option in options])
+        options = [option.replace('"$out', str(tmp_path)).replace('"$cleanrl_script', "x.py").strip('"') for option in options]
+        load_script(script_name).parse_args(options)
     run = subprocess.run(
         ["bash", str(script)], cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out"), "STEPS": "none"}, check=False
     )
     assert run.returncode == 0 and (tmp_path / "out" / "machine.txt").is_file()
     assert not (tmp_path / "out" / "summary.txt").exists()
+    # Without CleanRL's script the comparison is left out, and the summary says why
+    run = subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "OUT": str(tmp_path / "out2"), "STEPS": "vs_cleanrl", "CLEANRL_SCRIPT": "missing.py"},
+        check=False,
+    )
+    assert run.returncode == 0
+    assert (tmp_path / "out2" / "summary.txt").read_text() == "vs_cleanrl: no CleanRL script at missing.py (see above)\n"
 
 
 def test_procgen_learning_resumes_in_chunks(tmp_path):
@@ -258,23 +276,31 @@ import json, os, sys, time
 time.sleep(0.2)
 with open(os.environ["STAND_IN_OUT"], "a") as file:
     file.write(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "time": time.time()}) + "\\n")
+for rate in os.environ["STAND_IN_SPS"].split(","):  # CleanRL prints its rate so far after each policy phase
+    print("aux epoch 1")
+    print("SPS:", rate)
 """
 
 
-def test_vs_cleanrl_runs_both_whole_processes(tmp_path, monkeypatch, order="sb3-ppg,cleanrl"):
-    """benchmarks/vs_cleanrl.py with a stand-in for CleanRL's script: its options, both orders, the ratio."""
+def test_vs_cleanrl_runs_both_whole_processes(tmp_path, monkeypatch, capsys, order="sb3-ppg,cleanrl"):
+    """
+    benchmarks/vs_cleanrl.py with a stand-in for CleanRL's script: its options, both orders, the ratio of the whole
+    processes and that of the last cycle.
+    """
     vs_cleanrl = load_script("vs_cleanrl")
     script, out = tmp_path / "ppg_procgen.py", tmp_path / "calls.jsonl"
     script.write_text(STAND_IN_CLEANRL)
     monkeypatch.setenv("STAND_IN_OUT", str(out))
+    # 16 env steps per update, 4 updates: 0.1, 0.2, 0.6, 1.6 s since the start; the cycles end at updates 2 and 4
+    monkeypatch.setenv("STAND_IN_SPS", "160,160,80,40")
     args = ["--cleanrl-script", str(script), "--n-envs", "2", "--n-steps", "8", "--n-policy-iters", "2"]
-    args += ["--n-aux-epochs", "1", "--aux-batch-rollouts", "1", "--device", "cpu", "--order", order]
+    args += ["--n-aux-epochs", "1", "--aux-batch-rollouts", "1", "--device", "cpu", "--order", order, "--n-cycles", "2"]
     started = time.time()
     results = vs_cleanrl.main([*args, "--json", str(tmp_path / "results.json")])
-    assert results["env_steps"] == 2 * 2 * 8 and results["order"] == order.split(",")
+    assert results["env_steps"] == 2 * 2 * 2 * 8 and results["order"] == order.split(",")
     (call,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert call["argv"] == [
-        *("--env-id", "starpilot", "--total-timesteps", "32", "--num-envs", "2", "--num-steps", "8"),
+        *("--env-id", "starpilot", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "8"),
         *("--n-iteration", "2", "--e-auxiliary", "1", "--num-aux-rollouts", "1", "--no-cuda"),
     ]
     # CleanRL's script runs in a scratch folder (its runs/ logs do not land in the repository)
@@ -286,19 +312,53 @@ def test_vs_cleanrl_runs_both_whole_processes(tmp_path, monkeypatch, order="sb3-
     sb3_first = order.startswith("sb3")
     assert (cleanrl_started >= results["sb3-ppg"]["seconds"]) == sb3_first
     for name in ("cleanrl", "sb3-ppg"):
-        assert results[name]["env_steps_per_s"] == pytest.approx(32 / results[name]["seconds"])
+        assert results[name]["env_steps_per_s"] == pytest.approx(64 / results[name]["seconds"])
     assert results["ratio"] == pytest.approx(results["cleanrl"]["seconds"] / results["sb3-ppg"]["seconds"])
+    # The last cycle: CleanRL's from 0.2 s to 1.6 s; sb3-ppg's between its two auxiliary phases' starts, within its run
+    assert results["cleanrl"]["cycle_seconds"] == pytest.approx(1.4)
+    assert results["cleanrl"]["cycle_ends"] == pytest.approx([0.2, 1.6]) and len(results["sb3-ppg"]["cycle_ends"]) == 2
+    assert results["cleanrl"]["cycle_env_steps_per_s"] == pytest.approx(32 / 1.4)
+    assert 0 < results["sb3-ppg"]["cycle_seconds"] < results["sb3-ppg"]["seconds"]
+    assert results["sb3-ppg"]["cycle_env_steps_per_s"] == pytest.approx(32 / results["sb3-ppg"]["cycle_seconds"])
+    assert results["cycle_ratio"] == pytest.approx(1.4 / results["sb3-ppg"]["cycle_seconds"])
     assert json.loads((tmp_path / "results.json").read_text())["ratio"] == pytest.approx(results["ratio"])
+    report = capsys.readouterr().out
+    assert f"  sb3-ppg / CleanRL: {results['ratio']:.2f}x" in report
+    assert f"  CleanRL ppg_procgen.py: 1.40 s, {32 / 1.4:,.0f} env steps/s" in report
+    assert report.rstrip().endswith(f"sb3-ppg / CleanRL: {results['cycle_ratio']:.2f}x")
     with pytest.raises(SystemExit):
         vs_cleanrl.parse_args(["--cleanrl-script", "x.py", "--order", "cleanrl,cleanrl"])
 
 
-def test_vs_cleanrl_runs_in_the_order_asked_for(monkeypatch):
+def test_vs_cleanrl_runs_in_the_order_asked_for(monkeypatch, capsys):
     vs_cleanrl = load_script("vs_cleanrl")
     ran = []
-    monkeypatch.setattr(vs_cleanrl, "run_timed", lambda command: ran.append(command) or 2.0 * len(ran))
+    monkeypatch.setattr(vs_cleanrl, "run_timed", lambda command: (ran.append(command) or 2.0 * len(ran), ""))
     results = vs_cleanrl.main(["--cleanrl-script", "ppg_procgen.py", "--order", "cleanrl,sb3-ppg", "--device", "cuda"])
     assert ran[0][1].endswith("ppg_procgen.py") and ran[0][-1] == "--cuda"
     assert ran[1][1].endswith("vs_cleanrl.py") and ran[1][-1] == "--sb3-child"
-    # CleanRL took 2 s, sb3-ppg 4 s for the same 64 x 256 x 8 steps
+    # CleanRL took 2 s, sb3-ppg 4 s for the same 64 x 256 x 8 steps; one cycle: no cycle rates
     assert results["env_steps"] == 64 * 256 * 8 and results["ratio"] == pytest.approx(0.5)
+    assert results["cycle_ratio"] is None and results["sb3-ppg"]["cycle_seconds"] is None
+    assert "--n-cycles 1, cycle ends found: CleanRL ppg_procgen.py 0, sb3-ppg (detach, fp32) 0)" in capsys.readouterr().out
+
+
+def test_vs_cleanrl_reads_the_cycles_ends():
+    """CleanRL's SPS lines (rates so far, after each policy phase) and sb3-ppg's marks give the ends of whole cycles."""
+    vs_cleanrl = load_script("vs_cleanrl")
+    options = ["--cleanrl-script", "x.py", "--n-envs", "4", "--n-steps", "10", "--n-policy-iters", "3", "--n-cycles", "2"]
+    args = vs_cleanrl.parse_args(options)
+    # 40 env steps per update; updates 3 and 6 end the cycles (a 7th update's line belongs to no whole cycle)
+    output = (
+        "SPS: 400\naux epoch 1\nSPS: 200\nSPS: 120\nglobal_step=80, episodic_return=1\nSPS: 80\nSPS: 100\nSPS: 60\nSPS: 70\n"
+    )
+    assert vs_cleanrl.cleanrl_cycle_ends(output, args) == pytest.approx([1.0, 4.0])
+    assert vs_cleanrl.last_cycle([1.0, 4.0], args) == pytest.approx({"cycle_seconds": 3.0, "cycle_env_steps_per_s": 40.0})
+    # A cycle end missing (a rate that reads 0) or one too many: no cycle rate, rather than one over two cycles
+    assert vs_cleanrl.cleanrl_cycle_ends(output.replace("SPS: 120", "SPS: 0"), args) == pytest.approx([4.0])
+    for ends in ([4.0], [1.0, 4.0, 9.0]):
+        assert vs_cleanrl.last_cycle(ends, args) == {"cycle_seconds": None, "cycle_env_steps_per_s": None}
+    one_cycle = vs_cleanrl.parse_args(options[:-2])
+    assert vs_cleanrl.last_cycle([1.0], one_cycle) == {"cycle_seconds": None, "cycle_env_steps_per_s": None}
+    marks = f"Using cpu device\n{vs_cleanrl.CYCLE_MARK} 2.5 s\n---\n{vs_cleanrl.CYCLE_MARK} 7.25 s\n"
+    assert vs_cleanrl.sb3_cycle_ends(marks) == [2.5, 7.25]

@@ -183,6 +183,79 @@ def test_scalar_observations_are_sampled_as_sb3s(dict_obs):
         assert_same_samples(list(env_minibatches(ppg, N_STEPS, generator=np.random.default_rng(1), device=device)), expected)
 
 
+#: Observation and action spaces whose steps SB3's add() reshapes or casts: (observation space, action space, n_envs)
+ADD_CASES = {
+    "image, MultiDiscrete": (IMAGE, ACTIONS, N_ENVS),
+    "Discrete obs, Box actions": (spaces.Discrete(5), spaces.Box(-1, 1, (3,), np.float32), N_ENVS),
+    "scalar Box obs, Discrete actions": (spaces.Box(-1, 1, (), np.float32), spaces.Discrete(4), N_ENVS),
+    "float64 obs, one env": (spaces.Box(-1, 1, (2, 3), np.float64), spaces.Discrete(4), 1),
+    "Dict with Discrete": (spaces.Dict({"d": spaces.Discrete(3), "image": IMAGE}), ACTIONS, N_ENVS),
+    "image, MultiBinary": (IMAGE, spaces.MultiBinary(2), N_ENVS),
+}
+
+
+#: The cases with masks too where sb3-contrib's masks apply (Discrete and MultiDiscrete actions)
+ADD_CASES_MASKS = [
+    (case, masks)
+    for case, (_, action_space, _) in ADD_CASES.items()
+    for masks in (False, True)
+    if not masks or isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete))
+]
+
+
+@pytest.mark.parametrize("case, masks", ADD_CASES_MASKS)
+def test_add_writes_what_sb3s_add_writes(case, masks):
+    """
+    PPG's add() (each value copied once) leaves every array as SB3's (sb3-contrib's) does: values, dtypes and shapes,
+    for reshaped Discrete observations, a 0-d log-probability, float64 values, values of shape (n_envs,) or
+    (n_envs, 1), a step without masks; what was added is not aliased.
+    """
+    space, action_space, n_envs = ADD_CASES[case]
+    dict_obs = isinstance(space, spaces.Dict)
+    buffers = [
+        buffer_class(N_STEPS, space, action_space, device="cpu", n_envs=n_envs)
+        for buffer_class in BUFFER_CLASSES[dict_obs, masks]
+    ]
+    mask_dims = buffers[0].mask_dims if masks else 0
+    rng = np.random.default_rng(7)
+    steps = []
+    for step_index in range(N_STEPS):
+        space.seed(int(rng.integers(1000)))
+        samples = [space.sample() for _ in range(n_envs)]
+        obs = {key: np.stack([sample[key] for sample in samples]) for key in space.spaces} if dict_obs else np.stack(samples)
+        actions = np.stack([action_space.sample() for _ in range(n_envs)])
+        # n_envs 1: a 0-d log-probability (SB3 reshapes it) and values in float64; values of shape (n_envs, 1), and
+        # (n_envs,) every other step
+        log_prob = th.tensor(rng.normal()) if n_envs == 1 else th.as_tensor(rng.normal(size=n_envs), dtype=th.float32)
+        value_shape = (n_envs, 1) if step_index % 2 == 0 else (n_envs,)
+        value = th.as_tensor(rng.normal(size=value_shape), dtype=th.float64 if n_envs == 1 else th.float32)
+        # One step without masks (its rows stay all valid)
+        extra = dict(action_masks=rng.random((n_envs, mask_dims)) < 0.6) if masks and step_index != 2 else {}
+        steps.append((obs, actions, rng.normal(size=n_envs).astype(np.float32), rng.random(n_envs) < 0.3, value, log_prob))
+        steps[-1] += (extra,)
+    for *step, extra in steps:
+        for buffer in buffers:
+            buffer.add(*step, **extra)
+    sb3, ppg = buffers
+    names = ["actions", "rewards", "episode_starts", "values", "log_probs", *(["action_masks"] if masks else [])]
+    arrays = [(getattr(sb3, name), getattr(ppg, name)) for name in names]
+    arrays += [(sb3.observations[key], ppg.observations[key]) for key in sb3.observations] if dict_obs else []
+    arrays += [] if dict_obs else [(sb3.observations, ppg.observations)]
+    for expected, mine in arrays:
+        assert mine.dtype == expected.dtype and mine.shape == expected.shape
+        np.testing.assert_array_equal(mine, expected)
+    assert ppg.full and ppg.pos == sb3.pos == N_STEPS
+    # The arrays hold copies: what was added can change afterwards
+    for *step, extra in steps:
+        for added in [*(step[0].values() if dict_obs else [step[0]]), *step[1:], *extra.values()]:
+            if added.dtype in (np.bool_, th.bool):
+                added ^= True
+            else:
+                added += 1
+    for expected, mine in arrays:
+        np.testing.assert_array_equal(mine, expected)
+
+
 def test_explained_variance_in_sb3s_order():
     """The logged explained variance sums in SB3's flattened order (64 x 8 float32 values: another order, other bits)."""
     rng = np.random.default_rng(2)  # values whose sums differ in the last bits in the two orders

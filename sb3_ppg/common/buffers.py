@@ -78,17 +78,27 @@ class UnflattenedRolloutBuffer:
     """
     What PPG's rollout buffers add to SB3's and sb3-contrib's (it comes first among their bases), with their samples:
     ``reset()`` keeps the observation arrays from one rollout to the next (zeroed, not allocated anew, whose pages would
-    be mapped one at a time as the rollout writes them), and ``get()`` gathers its minibatches from the
-    ``(n_steps, n_envs, ...)`` arrays without flattening them first (docs/throughput.md). A subclass reads the samples
-    of given steps and envs (``_step_major_samples``).
+    be mapped one at a time as the rollout writes them), ``add()`` copies each step's values once, and ``get()``
+    gathers its minibatches from the ``(n_steps, n_envs, ...)`` arrays without flattening them first
+    (docs/throughput.md). A subclass reads the samples of given steps and envs (``_step_major_samples``); a maskable
+    one stores the masks before calling ``add()``.
     """
 
     # SB3's buffer attributes that the methods below read
     buffer_size: int
     n_envs: int
+    pos: int
     full: bool
     generator_ready: bool
+    observation_space: spaces.Space
+    obs_shape: tuple[int, ...] | dict[str, tuple[int, ...]]
+    action_dim: int
     observations: ObsArray
+    actions: np.ndarray
+    rewards: np.ndarray
+    episode_starts: np.ndarray
+    values: np.ndarray
+    log_probs: np.ndarray
 
     def reset(self) -> None:
         """SB3's ``reset()``, the previous rollout's observation arrays put back zeroed where they fit."""
@@ -101,6 +111,50 @@ class UnflattenedRolloutBuffer:
             self._kept_observations: ObsArray = dict(self.observations)
         else:
             self.observations = self._kept_observations = _reused_zeros(kept if isinstance(kept, np.ndarray) else None, fresh)
+
+    def add(
+        self,
+        obs: ObsArray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        episode_start: np.ndarray,
+        value: th.Tensor,
+        log_prob: th.Tensor,
+    ) -> None:
+        """
+        SB3's ``add()``, writing each value into its array once: SB3 first copies the observation (and the actions,
+        rewards, values and log-probabilities) into a new array, then that array into its own.
+
+        :param obs: Observation (a dict of them for Dict spaces)
+        :param action: Action
+        :param reward: Reward
+        :param episode_start: Start of episode signal
+        :param value: Estimated value of the current state
+        :param log_prob: Log probability of the action
+        """
+        if len(log_prob.shape) == 0:
+            log_prob = log_prob.reshape(-1, 1)  # as SB3: a 0-d tensor broadcast into the row
+        if isinstance(self.observations, dict):
+            assert isinstance(obs, dict)
+            for key, array in self.observations.items():
+                array[self.pos] = self._observation_row(obs[key], self.observation_space[key], key)  # type: ignore[index]
+        else:
+            self.observations[self.pos] = self._observation_row(obs, self.observation_space, None)
+        self.actions[self.pos] = action.reshape((self.n_envs, self.action_dim))
+        self.rewards[self.pos] = reward
+        self.episode_starts[self.pos] = episode_start
+        self.values[self.pos] = value.cpu().numpy().reshape(-1)
+        self.log_probs[self.pos] = log_prob.cpu().numpy()
+        self.pos += 1
+        if self.pos == self.buffer_size:
+            self.full = True
+
+    def _observation_row(self, obs: np.ndarray, space: spaces.Space, key: str | None) -> np.ndarray:
+        """One step's observations, as SB3 writes them (Discrete ones reshaped to ``(n_envs, 1)``)."""
+        if isinstance(space, spaces.Discrete):
+            obs_shape = self.obs_shape if key is None else self.obs_shape[key]  # type: ignore[index]
+            return np.asarray(obs).reshape((self.n_envs, *obs_shape))
+        return obs
 
     def get(self, batch_size: int | None = None) -> Generator[Any, None, None]:
         """SB3's minibatches: the same permutation (NumPy's global generator) of the samples, the same samples."""

@@ -4,6 +4,8 @@ MaskablePPG's rollout buffers: sb3-contrib's maskable buffers with their samples
 flattening).
 """
 
+from typing import Any
+
 import numpy as np
 from sb3_contrib.common.maskable.buffers import (
     MaskableDictRolloutBuffer,
@@ -15,11 +17,22 @@ from sb3_contrib.common.maskable.buffers import (
 from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, UnflattenedRolloutBuffer, step_major_samples
 
 
+def store_action_masks(buffer: MaskableRolloutBuffer | MaskableDictRolloutBuffer, action_masks: np.ndarray | None) -> None:
+    """Write one step's action masks into a maskable buffer's row ``pos``, as sb3-contrib's ``add()`` does."""
+    if action_masks is not None:
+        buffer.action_masks[buffer.pos] = action_masks.reshape((buffer.n_envs, buffer.mask_dims))
+
+
 class MaskablePPGRolloutBuffer(UnflattenedRolloutBuffer, MaskableRolloutBuffer):
     """
     sb3-contrib's ``MaskableRolloutBuffer`` with the same samples, made faster as ``PPGRolloutBuffer``. The default of
     ``MaskablePPG``.
     """
+
+    def add(self, *args: Any, action_masks: np.ndarray | None = None, **kwargs: Any) -> None:
+        """sb3-contrib's ``add()``: the masks (where given), then the step as ``PPGRolloutBuffer`` writes it."""
+        store_action_masks(self, action_masks)
+        super().add(*args, **kwargs)
 
     def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> MaskableRolloutBufferSamples:
         data = (
@@ -36,6 +49,11 @@ class MaskablePPGDictRolloutBuffer(UnflattenedRolloutBuffer, MaskableDictRollout
     sb3-contrib's ``MaskableDictRolloutBuffer`` with the same samples, made faster as ``PPGRolloutBuffer``. The default
     of ``MaskablePPG`` for Dict observation spaces.
     """
+
+    def add(self, *args: Any, action_masks: np.ndarray | None = None, **kwargs: Any) -> None:
+        """sb3-contrib's ``add()``: the masks (where given), then the step as ``PPGRolloutBuffer`` writes it."""
+        store_action_masks(self, action_masks)
+        super().add(*args, **kwargs)
 
     def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> MaskableDictRolloutBufferSamples:
         return MaskableDictRolloutBufferSamples(
