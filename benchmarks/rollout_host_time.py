@@ -61,7 +61,7 @@ class ZeroFeatures(BaseFeaturesExtractor):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """:param argv: Command-line arguments (``None``: ``sys.argv[1:]``)"""
     parser = argparse.ArgumentParser(
-        description="Host time per rollout: PPG's rollout buffer vs SB3's (and on CUDA, without the host levers)"
+        description="Host time per rollout: PPG's rollout buffer vs SB3's, and PPG's without its rollout host levers"
     )
     parser.add_argument("--game", default="starpilot", help="Procgen game (easy mode)")
     parser.add_argument("--n-envs", type=int, default=64)

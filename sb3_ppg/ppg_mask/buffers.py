@@ -17,22 +17,28 @@ from sb3_contrib.common.maskable.buffers import (
 from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, UnflattenedRolloutBuffer, step_major_samples
 
 
-def store_action_masks(buffer: MaskableRolloutBuffer | MaskableDictRolloutBuffer, action_masks: np.ndarray | None) -> None:
-    """Write one step's action masks into a maskable buffer's row ``pos``, as sb3-contrib's ``add()`` does."""
-    if action_masks is not None:
-        buffer.action_masks[buffer.pos] = action_masks.reshape((buffer.n_envs, buffer.mask_dims))
+class UnflattenedMaskableRolloutBuffer(UnflattenedRolloutBuffer):
+    """
+    What MaskablePPG's rollout buffers add to sb3-contrib's (it comes first among their bases): PPG's
+    (:class:`~sb3_ppg.common.buffers.UnflattenedRolloutBuffer`), with ``add()`` storing the masks as sb3-contrib's does.
+    """
+
+    # sb3-contrib's buffer attributes that add() writes
+    action_masks: np.ndarray
+    mask_dims: int
+
+    def add(self, *args: Any, action_masks: np.ndarray | None = None, **kwargs: Any) -> None:
+        """sb3-contrib's ``add()``: the masks (where given) in row ``pos``, then the step as ``PPGRolloutBuffer`` writes it."""
+        if action_masks is not None:
+            self.action_masks[self.pos] = action_masks.reshape((self.n_envs, self.mask_dims))
+        super().add(*args, **kwargs)
 
 
-class MaskablePPGRolloutBuffer(UnflattenedRolloutBuffer, MaskableRolloutBuffer):
+class MaskablePPGRolloutBuffer(UnflattenedMaskableRolloutBuffer, MaskableRolloutBuffer):
     """
     sb3-contrib's ``MaskableRolloutBuffer`` with the same samples, made faster as ``PPGRolloutBuffer``. The default of
     ``MaskablePPG``.
     """
-
-    def add(self, *args: Any, action_masks: np.ndarray | None = None, **kwargs: Any) -> None:
-        """sb3-contrib's ``add()``: the masks (where given), then the step as ``PPGRolloutBuffer`` writes it."""
-        store_action_masks(self, action_masks)
-        super().add(*args, **kwargs)
 
     def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> MaskableRolloutBufferSamples:
         data = (
@@ -44,16 +50,11 @@ class MaskablePPGRolloutBuffer(UnflattenedRolloutBuffer, MaskableRolloutBuffer):
         return MaskableRolloutBufferSamples(*map(self.to_torch, data))
 
 
-class MaskablePPGDictRolloutBuffer(UnflattenedRolloutBuffer, MaskableDictRolloutBuffer):
+class MaskablePPGDictRolloutBuffer(UnflattenedMaskableRolloutBuffer, MaskableDictRolloutBuffer):
     """
     sb3-contrib's ``MaskableDictRolloutBuffer`` with the same samples, made faster as ``PPGRolloutBuffer``. The default
     of ``MaskablePPG`` for Dict observation spaces.
     """
-
-    def add(self, *args: Any, action_masks: np.ndarray | None = None, **kwargs: Any) -> None:
-        """sb3-contrib's ``add()``: the masks (where given), then the step as ``PPGRolloutBuffer`` writes it."""
-        store_action_masks(self, action_masks)
-        super().add(*args, **kwargs)
 
     def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> MaskableDictRolloutBufferSamples:
         return MaskableDictRolloutBufferSamples(
