@@ -18,7 +18,7 @@ import torch as th
 from helpers import hold_lock
 
 from sb3_ppg import PPG
-from sb3_ppg.cli import arguments, train
+from sb3_ppg.cli import arguments, train, zoo
 
 CARTPOLE = [
     "--env",
@@ -321,8 +321,14 @@ def test_resume_takes_the_runs_torch_threads(tmp_path: Path, monkeypatch, capsys
     shutil.rmtree(run_b / "checkpoints" / "ppg_512_steps")
     (run_b / "CartPole-v1.zip").unlink()
     capsys.readouterr()
+    # The rule's count at resume time (its first line) differs: the second line says which one it replaces
+    monkeypatch.setattr(zoo, "choose_torch_threads", lambda num_threads: (1, "the rule"))
     train.main([*tiny, "-f", str(tmp_path / "b"), "--resume"])
-    assert "torch and procgen threads: 2 (the run's own, for an exact resume)" in capsys.readouterr().out
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torch and procgen threads")]
+    assert lines == [
+        "torch and procgen threads: 1 (the rule; --num-threads N to choose)",
+        "torch and procgen threads: 2 instead of 1 (the run's own, for an exact resume)",
+    ]
     assert th.get_num_threads() == previous
     assert_same_run(run_a, run_b, "CartPole-v1")
     # An explicit choice wins, and the warning says what it costs

@@ -348,8 +348,10 @@ class PPGExperimentManager(ExperimentManager):
         self.resume_checkpoint = checkpoint
         num_threads = threads_for_resume(read_torch_threads(checkpoint), getattr(self.args, "num_threads", None))
         if num_threads is not None:
+            chosen = torch.get_num_threads()
             torch.set_num_threads(num_threads)  # command_line_threads puts torch's back afterwards
-            print(f"torch and procgen threads: {num_threads} (the run's own, for an exact resume)")
+            instead = f" instead of {chosen}" if chosen != num_threads else ""
+            print(f"torch and procgen threads: {num_threads}{instead} (the run's own, for an exact resume)")
         # The zoo then loads the model instead of creating one (see _load_pretrained_agent)
         self.continue_training = True
         self.trained_agent = str(checkpoint / "model.zip")
