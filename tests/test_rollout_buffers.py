@@ -231,8 +231,8 @@ def test_add_writes_what_sb3s_add_writes(case, masks):
         value = th.as_tensor(rng.normal(size=value_shape), dtype=th.float64 if n_envs == 1 else th.float32)
         # One step without masks (its rows stay all valid)
         extra = dict(action_masks=rng.random((n_envs, mask_dims)) < 0.6) if masks and step_index != 2 else {}
-        steps.append((obs, actions, rng.normal(size=n_envs).astype(np.float32), rng.random(n_envs) < 0.3, value, log_prob))
-        steps[-1] += (extra,)
+        rewards, episode_starts = rng.normal(size=n_envs).astype(np.float32), rng.random(n_envs) < 0.3
+        steps.append((obs, actions, rewards, episode_starts, value, log_prob, extra))
     for *step, extra in steps:
         for buffer in buffers:
             buffer.add(*step, **extra)
