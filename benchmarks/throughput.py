@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--parallel-networks",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="Optimized mode's parallel_networks (arch dual's two networks on two CUDA streams on CUDA)",
     )
     parser.add_argument(

@@ -97,8 +97,9 @@ def test_throughput_runs(tmp_path):
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
-    assert "parallel_networks: False, rollout buffer: ppg, procgen threads" in report
+    assert "parallel_networks: True, rollout buffer: ppg, procgen threads" in report
     assert throughput.parse_args(["--rollout-buffer", "sb3"]).rollout_buffer == "sb3"
+    assert not throughput.parse_args(["--no-parallel-networks"]).parallel_networks
     assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
     for text, expected in (("auto", "auto"), ("none", None), ("64", 64)):
         assert throughput.parse_args([f"--micro-batch-size={text}"]).micro_batch_size == expected
@@ -147,9 +148,11 @@ def test_rollout_host_time_runs(tmp_path, capsys):
 
 
 def test_gpu_checks_script(tmp_path):
-    """benchmarks/gpu_checks.sh parses, names tests and options that exist, and runs no step that STEPS leaves out."""
+    """benchmarks/gpu_checks.sh parses, names tests and options that exist, runs no step that STEPS leaves out, none
+    that already passed or would outrun DEADLINE_S, and bundles its logs into $OUT."""
     import re
     import subprocess
+    import tarfile
     from pathlib import Path
 
     script = Path(__file__).parent.parent / "benchmarks" / "gpu_checks.sh"
@@ -162,22 +165,31 @@ def test_gpu_checks_script(tmp_path):
     assert (args.device, args.arch, args.n_envs, args.precision, args.rollout_buffer) == ("cuda", "dual", 64, "bf16", "sb3")
     for script_name in ("rollout_host_time", "profile_phases", "vs_cleanrl"):  # the other benchmarks' options exist
         options = re.search(rf"benchmarks/{script_name}\.py (.*?)\n", text.replace("\\\n", " ")).group(1).split()
-        options = [option.replace('"$out', str(tmp_path)).replace('"$cleanrl_script', "x.py").strip('"') for option in options]
+        options = [option.replace('"$logs', str(tmp_path)).replace('"$cleanrl_script', "x.py") for option in options]
+        options = [option.strip('"') for option in options]
         load_script(script_name).parse_args(options)
-    run = subprocess.run(
-        ["bash", str(script)], cwd=tmp_path, env={**os.environ, "OUT": str(tmp_path / "out"), "STEPS": "none"}, check=False
-    )
-    assert run.returncode == 0 and (tmp_path / "out" / "machine.txt").is_file()
-    assert not (tmp_path / "out" / "summary.txt").exists()
+
+    def run_script(logs: str, **env: str) -> None:
+        run = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**os.environ, "LOGS": logs, **env}, check=False)
+        assert run.returncode == 0
+
+    run_script("logs", OUT=str(tmp_path / "out"), STEPS="none")
+    assert (tmp_path / "logs" / "machine.txt").is_file() and not (tmp_path / "logs" / "summary.txt").exists()
+    with tarfile.open(tmp_path / "out" / "gpu_checks.tgz") as bundle:  # the logs as one file in $OUT
+        assert "./machine.txt" in bundle.getnames()
+    assert os.listdir(tmp_path / "out") == ["gpu_checks.tgz"]
     # Without CleanRL's script the comparison is left out, and the summary says why
-    run = subprocess.run(
-        ["bash", str(script)],
-        cwd=tmp_path,
-        env={**os.environ, "OUT": str(tmp_path / "out2"), "STEPS": "vs_cleanrl", "CLEANRL_SCRIPT": "missing.py"},
-        check=False,
-    )
-    assert run.returncode == 0
-    assert (tmp_path / "out2" / "summary.txt").read_text() == "vs_cleanrl: no CleanRL script at missing.py (see above)\n"
+    run_script("logs2", STEPS="vs_cleanrl", CLEANRL_SCRIPT="missing.py")
+    assert (tmp_path / "logs2" / "summary.txt").read_text() == "vs_cleanrl: no CleanRL script at missing.py (see above)\n"
+    # A step that passed in an earlier call is not run again; one that would outrun the deadline is left out
+    summary = tmp_path / "logs3" / "summary.txt"
+    summary.parent.mkdir()
+    summary.write_text("rollout_host_time: rc=0 in 23 s (limit 60 s)\n")
+    run_script("logs3", STEPS="rollout_host_time cuda_tests", DEADLINE_S="100")
+    lines = [line for line in summary.read_text().splitlines() if "pytest is not installed" not in line]
+    assert lines[0] == "rollout_host_time: rc=0 in 23 s (limit 60 s)" and len(lines) == 2
+    assert re.fullmatch(r"cuda_tests: left out \(\d+ s to the deadline, limit 150 s\)", lines[1])
+    assert not (tmp_path / "logs3" / "rollout_host_time.log").exists()
 
 
 def test_procgen_learning_resumes_in_chunks(tmp_path):

@@ -167,7 +167,7 @@ class PPG(OnPolicyAlgorithm):
         aux_buffer_device: str = "auto",
         overlap_rollouts: bool = False,
         cuda_graphs: bool = True,
-        parallel_networks: bool = False,
+        parallel_networks: bool = True,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
