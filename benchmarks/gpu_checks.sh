@@ -41,6 +41,11 @@ wanted() {
     [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]
 }
 
+# passed NAME: whether the step passed in an earlier call (its summary line says rc=0)
+passed() {
+    grep -q "^$1: rc=0 " "$logs/summary.txt" 2>/dev/null
+}
+
 # note LINE: a line of the summary
 note() {
     echo "$1" | tee -a "$logs/summary.txt"
@@ -50,10 +55,7 @@ note() {
 step() {
     local name=$1 limit=$2
     shift 2
-    wanted "$name" || return 0
-    if grep -q "^$name: rc=0 " "$logs/summary.txt" 2>/dev/null; then
-        return 0
-    fi
+    wanted "$name" && ! passed "$name" || return 0
     if [ $((deadline - SECONDS)) -lt "$limit" ]; then
         note "$name: left out ($((deadline - SECONDS)) s to the deadline, limit $limit s)"
         return 0
@@ -82,7 +84,7 @@ throughput defaults 120
 # Issue 27's comparison with CleanRL's own script (detach, sb3-ppg in bf16, 2 cycles: whole processes and the last
 # cycle's rates), about 2 minutes
 cleanrl_script="${CLEANRL_SCRIPT:-.gpu-kit/ppg_procgen.py}"
-if wanted vs_cleanrl && ! grep -q "^vs_cleanrl: rc=0 " "$logs/summary.txt" 2>/dev/null; then
+if wanted vs_cleanrl && ! passed vs_cleanrl; then
     if [ ! -f "$cleanrl_script" ]; then
         note "vs_cleanrl: no CleanRL script at $cleanrl_script (see above)"
     elif ! python3 -c "import gym, tyro, procgen, torch.utils.tensorboard" > "$logs/vs_cleanrl_imports.log" 2>&1; then
