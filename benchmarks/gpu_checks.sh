@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one or two calls on a lent GPU machine (docs/throughput.md, "Not measured yet"): the
 # headline throughput (the defaults), CleanRL's script against sb3-ppg (when the kit holds it), the CUDA tests, then
-# one lever at a time (SB3's rollout buffer, parallel_networks off), 256 envs, the rollout's host time and a profile of
-# the phases, in that order of priority. Each step runs under its own time limit so that a slow one leaves the others'
+# one lever at a time (the rollout buffer written after the envs step, SB3's rollout buffer, parallel_networks off),
+# 256 envs, the rollout's host time and a profile of the phases, in that order of priority. Each step runs under its own time limit so that a slow one leaves the others'
 # results.
 #
 # Logs go to $LOGS (default ./gpu_checks_out, git-ignored), one per step plus summary.txt; a step already in its
@@ -11,7 +11,8 @@
 # that comes back, at most 8 files), the logs also go there as one gpu_checks.tgz, refreshed after every step.
 #
 # From the checkout's root, after `bash ../shared/gpu-kit/make-kit.sh` built .gpu-kit/ there (carry .gpu-kit):
-#   DEADLINE_S=555 bash benchmarks/gpu_checks.sh     # all steps in 6.5 minutes on an H100 (2026-11-27)
+#   DEADLINE_S=555 bash benchmarks/gpu_checks.sh     # 8 of its 9 steps took 6.5 minutes on an H100 (2026-11-27),
+#                                                    # a throughput step about 40 s
 # STEPS="throughput_defaults throughput_sb3_buffer" bash benchmarks/gpu_checks.sh runs only the steps named.
 # The vs_cleanrl step needs CleanRL's script in the kit,
 #   git -C /path/to/cleanrl show HEAD:cleanrl/ppg_procgen.py > .gpu-kit/ppg_procgen.py   (or CLEANRL_SCRIPT=PATH)
@@ -102,6 +103,7 @@ fi
 step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_exactness.py tests/test_cuda_graphs.py \
     tests/test_parallel_networks.py tests/test_rollout_buffers.py tests/test_finite_check.py tests/test_aux_buffer_device.py
 
+throughput writes_after_step 120 --rollout-writes after-step
 throughput sb3_buffer 120 --rollout-buffer sb3
 throughput no_parallel_networks 120 --no-parallel-networks
 throughput 256_envs 150 --n-envs 256 --n-policy-iters 4

@@ -1,6 +1,7 @@
 """
 The host's time around the network, per rollout: PPG's rollout buffer (``PPGRolloutBuffer``, the default) against
-SB3's ``RolloutBuffer``, and against PPG's code without its rollout host levers (SB3's ``add()``, which copies each
+the same buffer written after the envs step (SB3's order; PPG writes each step while the envs step), SB3's
+``RolloutBuffer``, and PPG's code without its rollout host levers (SB3's ``add()`` after the step, which copies each
 step twice; on CUDA also the distributions' argument checks in the rollout, the CUDA graph key's named parameter
 walk, a copy of the rollout to the device per epoch and another for the auxiliary buffer), in alternating rounds on
 the same envs.
@@ -33,16 +34,19 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from sb3_ppg import PPG, make_procgen_env
 from sb3_ppg.common.buffers import PPGRolloutBuffer, gathers_on_device, rollout_to_device
 from sb3_ppg.ppg import policies as policies_module
+from sb3_ppg.ppg import ppg as ppg_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import throughput
 
-#: The variants compared, by the name the report gives them: (rollout buffer class, with the rollout host levers)
+#: The variants compared, by the name the report gives them: (rollout buffer class, with the rollout host levers, with
+#: PPG's buffers written while the envs step)
 VARIANTS = {
-    "PPGRolloutBuffer": (None, True),
-    "SB3 RolloutBuffer": (RolloutBuffer, True),
-    "PPGRolloutBuffer, no host levers": (None, False),
+    "PPGRolloutBuffer": (None, True, True),
+    "PPGRolloutBuffer, written after the envs step": (None, True, False),
+    "SB3 RolloutBuffer": (RolloutBuffer, True, False),
+    "PPGRolloutBuffer, no host levers": (None, False, False),
 }
 #: Stands for an attribute that a patched class or module did not have itself
 MISSING = object()
@@ -100,15 +104,29 @@ def synchronize(device: th.device) -> None:
 @contextlib.contextmanager
 def without_host_levers() -> Iterator[None]:
     """
-    The rollout's code before its host levers (2026-11-27): SB3's ``add()`` in ``PPGRolloutBuffer``, distributions
-    checked in the rollout, the graph key's walk through ``module.parameters()``, no copy of the rollout kept by
-    ``train()`` (see docs/throughput.md).
+    The rollout's code before its host levers (2026-11-27): SB3's ``add()`` in ``PPGRolloutBuffer`` after the envs step,
+    distributions checked in the rollout, the graph key's walk through ``module.parameters()``, no copy of the rollout
+    kept by ``train()`` (see docs/throughput.md).
     """
-    patches = [
-        (PPGRolloutBuffer, "add", RolloutBuffer.add),
-        (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
-        (policies_module, "parameter_addresses", named_parameter_addresses),
-    ]
+    with patched(
+        [
+            (PPGRolloutBuffer, "add", RolloutBuffer.add),
+            (ppg_module, "writes_while_envs_step", written_after_step),
+            (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
+            (policies_module, "parameter_addresses", named_parameter_addresses),
+        ]
+    ):
+        yield
+
+
+def written_after_step(env: Any, rollout_buffer: Any) -> bool:
+    """In place of ``writes_while_envs_step``: each step written into the buffer after the envs step, as SB3 does."""
+    return False
+
+
+@contextlib.contextmanager
+def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Within the context, each ``(owner, name, value)`` set; then put back."""
     saved = [(owner, name, vars(owner).get(name, MISSING)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -127,18 +145,25 @@ def named_parameter_addresses(module: th.nn.Module) -> tuple[int, ...]:
     return tuple(tensor.data_ptr() for tensor in (*module.parameters(), *module.buffers()))
 
 
-def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
+def time_one_rollout(model: PPG, levers: bool = True, during_step: bool = True) -> dict[str, float]:
     """
-    Seconds of one rollout's collection (and of the rollout buffer's ``reset()`` and ``add()`` calls in it), one epoch
-    of its minibatches, and its store in the auxiliary buffer.
+    Seconds of one rollout's collection (and of the rollout buffer's ``reset()`` and ``add()`` calls in it, or its
+    two parts), one epoch of its minibatches, and its store in the auxiliary buffer.
 
     :param levers: with the rollout host levers (else as :func:`without_host_levers`)
+    :param during_step: with PPG's buffers written while the envs step (else after, as SB3 does)
     """
     assert model.aux_buffer is not None
     if model.aux_buffer.full():
         model.aux_buffer.reset()
     timings = {}
-    with contextlib.nullcontext() if levers else without_host_levers(), timed_buffer_writes(model.rollout_buffer) as writes:
+    if not levers:
+        code = without_host_levers()
+    elif not during_step:
+        code = patched([(ppg_module, "writes_while_envs_step", written_after_step)])
+    else:
+        code = contextlib.nullcontext()
+    with code, timed_buffer_writes(model.rollout_buffer) as writes:
         start = time.perf_counter()
         model.collect_rollouts(model.env, model._callback, model.rollout_buffer, model.n_steps)
         timings["rollout_s"] = time.perf_counter() - start
@@ -163,38 +188,48 @@ def time_one_rollout(model: PPG, levers: bool = True) -> dict[str, float]:
 
 @contextlib.contextmanager
 def timed_buffer_writes(buffer: BaseBuffer) -> Iterator[list[float]]:
-    """Within the context, the seconds spent in the buffer's ``reset()`` and ``add()`` add up in the list's item."""
+    """
+    Within the context, the seconds spent in the buffer's ``reset()`` and ``add()`` (or its two parts, in PPG's
+    buffers) add up in the list's item.
+    """
     seconds = [0.0]
+    depth = [0]  # PPG's add() calls its two parts: only the outermost call counts
 
     def timed(method: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
+            depth[0] += 1
             try:
                 return method(*args, **kwargs)
             finally:
-                seconds[0] += time.perf_counter() - start
+                depth[0] -= 1
+                if depth[0] == 0:
+                    seconds[0] += time.perf_counter() - start
 
         return call
 
-    buffer.reset, buffer.add = timed(buffer.reset), timed(buffer.add)  # type: ignore[method-assign]
+    names = [name for name in ("reset", "add", "add_before_step", "add_after_step") if hasattr(buffer, name)]
+    for name in names:
+        setattr(buffer, name, timed(getattr(buffer, name)))
     try:
         yield seconds
     finally:
-        del buffer.reset, buffer.add
+        for name in names:
+            delattr(buffer, name)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Alternate the buffers for ``rounds`` timed rollouts each (after one untimed); the medians per buffer."""
     th.set_num_threads(args.torch_threads)
-    models = {name: make_model(args, buffer_class) for name, (buffer_class, _) in VARIANTS.items()}
+    models = {name: make_model(args, variant[0]) for name, variant in VARIANTS.items()}
     for name, model in models.items():
         model._setup_learn(10**9, callback=None)
         model._callback = model._init_callback(None)
-        time_one_rollout(model, levers=VARIANTS[name][1])
+        time_one_rollout(model, *VARIANTS[name][1:])
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
-            samples[name].append(time_one_rollout(model, levers=VARIANTS[name][1]))
+            samples[name].append(time_one_rollout(model, *VARIANTS[name][1:]))
     results = {}
     for name, rounds in samples.items():
         medians = {key: statistics.median(sample[key] for sample in rounds) for key in rounds[0]}

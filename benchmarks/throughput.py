@@ -12,9 +12,11 @@ mode runs in a fresh subprocess (so that peak memory is its own) and reports:
 - the **compute bound**: the same network alone, timed on random images at the batch sizes training uses (forward
   at the rollout batch of ``n_envs``; forward + backward + optimizer step at the policy and auxiliary minibatch
   sizes, in the micro-batches training splits them into; forward at the old-policy chunk size), in the same
-  precision and memory format. The bound is the env steps
-  per second that training would reach if it spent time only on those network calls; ``end-to-end / bound`` says
-  how close training comes to it.
+  precision and memory format. Each rollout forward pass is timed alone, waiting for the device as a rollout step
+  does for its actions; the training steps are timed ``--bound-pipeline`` at a time with one wait at the end, queued
+  as training queues its minibatches. The bound is the env steps per second that training would reach if it spent
+  time only on those network calls; ``end-to-end / bound`` says how close training comes to it, and the report
+  sets each phase's time in training against its network calls' (where the time above the bound goes).
 
 Modes: ``optimized`` (the package's defaults plus the options given: ``--precision``, ``--compile``,
 ``--micro-batch-size``, ``--rollout-buffer``, ...) and ``reference`` (every optimization off: fp32, NCHW convolutions,
@@ -38,6 +40,8 @@ import time
 from typing import Any
 
 MODES = ("optimized", "reference")
+#: The phases whose time the report sets against the compute bound's
+PHASES = ("rollout", "policy", "aux")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -87,11 +91,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Optimized mode's rollout buffer: PPG's default (PPGRolloutBuffer) or SB3's RolloutBuffer (the reference's)",
     )
     parser.add_argument(
+        "--rollout-writes",
+        choices=("during-step", "after-step"),
+        default="during-step",
+        help="Optimized mode: PPG's rollout buffer written while the envs step (the default) or after, as SB3 does",
+    )
+    parser.add_argument(
         "--num-threads", type=int, default=None, help="Procgen threads per env group (default: make_procgen_env's)"
     )
     parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--bound-repeats", type=int, default=3, help="Timed repeats of each network call")
+    parser.add_argument(
+        "--bound-pipeline",
+        type=int,
+        default=4,
+        help="Training steps of the compute bound timed between two waits for the device (the rollout's forward: 1)",
+    )
     parser.add_argument("--modes", default="optimized,reference", help="Comma-separated modes to run")
     parser.add_argument("--json", default=None, help="Write the results as JSON to this file")
     parser.add_argument(
@@ -129,6 +145,10 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     from sb3_ppg import PPG
 
     optimized = mode == "optimized"
+    if optimized and args.rollout_writes == "after-step":
+        from sb3_ppg.ppg import ppg as ppg_module
+
+        ppg_module.writes_while_envs_step = written_after_step  # type: ignore[assignment]  # this process's models
     env = make_env(args, n_groups=args.overlap_groups if optimized else 1)
     policy_kwargs: dict[str, Any] = dict(arch=args.arch)
     if args.policy == "ProcgenCnn":
@@ -159,6 +179,11 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
             if extractor is not None:
                 extractor.forward = th.compile(extractor.forward)
     return model
+
+
+def written_after_step(env: Any, rollout_buffer: Any) -> bool:
+    """In place of PPG's ``writes_while_envs_step`` (``--rollout-writes after-step``): the buffer written after the step."""
+    return False
 
 
 def make_env(args: argparse.Namespace, n_groups: int = 1) -> Any:
@@ -215,16 +240,25 @@ class PhaseTimer:
         return timed
 
 
-def time_call(function: Any, repeats: int, synchronize: Any) -> float:
-    """Median seconds of ``function()`` after one untimed warm-up call."""
+def time_call(function: Any, repeats: int, synchronize: Any, calls: int = 1) -> float:
+    """
+    Median seconds per call of ``function()`` after one untimed warm-up call.
+
+    :param repeats: timed repeats
+    :param synchronize: Waits for the device
+    :param calls: calls per repeat, queued one after the other with a single wait for the device at the end (as
+        training queues its minibatches); 1: each call waits for the device (as a rollout step waits for its actions)
+    :return: seconds per call
+    """
     function()
     synchronize()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        function()
+        for _ in range(calls):
+            function()
         synchronize()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) / calls)
     return sorted(times)[len(times) // 2]
 
 
@@ -290,22 +324,42 @@ def compute_bound(model: Any, args: argparse.Namespace, synchronize: Any) -> dic
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    seconds = {
+    # The rollout waits for each step's actions; training queues its minibatches and old-policy chunks
+    pipeline = args.bound_pipeline
+    seconds: dict[str, Any] = {
         "rollout_forward_s": time_call(rollout_forward, args.bound_repeats, synchronize),
-        "policy_step_s": time_call(policy_step, args.bound_repeats, synchronize),
-        "old_policy_forward_s": time_call(old_policy_forward, args.bound_repeats, synchronize),
-        "aux_step_s": time_call(aux_step, args.bound_repeats, synchronize),
+        "policy_step_s": time_call(policy_step, args.bound_repeats, synchronize, pipeline),
+        "old_policy_forward_s": time_call(old_policy_forward, args.bound_repeats, synchronize, pipeline),
+        "aux_step_s": time_call(aux_step, args.bound_repeats, synchronize, pipeline),
     }
     rollout_size = args.n_steps * args.n_envs
     n_minibatches = -(-rollout_size // batch_size)
     n_rollouts = args.n_policy_iters * args.n_envs
     n_aux_minibatches = -(-n_rollouts // args.aux_batch_rollouts)
-    cycle_s = args.n_policy_iters * (
-        args.n_steps * seconds["rollout_forward_s"] + model.n_epochs * n_minibatches * seconds["policy_step_s"]
-    )
-    cycle_s += n_aux_minibatches * (seconds["old_policy_forward_s"] + args.n_aux_epochs * seconds["aux_step_s"])
+    # Seconds per N_pi cycle of each phase's network calls
+    seconds["bound_phase_s"] = {
+        "rollout": args.n_policy_iters * args.n_steps * seconds["rollout_forward_s"],
+        "policy": args.n_policy_iters * model.n_epochs * n_minibatches * seconds["policy_step_s"],
+        "aux": n_aux_minibatches * (seconds["old_policy_forward_s"] + args.n_aux_epochs * seconds["aux_step_s"]),
+    }
+    cycle_s = sum(seconds["bound_phase_s"].values())
     seconds["bound_env_steps_per_s"] = args.n_policy_iters * rollout_size / cycle_s
     return seconds
+
+
+def phase_seconds(seconds: dict[str, float], n_cycles: int) -> dict[str, float]:
+    """
+    Training's seconds per N_pi cycle in each phase, as the compute bound splits them.
+
+    :param seconds: the timed methods' total seconds (``PhaseTimer.seconds``)
+    :param n_cycles: the timed N_pi cycles
+    :return: rollout, policy and auxiliary seconds (the old-policy pass counts in the auxiliary phase)
+    """
+    return {
+        "rollout": seconds["collect_rollouts"] / n_cycles,
+        "policy": seconds["_policy_phase"] / n_cycles,
+        "aux": (seconds["_compute_old_distributions"] + seconds["_train_aux_phase"]) / n_cycles,
+    }
 
 
 def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
@@ -364,12 +418,14 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         result["peak_device_mib"] = th.cuda.max_memory_allocated() / 2**20
     result.update(compute_bound(model, args, synchronize))
     result["end_to_end_over_bound"] = result["end_to_end_env_steps_per_s"] / result["bound_env_steps_per_s"]
+    result["phase_s"] = phase_seconds(timer.seconds, args.n_cycles)
     model.env.close()
     result["overlap_groups"] = args.overlap_groups if mode == "optimized" else 1
     result["aux_buffer_device"] = model.aux_buffer_device
     result["cuda_graphs"] = bool(model.cuda_graphs and cuda)
     result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
     result["rollout_buffer"] = type(model.rollout_buffer).__name__
+    result["rollout_writes"] = args.rollout_writes if mode == "optimized" else "after-step"
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
     return result
@@ -410,6 +466,11 @@ def env_limit_text(result: dict[str, Any]) -> str:
     return "-" if limit is None else f"{limit:.1f}"
 
 
+def phase_text(training_s: float, bound_s: float) -> str:
+    """A phase's training seconds against its network calls' seconds, and their ratio."""
+    return f"{training_s:.2f} / {bound_s:.2f} ({training_s / bound_s:.2f}x)"
+
+
 def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
     """The report as Markdown."""
     lines = [
@@ -425,7 +486,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
         f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, cuda_graphs: {args.cuda_graphs}, "
-        f"parallel_networks: {args.parallel_networks}, rollout buffer: {args.rollout_buffer}, procgen threads per group: "
+        f"parallel_networks: {args.parallel_networks}, rollout buffer: {args.rollout_buffer}, rollout writes: "
+        f"{args.rollout_writes}, procgen threads per group: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "
@@ -442,6 +504,17 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
             f"| {result['bound_env_steps_per_s']:.1f} | {env_limit_text(result)} | {result['end_to_end_over_bound']:.0%} "
             f"| {result['peak_rss_mib']:.0f} |"
         )
+    lines += [
+        "",
+        "Per N_pi cycle, each phase's time in training against its network calls alone (the compute bound's share), "
+        "in seconds:",
+        "",
+        "| mode | rollout | policy phase | auxiliary phase (old-policy pass included) |",
+        "|---|---|---|---|",
+    ]
+    for result in results:
+        cells = [phase_text(result["phase_s"][phase], result["bound_phase_s"][phase]) for phase in PHASES]
+        lines.append(f"| {result['mode']} | " + " | ".join(cells) + " |")
     by_mode = {result["mode"]: result for result in results}
     if "optimized" in by_mode and "reference" in by_mode:
         speedup = by_mode["optimized"]["end_to_end_env_steps_per_s"] / by_mode["reference"]["end_to_end_env_steps_per_s"]

@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -83,8 +84,18 @@ def test_throughput_runs(tmp_path):
         for key in ("end_to_end_env_steps_per_s", "rollout_env_steps_per_s", "bound_env_steps_per_s", "peak_rss_mib"):
             assert result[key] > 0
         assert 0 < result["end_to_end_over_bound"] < 10
+        # The bound is the sum of its phases' network calls; training's phases are timed per N_pi cycle
+        assert result["bound_env_steps_per_s"] == pytest.approx(2 * 2 * 8 / sum(result["bound_phase_s"].values()))
+        assert list(result["phase_s"]) == list(result["bound_phase_s"]) == ["rollout", "policy", "aux"]
+        assert sum(result["phase_s"].values()) == pytest.approx(sum(result["seconds"].values()))
+        assert result["bound_phase_s"]["rollout"] == pytest.approx(2 * 8 * result["rollout_forward_s"])
+        assert result["bound_phase_s"]["policy"] == pytest.approx(2 * 2 * result["policy_step_s"])
     assert results[0]["channels_last"] and not results[1]["channels_last"]
     report = output.read_text()
+    for result in results:
+        phases = [throughput.phase_text(result["phase_s"][name], result["bound_phase_s"][name]) for name in throughput.PHASES]
+        assert f"| {result['mode']} | " + " | ".join(phases) + " |" in report
+    assert throughput.phase_text(5.27, 2.36) == "5.27 / 2.36 (2.23x)"
     assert "| optimized | fp32 | 3 | True | False |" in report
     assert "| reference | fp32 | whole minibatches | False | False |" in report
     assert results[0]["phase_precision"] == dict(rollout="fp32", policy="fp32", aux="fp32")
@@ -97,7 +108,8 @@ def test_throughput_runs(tmp_path):
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
-    assert "parallel_networks: True, rollout buffer: ppg, procgen threads" in report
+    assert "parallel_networks: True, rollout buffer: ppg, rollout writes: during-step, procgen threads" in report
+    assert [result["rollout_writes"] for result in results] == ["during-step", "after-step"]
     assert throughput.parse_args(["--rollout-buffer", "sb3"]).rollout_buffer == "sb3"
     assert not throughput.parse_args(["--no-parallel-networks"]).parallel_networks
     assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
@@ -107,13 +119,58 @@ def test_throughput_runs(tmp_path):
         throughput.parse_args(["--micro-batch-size", "0"])
 
 
+def test_throughput_time_call_queues_training_steps():
+    """The compute bound times a rollout forward pass per wait for the device, training steps several per wait."""
+    throughput = load_script("throughput")
+    events = []
+    clock = iter(range(100))
+
+    def function():
+        events.append("call")
+
+    def synchronize():
+        events.append("wait")
+
+    with mock.patch.object(throughput.time, "perf_counter", lambda: float(next(clock))):
+        # One warm-up call, then 3 repeats of 4 calls and one wait; each repeat takes 1 s of the fake clock
+        assert throughput.time_call(function, 3, synchronize, calls=4) == pytest.approx(0.25)
+    assert events == ["call", "wait"] + (["call"] * 4 + ["wait"]) * 3
+    events.clear()
+    assert throughput.time_call(function, 2, synchronize) > 0
+    assert events == ["call", "wait"] * 3
+    assert throughput.parse_args([]).bound_pipeline == 4
+    seconds = dict(collect_rollouts=6.0, _policy_phase=2.0, _compute_old_distributions=0.5, _train_aux_phase=11.5)
+    assert throughput.phase_seconds(seconds, 2) == dict(rollout=3.0, policy=1.0, aux=6.0)
+
+
+def test_throughput_rollout_writes_after_step(monkeypatch):
+    """--rollout-writes after-step: the optimized model's rollout buffer written after the envs step, as SB3 does."""
+    from sb3_ppg.ppg import ppg as ppg_module
+
+    throughput = load_script("throughput")
+    monkeypatch.setattr(ppg_module, "writes_while_envs_step", ppg_module.writes_while_envs_step)  # put back after
+    args = throughput.parse_args(["--n-envs", "2", "--n-steps", "8", "--num-threads", "1", "--arch", "dual"])
+    assert args.rollout_writes == "during-step"
+    model = throughput.build_model(args, "optimized")
+    assert ppg_module.writes_while_envs_step(model.env, model.rollout_buffer)
+    args = throughput.parse_args(["--n-envs", "2", "--n-steps", "8", "--num-threads", "1", "--rollout-writes", "after-step"])
+    model = throughput.build_model(args, "optimized")
+    assert not ppg_module.writes_while_envs_step(model.env, model.rollout_buffer)
+    model.env.close()
+
+
 def test_rollout_host_time_runs(tmp_path, capsys):
-    """benchmarks/rollout_host_time.py in a tiny configuration: the three variants timed, the report and the JSON."""
+    """benchmarks/rollout_host_time.py in a tiny configuration: the four variants timed, the report and the JSON."""
     rollout_host_time = load_script("rollout_host_time")
     json_path = tmp_path / "host.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--rounds", "2", "--num-threads", "1"]
     results = rollout_host_time.main([*args, "--json", str(json_path)])
-    assert list(results) == ["PPGRolloutBuffer", "SB3 RolloutBuffer", "PPGRolloutBuffer, no host levers"]
+    assert list(results) == [
+        "PPGRolloutBuffer",
+        "PPGRolloutBuffer, written after the envs step",
+        "SB3 RolloutBuffer",
+        "PPGRolloutBuffer, no host levers",
+    ]
     for medians in results.values():
         assert all(medians[key] > 0 for key in ("rollout_s", "buffer_writes_s", "minibatches_s", "aux_add_s"))
         assert medians["buffer_writes_s"] < medians["rollout_s"]
@@ -130,11 +187,15 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     # The variant without the host levers swaps in the code before them, and back
     policies = rollout_host_time.policies_module
     levers = (policies.unchecked_distributions, policies.parameter_addresses)
+    ppg_module = rollout_host_time.ppg_module
+    writes_while_envs_step = ppg_module.writes_while_envs_step
     with rollout_host_time.without_host_levers():
         assert policies.unchecked_distributions is not levers[0]
         assert policies.parameter_addresses is rollout_host_time.named_parameter_addresses
         assert PPGRolloutBuffer.add is RolloutBuffer.add
+        assert ppg_module.writes_while_envs_step is rollout_host_time.written_after_step
     assert (policies.unchecked_distributions, policies.parameter_addresses) == levers
+    assert ppg_module.writes_while_envs_step is writes_while_envs_step
     assert "add" not in vars(PPGRolloutBuffer) and PPGRolloutBuffer.add is UnflattenedRolloutBuffer.add
     model = rollout_host_time.make_model(rollout_host_time.parse_args(args), None)
     model._setup_learn(10**9, callback=None)
@@ -144,7 +205,39 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     assert "add" not in vars(model.rollout_buffer) and "reset" not in vars(model.rollout_buffer)  # the timers removed
     addresses = rollout_host_time.named_parameter_addresses(model.policy)
     assert sorted(addresses) == sorted(levers[1](model.policy))
+    timings = rollout_host_time.time_one_rollout(model, during_step=False)  # PPG's add(): its two parts, timed once
+    assert 0 < timings["buffer_writes_s"] < timings["rollout_s"]
+    assert not {"add", "add_before_step", "add_after_step"} & set(vars(model.rollout_buffer))
     model.env.close()
+
+
+def test_rollout_host_time_counts_nested_buffer_calls_once():
+    """add() calling its two parts counts once: from its start to its end."""
+    rollout_host_time = load_script("rollout_host_time")
+
+    class Buffer:
+        def reset(self):
+            pass
+
+        def add(self):
+            self.add_before_step()
+            self.add_after_step()
+
+        def add_before_step(self):
+            pass
+
+        def add_after_step(self):
+            pass
+
+    clock = iter(range(100))
+    buffer = Buffer()
+    with mock.patch.object(rollout_host_time.time, "perf_counter", lambda: float(next(clock))):
+        with rollout_host_time.timed_buffer_writes(buffer) as seconds:
+            buffer.add()  # the clock read as add() starts (0), as its parts start (1, 2) and as it ends (3)
+            assert seconds == [3.0]
+            buffer.add_before_step()  # 4, 5
+            assert seconds == [4.0]
+    assert not vars(buffer)
 
 
 def test_gpu_checks_script(tmp_path):

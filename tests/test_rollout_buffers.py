@@ -206,16 +206,15 @@ ADD_CASES_MASKS = [
 @pytest.mark.parametrize("case, masks", ADD_CASES_MASKS)
 def test_add_writes_what_sb3s_add_writes(case, masks):
     """
-    PPG's add() (each value copied once) leaves every array as SB3's (sb3-contrib's) does: values, dtypes and shapes,
-    for reshaped Discrete observations, a 0-d log-probability, float64 values, values of shape (n_envs,) or
-    (n_envs, 1), a step without masks; what was added is not aliased.
+    PPG's add() (each value copied once), and its two parts (add_before_step(), add_after_step(): PPG's rollout), leave
+    every array as SB3's (sb3-contrib's) add() does: values, dtypes and shapes, for reshaped Discrete observations, a
+    0-d log-probability, float64 values, values of shape (n_envs,) or (n_envs, 1), a step without masks; what was
+    added is not aliased.
     """
     space, action_space, n_envs = ADD_CASES[case]
     dict_obs = isinstance(space, spaces.Dict)
-    buffers = [
-        buffer_class(N_STEPS, space, action_space, device="cpu", n_envs=n_envs)
-        for buffer_class in BUFFER_CLASSES[dict_obs, masks]
-    ]
+    buffer_classes = [*BUFFER_CLASSES[dict_obs, masks], BUFFER_CLASSES[dict_obs, masks][1]]
+    buffers = [buffer_class(N_STEPS, space, action_space, device="cpu", n_envs=n_envs) for buffer_class in buffer_classes]
     mask_dims = buffers[0].mask_dims if masks else 0
     rng = np.random.default_rng(7)
     steps = []
@@ -233,18 +232,21 @@ def test_add_writes_what_sb3s_add_writes(case, masks):
         extra = dict(action_masks=rng.random((n_envs, mask_dims)) < 0.6) if masks and step_index != 2 else {}
         rewards, episode_starts = rng.normal(size=n_envs).astype(np.float32), rng.random(n_envs) < 0.3
         steps.append((obs, actions, rewards, episode_starts, value, log_prob, extra))
-    for *step, extra in steps:
-        for buffer in buffers:
-            buffer.add(*step, **extra)
-    sb3, ppg = buffers
+    sb3, ppg, two_parts = buffers
+    for (obs, actions, rewards, episode_starts, value, log_prob), extra in ((step[:6], step[6]) for step in steps):
+        for buffer in (sb3, ppg):
+            buffer.add(obs, actions, rewards, episode_starts, value, log_prob, **extra)
+        two_parts.add_before_step(obs, actions, episode_starts, value, log_prob, **extra)
+        two_parts.add_after_step(rewards)
     names = ["actions", "rewards", "episode_starts", "values", "log_probs", *(["action_masks"] if masks else [])]
-    arrays = [(getattr(sb3, name), getattr(ppg, name)) for name in names]
-    arrays += [(sb3.observations[key], ppg.observations[key]) for key in sb3.observations] if dict_obs else []
-    arrays += [] if dict_obs else [(sb3.observations, ppg.observations)]
+    arrays = [(getattr(sb3, name), getattr(mine, name)) for mine in (ppg, two_parts) for name in names]
+    for mine in (ppg, two_parts):
+        arrays += [(sb3.observations[key], mine.observations[key]) for key in sb3.observations] if dict_obs else []
+        arrays += [] if dict_obs else [(sb3.observations, mine.observations)]
     for expected, mine in arrays:
         assert mine.dtype == expected.dtype and mine.shape == expected.shape
         np.testing.assert_array_equal(mine, expected)
-    assert ppg.full and ppg.pos == sb3.pos == N_STEPS
+    assert ppg.full and two_parts.full and ppg.pos == two_parts.pos == sb3.pos == N_STEPS
     # The arrays hold copies: what was added can change afterwards
     for *step, extra in steps:
         for added in [*(step[0].values() if dict_obs else [step[0]]), *step[1:], *extra.values()]:

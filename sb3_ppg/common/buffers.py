@@ -16,7 +16,7 @@ from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.utils import explained_variance, get_device, obs_as_tensor
-from stable_baselines3.common.vec_env import VecNormalize
+from stable_baselines3.common.vec_env import VecEnv, VecNormalize
 
 from sb3_ppg.common.array_files import read_array_file, space_from_json, space_to_json, write_array_file
 from sb3_ppg.common.distributions import distribution_param_dim
@@ -111,6 +111,7 @@ class UnflattenedRolloutBuffer:
             self._kept_observations: ObsArray = dict(self.observations)
         else:
             self.observations = self._kept_observations = _reused_zeros(kept if isinstance(kept, np.ndarray) else None, fresh)
+        self._step_started = False
 
     def add(
         self,
@@ -123,7 +124,8 @@ class UnflattenedRolloutBuffer:
     ) -> None:
         """
         SB3's ``add()``, writing each value into its array once: SB3 first copies the observation (and the actions,
-        rewards, values and log-probabilities) into a new array, then that array into its own.
+        rewards, values and log-probabilities) into a new array, then that array into its own. It is
+        ``add_before_step()`` then ``add_after_step()``.
 
         :param obs: Observation (a dict of them for Dict spaces)
         :param action: Action
@@ -132,6 +134,24 @@ class UnflattenedRolloutBuffer:
         :param value: Estimated value of the current state
         :param log_prob: Log probability of the action
         """
+        self.add_before_step(obs, action, episode_start, value, log_prob)
+        self.add_after_step(reward)
+
+    def add_before_step(
+        self, obs: ObsArray, action: np.ndarray, episode_start: np.ndarray, value: th.Tensor, log_prob: th.Tensor
+    ) -> None:
+        """
+        The first part of ``add()``: what is known of the step before the envs step, written into row ``pos`` (PPG's
+        rollout writes it while the envs step); ``add_after_step()`` adds the reward and ends the step.
+
+        :param obs: Observation (a dict of them for Dict spaces)
+        :param action: Action
+        :param episode_start: Start of episode signal
+        :param value: Estimated value of the current state
+        :param log_prob: Log probability of the action
+        """
+        if getattr(self, "_step_started", False):
+            raise RuntimeError(f"add_before_step() twice for row {self.pos} of the rollout buffer: add_after_step() first")
         if len(log_prob.shape) == 0:
             log_prob = log_prob.reshape(-1, 1)  # as SB3: a 0-d tensor broadcast into the row
         if isinstance(self.observations, dict):
@@ -141,13 +161,35 @@ class UnflattenedRolloutBuffer:
         else:
             self.observations[self.pos] = self._observation_row(obs, self.observation_space, None)
         self.actions[self.pos] = action.reshape((self.n_envs, self.action_dim))
-        self.rewards[self.pos] = reward
         self.episode_starts[self.pos] = episode_start
         self.values[self.pos] = value.cpu().numpy().reshape(-1)
         self.log_probs[self.pos] = log_prob.cpu().numpy()
+        self._step_started = True
+
+    def add_after_step(self, reward: np.ndarray) -> None:
+        """
+        The second part of ``add()``: the step's reward; the step is then complete.
+
+        :param reward: Reward
+        """
+        if not getattr(self, "_step_started", False):
+            raise RuntimeError(f"add_after_step() for row {self.pos} of the rollout buffer without add_before_step()")
+        self.rewards[self.pos] = reward
+        self._step_started = False
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
+
+    def discard_before_step(self) -> None:
+        """Undo ``add_before_step()`` (a rollout stopped before the step's reward): row ``pos`` as ``reset()`` left it."""
+        if isinstance(self.observations, dict):
+            for array in self.observations.values():
+                array[self.pos] = 0
+        else:
+            self.observations[self.pos] = 0
+        for array in (self.actions, self.episode_starts, self.values, self.log_probs):
+            array[self.pos] = 0
+        self._step_started = False
 
     def _observation_row(self, obs: np.ndarray, space: spaces.Space, key: str | None) -> np.ndarray:
         """One step's observations, as SB3 writes them (Discrete ones reshaped to ``(n_envs, 1)``)."""
@@ -174,6 +216,15 @@ class UnflattenedRolloutBuffer:
     def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> Any:
         """The samples of steps ``steps[i]`` of envs ``envs[i]``, read from the ``(n_steps, n_envs, ...)`` arrays."""
         raise NotImplementedError
+
+
+def writes_while_envs_step(env: VecEnv, rollout_buffer: RolloutBuffer) -> bool:
+    """
+    Whether PPG's rollout writes each step into the rollout buffer while the envs step, between ``step_async()`` and
+    ``step_wait()``: with PPG's buffers (``add_before_step()``) and an env whose ``step()`` is SB3's (those two calls).
+    """
+    steps_in_two_calls = type(env).step is VecEnv.step and "step" not in vars(env)
+    return isinstance(rollout_buffer, UnflattenedRolloutBuffer) and steps_in_two_calls
 
 
 class PPGRolloutBuffer(UnflattenedRolloutBuffer, RolloutBuffer):

@@ -19,7 +19,7 @@ from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
-from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, update_learning_rate
+from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, obs_as_tensor, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
@@ -39,6 +39,7 @@ from sb3_ppg.common.buffers import (
     make_aux_buffer,
     rollout_explained_variance,
     rollout_to_device,
+    writes_while_envs_step,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
@@ -55,7 +56,7 @@ from sb3_ppg.common.hyperparameters import (
 from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
-from sb3_ppg.common.rollout_groups import overlapped_rollout
+from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
     SavedPolicyClass,
@@ -766,8 +767,74 @@ class PPG(OnPolicyAlgorithm):
     def _collect_rollout(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
-        """Collect one rollout: SB3's ``collect_rollouts()`` (a subclass's hook: ``MaskablePPG`` adds the masks)."""
-        return super().collect_rollouts(env, callback, rollout_buffer, n_rollout_steps)
+        """
+        Collect one rollout: SB3's ``collect_rollouts()``, with PPG's rollout buffers written while the envs step (the
+        same rollout; see ``writes_while_envs_step``). A subclass's hook: ``MaskablePPG`` adds the masks.
+        """
+        assert self._last_obs is not None, "No previous observation was provided"
+        self.policy.set_training_mode(False)
+        n_steps = 0
+        rollout_buffer.reset()
+        if self.use_sde:
+            self.policy.reset_noise(env.num_envs)  # new weights for the state-dependent exploration
+        callback.on_rollout_start()
+        during_step = writes_while_envs_step(env, rollout_buffer)
+        while n_steps < n_rollout_steps:
+            if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
+                self.policy.reset_noise(env.num_envs)
+            with th.no_grad():
+                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
+                actions, values, log_probs = self.policy(obs_tensor)
+            actions = actions.cpu().numpy()
+            clipped_actions = env_actions(actions, self.policy, self.action_space)  # Box: unscaled or clipped
+            if during_step:  # the step's observations, actions, values... copied while the envs step
+                env.step_async(clipped_actions)
+                rollout_buffer.add_before_step(  # type: ignore[attr-defined]
+                    self._last_obs, actions, self._last_episode_starts, values, log_probs
+                )
+                new_obs, rewards, dones, infos = env.step_wait()
+            else:
+                new_obs, rewards, dones, infos = env.step(clipped_actions)
+            self.num_timesteps += env.num_envs
+            callback.update_locals(locals())
+            if not callback.on_step():
+                if during_step:
+                    rollout_buffer.discard_before_step()  # type: ignore[attr-defined]
+                return False
+            self._update_info_buffer(infos, dones)
+            n_steps += 1
+            if isinstance(self.action_space, spaces.Discrete):
+                actions = actions.reshape(-1, 1)
+            # Handle timeouts by bootstrapping with the value function (SB3's, with its local names)
+            for idx, done in enumerate(dones):
+                if (
+                    done
+                    and infos[idx].get("terminal_observation") is not None
+                    and infos[idx].get("TimeLimit.truncated", False)
+                ):
+                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
+                    with th.no_grad():
+                        terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
+                    rewards[idx] += self.gamma * terminal_value
+            if during_step:
+                rollout_buffer.add_after_step(rewards)  # type: ignore[attr-defined]
+            else:
+                rollout_buffer.add(
+                    self._last_obs,  # type: ignore[arg-type]
+                    actions,
+                    rewards,
+                    self._last_episode_starts,  # type: ignore[arg-type]
+                    values,
+                    log_probs,
+                )
+            self._last_obs = new_obs  # type: ignore[assignment]
+            self._last_episode_starts = dones
+        with th.no_grad():
+            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
 
     def _optimizers(self) -> list[th.optim.Optimizer]:
         """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""

@@ -33,6 +33,17 @@ class UnflattenedMaskableRolloutBuffer(UnflattenedRolloutBuffer):
             self.action_masks[self.pos] = action_masks.reshape((self.n_envs, self.mask_dims))
         super().add(*args, **kwargs)
 
+    def add_before_step(self, *args: Any, action_masks: np.ndarray | None = None, **kwargs: Any) -> None:
+        """``add()``'s first part (see ``UnflattenedRolloutBuffer``), the masks (where given) first, as ``add()``."""
+        if action_masks is not None:
+            self.action_masks[self.pos] = action_masks.reshape((self.n_envs, self.mask_dims))
+        super().add_before_step(*args, **kwargs)
+
+    def discard_before_step(self) -> None:
+        """Undo ``add_before_step()``: row ``pos`` as ``reset()`` left it, its masks all valid."""
+        self.action_masks[self.pos] = 1
+        super().discard_before_step()
+
 
 class MaskablePPGRolloutBuffer(UnflattenedMaskableRolloutBuffer, MaskableRolloutBuffer):
     """

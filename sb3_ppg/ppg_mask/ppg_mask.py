@@ -15,7 +15,7 @@ from stable_baselines3.common.type_aliases import MaybeCallback, RolloutBufferSa
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples
+from sb3_ppg.common.buffers import AuxiliaryBufferSamples, writes_while_envs_step
 from sb3_ppg.ppg.ppg import PPG
 from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 from sb3_ppg.ppg_mask.distributions import (
@@ -144,7 +144,7 @@ class MaskablePPG(PPG):
     ) -> bool:
         """
         SB3's rollout collection, the env's action masks read before every step (when ``learn()`` masks), checked, given to
-        the policy and stored; without masking, SB3's ``collect_rollouts()``.
+        the policy and stored; PPG's rollout buffers written while the envs step, as ``PPG``'s rollout does.
         """
         assert self._last_obs is not None, "No previous observation was provided"
         if self._use_masking:
@@ -154,6 +154,7 @@ class MaskablePPG(PPG):
         action_masks = None
         rollout_buffer.reset()
         callback.on_rollout_start()
+        during_step = writes_while_envs_step(env, rollout_buffer)
         while n_steps < n_rollout_steps:
             if self._use_masking:
                 action_masks = check_action_masks(
@@ -163,31 +164,47 @@ class MaskablePPG(PPG):
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
                 actions, values, log_probs = self.policy(obs_tensor, action_masks=action_masks)
             actions = actions.cpu().numpy()
-            new_obs, rewards, dones, infos = env.step(actions)
+            if during_step:  # the step's observations, actions, values, masks... copied while the envs step
+                env.step_async(actions)
+                rollout_buffer.add_before_step(  # type: ignore[attr-defined]
+                    self._last_obs, actions, self._last_episode_starts, values, log_probs, action_masks=action_masks
+                )
+                new_obs, rewards, dones, infos = env.step_wait()
+            else:
+                new_obs, rewards, dones, infos = env.step(actions)
             self.num_timesteps += env.num_envs
             callback.update_locals(locals())
             if not callback.on_step():
+                if during_step:
+                    rollout_buffer.discard_before_step()  # type: ignore[attr-defined]
                 return False
             self._update_info_buffer(infos, dones)
             n_steps += 1
             if isinstance(self.action_space, spaces.Discrete):
                 actions = actions.reshape(-1, 1)
-            # Bootstrap from the value of a truncated episode's last observation (SB3's handling of timeouts)
-            for index, done in enumerate(dones):
-                if done and infos[index].get("terminal_observation") is not None and infos[index].get("TimeLimit.truncated"):
-                    terminal_obs = self.policy.obs_to_tensor(infos[index]["terminal_observation"])[0]
+            # Handle timeouts by bootstrapping with the value function (SB3's, with its local names)
+            for idx, done in enumerate(dones):
+                if (
+                    done
+                    and infos[idx].get("terminal_observation") is not None
+                    and infos[idx].get("TimeLimit.truncated", False)
+                ):
+                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
                     with th.no_grad():
                         terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
-                    rewards[index] += self.gamma * terminal_value
-            rollout_buffer.add(
-                self._last_obs,  # type: ignore[arg-type]
-                actions,
-                rewards,
-                self._last_episode_starts,  # type: ignore[arg-type]
-                values,
-                log_probs,
-                action_masks=action_masks,
-            )
+                    rewards[idx] += self.gamma * terminal_value
+            if during_step:
+                rollout_buffer.add_after_step(rewards)  # type: ignore[attr-defined]
+            else:
+                rollout_buffer.add(
+                    self._last_obs,  # type: ignore[arg-type]
+                    actions,
+                    rewards,
+                    self._last_episode_starts,  # type: ignore[arg-type]
+                    values,
+                    log_probs,
+                    action_masks=action_masks,
+                )
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
         with th.no_grad():
