@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bound-repeats", type=int, default=3, help="Timed repeats of each network call")
     parser.add_argument(
         "--bound-pipeline",
-        type=int,
+        type=positive_int,
         default=4,
         help="Training steps of the compute bound timed between two waits for the device (the rollout's forward: 1)",
     )
@@ -115,6 +115,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def positive_int(text: str) -> int:
+    """A positive integer from the command line."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def micro_batch_size(text: str) -> int | str | None:

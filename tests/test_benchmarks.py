@@ -139,6 +139,9 @@ def test_throughput_time_call_queues_training_steps():
     assert throughput.time_call(function, 2, synchronize) > 0
     assert events == ["call", "wait"] * 3
     assert throughput.parse_args([]).bound_pipeline == 4
+    for text in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            throughput.parse_args(["--bound-pipeline", text])
     seconds = dict(collect_rollouts=6.0, _policy_phase=2.0, _compute_old_distributions=0.5, _train_aux_phase=11.5)
     assert throughput.phase_seconds(seconds, 2) == dict(rollout=3.0, policy=1.0, aux=6.0)
 
