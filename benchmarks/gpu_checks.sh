@@ -2,8 +2,8 @@
 # The checks that need a GPU, in one or two calls on a lent GPU machine (docs/throughput.md, "Not measured yet"): the
 # headline throughput (the defaults), CleanRL's script against sb3-ppg (when the kit holds it), the CUDA tests, then
 # one lever at a time (the rollout buffer written after the envs step, SB3's rollout buffer, parallel_networks off),
-# 256 envs, the rollout's host time and a profile of the phases, in that order of priority. Each step runs under its own time limit so that a slow one leaves the others'
-# results.
+# 256 envs, the rollout's host time and a profile of the phases, in that order of priority. Each step runs under its
+# own time limit so that a slow one leaves the others' results.
 #
 # Logs go to $LOGS (default ./gpu_checks_out, git-ignored), one per step plus summary.txt; a step already in its
 # summary.txt with rc=0 is not run again, so a second call on the same warm machine goes on where the first stopped.
