@@ -111,17 +111,12 @@ def without_host_levers() -> Iterator[None]:
     with patched(
         [
             (PPGRolloutBuffer, "add", RolloutBuffer.add),
-            (ppg_module, "writes_while_envs_step", written_after_step),
+            (ppg_module, "writes_while_envs_step", throughput.written_after_step),
             (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
             (policies_module, "parameter_addresses", named_parameter_addresses),
         ]
     ):
         yield
-
-
-def written_after_step(env: Any, rollout_buffer: Any) -> bool:
-    """In place of ``writes_while_envs_step``: each step written into the buffer after the envs step, as SB3 does."""
-    return False
 
 
 @contextlib.contextmanager
@@ -160,7 +155,7 @@ def time_one_rollout(model: PPG, levers: bool = True, during_step: bool = True) 
     if not levers:
         code = without_host_levers()
     elif not during_step:
-        code = patched([(ppg_module, "writes_while_envs_step", written_after_step)])
+        code = patched([(ppg_module, "writes_while_envs_step", throughput.written_after_step)])
     else:
         code = contextlib.nullcontext()
     with code, timed_buffer_writes(model.rollout_buffer) as writes:

@@ -196,7 +196,7 @@ def test_rollout_host_time_runs(tmp_path, capsys):
         assert policies.unchecked_distributions is not levers[0]
         assert policies.parameter_addresses is rollout_host_time.named_parameter_addresses
         assert PPGRolloutBuffer.add is RolloutBuffer.add
-        assert ppg_module.writes_while_envs_step is rollout_host_time.written_after_step
+        assert ppg_module.writes_while_envs_step is rollout_host_time.throughput.written_after_step
     assert (policies.unchecked_distributions, policies.parameter_addresses) == levers
     assert ppg_module.writes_while_envs_step is writes_while_envs_step
     assert "add" not in vars(PPGRolloutBuffer) and PPGRolloutBuffer.add is UnflattenedRolloutBuffer.add

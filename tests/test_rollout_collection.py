@@ -19,7 +19,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper,
 from sb3_ppg import PPG, MaskablePPG, make_procgen_env
 from sb3_ppg.common.buffers import UnflattenedRolloutBuffer, writes_while_envs_step
 from sb3_ppg.common.envs import make_dict_cartpole
-from sb3_ppg.ppg_mask import ppg_mask as ppg_mask_module
+from sb3_ppg.ppg import ppg as ppg_module
 from sb3_ppg.ppg_mask.buffers import MaskablePPGRolloutBuffer
 
 ROLLOUT_ARRAYS = ("actions", "rewards", "episode_starts", "values", "log_probs", "returns", "advantages")
@@ -173,7 +173,7 @@ def test_maskable_rollouts_are_the_same_written_early():
         model = MaskablePPG("MlpPolicy", env, policy_kwargs=dict(net_arch=[16]), seed=0, n_steps=8, batch_size=12)
         with pytest.MonkeyPatch.context() as patch:
             if not early:
-                patch.setattr(ppg_mask_module, "writes_while_envs_step", lambda env, rollout_buffer: False)
+                patch.setattr(ppg_module, "writes_while_envs_step", lambda env, rollout_buffer: False)
             written_early = count_calls(patch, MaskablePPGRolloutBuffer, "add_before_step")
             added = count_calls(patch, MaskablePPGRolloutBuffer, "add")
             runs.append(collect(model, MaskablePPG.collect_rollouts, stop_at=8 + 5))

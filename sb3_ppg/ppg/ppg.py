@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
@@ -769,7 +770,8 @@ class PPG(OnPolicyAlgorithm):
     ) -> bool:
         """
         Collect one rollout: SB3's ``collect_rollouts()``, with PPG's rollout buffers written while the envs step (the
-        same rollout; see ``writes_while_envs_step``). A subclass's hook: ``MaskablePPG`` adds the masks.
+        same rollout; see ``writes_while_envs_step``), and the action masks of ``_action_masks`` (``MaskablePPG``'s)
+        given to the policy and stored.
         """
         assert self._last_obs is not None, "No previous observation was provided"
         self.policy.set_training_mode(False)
@@ -782,15 +784,17 @@ class PPG(OnPolicyAlgorithm):
         while n_steps < n_rollout_steps:
             if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
                 self.policy.reset_noise(env.num_envs)
+            action_masks = self._action_masks(env)
+            masks = {} if action_masks is None else {"action_masks": action_masks}
             with th.no_grad():
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs = self.policy(obs_tensor)
+                actions, values, log_probs = self.policy(obs_tensor, **masks)
             actions = actions.cpu().numpy()
             clipped_actions = env_actions(actions, self.policy, self.action_space)  # Box: unscaled or clipped
-            if during_step:  # the step's observations, actions, values... copied while the envs step
+            if during_step:  # the step's observations, actions, values, masks... copied while the envs step
                 env.step_async(clipped_actions)
                 rollout_buffer.add_before_step(  # type: ignore[attr-defined]
-                    self._last_obs, actions, self._last_episode_starts, values, log_probs
+                    self._last_obs, actions, self._last_episode_starts, values, log_probs, **masks
                 )
                 new_obs, rewards, dones, infos = env.step_wait()
             else:
@@ -826,6 +830,7 @@ class PPG(OnPolicyAlgorithm):
                     self._last_episode_starts,  # type: ignore[arg-type]
                     values,
                     log_probs,
+                    **masks,
                 )
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
@@ -835,6 +840,10 @@ class PPG(OnPolicyAlgorithm):
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    def _action_masks(self, env: VecEnv) -> np.ndarray | None:
+        """The valid actions of the envs' current states for a rollout step; None: no masks (``MaskablePPG``'s hook)."""
+        return None
 
     def _optimizers(self) -> list[th.optim.Optimizer]:
         """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""

@@ -12,10 +12,9 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import MaybeCallback, RolloutBufferSamples
-from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples, writes_while_envs_step
+from sb3_ppg.common.buffers import AuxiliaryBufferSamples
 from sb3_ppg.ppg.ppg import PPG
 from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 from sb3_ppg.ppg_mask.distributions import (
@@ -142,77 +141,16 @@ class MaskablePPG(PPG):
     def _collect_rollout(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
-        """
-        SB3's rollout collection, the env's action masks read before every step (when ``learn()`` masks), checked, given to
-        the policy and stored; PPG's rollout buffers written while the envs step, as ``PPG``'s rollout does.
-        """
-        assert self._last_obs is not None, "No previous observation was provided"
+        """PPG's rollout (SB3's), with the env's action masks when ``learn()`` masks (see ``_action_masks``)."""
         if self._use_masking:
             self._check_masking_supported(env)
-        self.policy.set_training_mode(False)
-        n_steps = 0
-        action_masks = None
-        rollout_buffer.reset()
-        callback.on_rollout_start()
-        during_step = writes_while_envs_step(env, rollout_buffer)
-        while n_steps < n_rollout_steps:
-            if self._use_masking:
-                action_masks = check_action_masks(
-                    get_action_masks(env), self.action_space, env.num_envs, "the env's action_masks()"
-                )
-            with th.no_grad():
-                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs = self.policy(obs_tensor, action_masks=action_masks)
-            actions = actions.cpu().numpy()
-            if during_step:  # the step's observations, actions, values, masks... copied while the envs step
-                env.step_async(actions)
-                rollout_buffer.add_before_step(  # type: ignore[attr-defined]
-                    self._last_obs, actions, self._last_episode_starts, values, log_probs, action_masks=action_masks
-                )
-                new_obs, rewards, dones, infos = env.step_wait()
-            else:
-                new_obs, rewards, dones, infos = env.step(actions)
-            self.num_timesteps += env.num_envs
-            callback.update_locals(locals())
-            if not callback.on_step():
-                if during_step:
-                    rollout_buffer.discard_before_step()  # type: ignore[attr-defined]
-                return False
-            self._update_info_buffer(infos, dones)
-            n_steps += 1
-            if isinstance(self.action_space, spaces.Discrete):
-                actions = actions.reshape(-1, 1)
-            # Handle timeouts by bootstrapping with the value function (SB3's, with its local names)
-            for idx, done in enumerate(dones):
-                if (
-                    done
-                    and infos[idx].get("terminal_observation") is not None
-                    and infos[idx].get("TimeLimit.truncated", False)
-                ):
-                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
-                    with th.no_grad():
-                        terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
-                    rewards[idx] += self.gamma * terminal_value
-            if during_step:
-                rollout_buffer.add_after_step(rewards)  # type: ignore[attr-defined]
-            else:
-                rollout_buffer.add(
-                    self._last_obs,  # type: ignore[arg-type]
-                    actions,
-                    rewards,
-                    self._last_episode_starts,  # type: ignore[arg-type]
-                    values,
-                    log_probs,
-                    action_masks=action_masks,
-                )
-            self._last_obs = new_obs  # type: ignore[assignment]
-            self._last_episode_starts = dones
-        with th.no_grad():
-            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
-        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
-        callback.update_locals(locals())
-        callback.on_rollout_end()
-        return True
+        return super()._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+
+    def _action_masks(self, env: VecEnv) -> np.ndarray | None:
+        """The env's action masks for a rollout step, checked (when ``learn()`` masks, else None)."""
+        if not self._use_masking:
+            return None
+        return check_action_masks(get_action_masks(env), self.action_space, env.num_envs, "the env's action_masks()")
 
     def _evaluate_actions(self, rollout_data: RolloutBufferSamples) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         """The masked distribution's values, log-probabilities and entropies on a policy-phase minibatch."""
