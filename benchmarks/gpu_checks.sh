@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one or two calls on a lent GPU machine (docs/throughput.md, "Not measured yet"): the
 # headline throughput (the defaults), CleanRL's script against sb3-ppg (when the kit holds it), the CUDA tests, then
-# one lever at a time (the rollout buffer written after the envs step, SB3's rollout buffer, parallel_networks off),
-# 256 envs, the rollout's host time and a profile of the phases, in that order of priority. Each step runs under its
-# own time limit so that a slow one leaves the others' results.
+# detach, one lever at a time (the rollout buffer written after the envs step, SB3's rollout buffer, parallel_networks
+# off), 256 envs, the rollout's host time, a profile of the phases and detach's A/B of the rollout buffer's writes, in
+# that order of priority; then issue 27's "done when" against what they measured. Each step runs under its own time
+# limit so that a slow one leaves the others' results.
 #
 # Logs go to $LOGS (default ./gpu_checks_out, git-ignored), one per step plus summary.txt; a step already in its
 # summary.txt with rc=0 is not run again, so a second call on the same warm machine goes on where the first stopped.
@@ -11,8 +12,8 @@
 # that comes back, at most 8 files), the logs also go there as one gpu_checks.tgz, refreshed after every step.
 #
 # From the checkout's root, after `bash ../shared/gpu-kit/make-kit.sh` built .gpu-kit/ there (carry .gpu-kit):
-#   DEADLINE_S=555 bash benchmarks/gpu_checks.sh     # 8 of its 9 steps took 6.5 minutes on an H100 (2026-11-27),
-#                                                    # a throughput step about 40 s
+#   DEADLINE_S=555 bash benchmarks/gpu_checks.sh     # 8 of its then 9 steps took 6.5 minutes on an H100
+#                                                    # (2026-11-27), a throughput step about 40 s; 11 steps now
 # STEPS="throughput_defaults throughput_sb3_buffer" bash benchmarks/gpu_checks.sh runs only the steps named.
 # The vs_cleanrl step needs CleanRL's script in the kit,
 #   git -C /path/to/cleanrl show HEAD:cleanrl/ppg_procgen.py > .gpu-kit/ppg_procgen.py   (or CLEANRL_SCRIPT=PATH)
@@ -104,6 +105,7 @@ step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_exa
     tests/test_parallel_networks.py tests/test_rollout_buffers.py tests/test_finite_check.py tests/test_aux_buffer_device.py
 
 throughput writes_after_step 120 --rollout-writes after-step
+throughput detach 120 --arch detach
 throughput sb3_buffer 120 --rollout-buffer sb3
 throughput no_parallel_networks 120 --no-parallel-networks
 throughput 256_envs 150 --n-envs 256 --n-policy-iters 4
@@ -114,4 +116,39 @@ step rollout_host_time 60 python3 benchmarks/rollout_host_time.py --device cuda 
 # Where each phase's time goes now (device busy share, kernels, host syncs)
 step profile_phases 90 python3 benchmarks/profile_phases.py --device cuda --arch dual --n-envs 64 --n-steps 256 \
     --n-policy-iters 2 --n-aux-epochs 1 --precision bf16
+throughput detach_writes_after_step 120 --arch detach --rollout-writes after-step
+
+# Issue 27's "done when" against what the steps above measured (those that ran), as the summary's last lines
+if [ -f "$logs/throughput_defaults.json" ] || [ -f "$logs/vs_cleanrl.json" ]; then
+    python3 - "$logs" <<'PYTHON' | tee -a "$logs/summary.txt"
+import json
+import os
+import sys
+
+logs = sys.argv[1]
+
+
+def rate(name):
+    path = os.path.join(logs, f"throughput_{name}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        return json.load(file)[0]["end_to_end_env_steps_per_s"]
+
+
+for name, what in (("defaults", "dual bf16, 64 envs"), ("256_envs", "dual bf16, 256 envs"), ("detach", "detach bf16, 64 envs")):
+    value = rate(name)
+    if value is not None:
+        verdict = "met" if value >= 10_000 else "not met"
+        print(f"issue 27: {what}: {value:,.0f} env steps/s end to end (target >= 10,000: {verdict})")
+path = os.path.join(logs, "vs_cleanrl.json")
+if os.path.exists(path):
+    with open(path) as file:
+        results = json.load(file)
+    cycle = results.get("cycle_ratio")
+    cycle_text = f", last cycle {cycle:.2f}x" if cycle is not None else ""
+    verdict = "met" if results["ratio"] >= 3 else "not met"
+    print(f"issue 27: sb3-ppg / CleanRL {results['ratio']:.2f}x whole process{cycle_text} (target >= 3x: {verdict})")
+PYTHON
+fi
 bundle

@@ -286,6 +286,18 @@ def test_gpu_checks_script(tmp_path):
     assert lines[0] == "rollout_host_time: rc=0 in 23 s (limit 60 s)" and len(lines) == 2
     assert re.fullmatch(r"cuda_tests: left out \(\d+ s to the deadline, limit 150 s\)", lines[1])
     assert not (tmp_path / "logs3" / "rollout_host_time.log").exists()
+    # Issue 27's "done when" from the results that exist, whatever steps ran
+    (tmp_path / "logs4").mkdir()
+    for name, rate in (("defaults", 6276.4), ("detach", 10012.0)):
+        results = [{"mode": "optimized", "end_to_end_env_steps_per_s": rate}]
+        (tmp_path / "logs4" / f"throughput_{name}.json").write_text(json.dumps(results))
+    (tmp_path / "logs4" / "vs_cleanrl.json").write_text(json.dumps({"ratio": 2.054, "cycle_ratio": 3.001}))
+    run_script("logs4", STEPS="none")
+    assert (tmp_path / "logs4" / "summary.txt").read_text().splitlines() == [
+        "issue 27: dual bf16, 64 envs: 6,276 env steps/s end to end (target >= 10,000: not met)",
+        "issue 27: detach bf16, 64 envs: 10,012 env steps/s end to end (target >= 10,000: met)",
+        "issue 27: sb3-ppg / CleanRL 2.05x whole process, last cycle 3.00x (target >= 3x: not met)",
+    ]
 
 
 def test_procgen_learning_resumes_in_chunks(tmp_path):
