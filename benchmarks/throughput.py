@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Optimized mode's parallel_networks (arch dual's two networks on two CUDA streams on CUDA)",
     )
     parser.add_argument(
+        "--keep-freed-memory",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Optimized mode's keep_freed_memory (on a CPU with glibc: freed memory kept in the process during learn())",
+    )
+    parser.add_argument(
         "--rollout-buffer",
         choices=("ppg", "sb3"),
         default="ppg",
@@ -175,6 +181,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         overlap_rollouts=optimized and args.overlap_groups > 1,
         cuda_graphs=optimized and args.cuda_graphs,
         parallel_networks=optimized and args.parallel_networks,
+        keep_freed_memory=optimized and args.keep_freed_memory,
         rollout_buffer_class=None if optimized and args.rollout_buffer == "ppg" else RolloutBuffer,
         policy_kwargs=policy_kwargs,
         device=args.device,
@@ -379,6 +386,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """
     import torch as th
 
+    from sb3_ppg.common.host_memory import freed_memory_kept
+
     if args.torch_threads > 0:
         th.set_num_threads(args.torch_threads)
     cuda = args.device.startswith("cuda")
@@ -423,7 +432,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     }
     if cuda:
         result["peak_device_mib"] = th.cuda.max_memory_allocated() / 2**20
-    result.update(compute_bound(model, args, synchronize))
+    with freed_memory_kept(model._keeps_freed_memory()):  # the network calls with the memory that learn() has
+        result.update(compute_bound(model, args, synchronize))
     result["end_to_end_over_bound"] = result["end_to_end_env_steps_per_s"] / result["bound_env_steps_per_s"]
     result["phase_s"] = phase_seconds(timer.seconds, args.n_cycles)
     model.env.close()
@@ -433,6 +443,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
     result["rollout_buffer"] = type(model.rollout_buffer).__name__
     result["rollout_writes"] = args.rollout_writes if mode == "optimized" else "after-step"
+    result["keep_freed_memory"] = model._keeps_freed_memory()
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
     return result
@@ -493,7 +504,8 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
         f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, cuda_graphs: {args.cuda_graphs}, "
-        f"parallel_networks: {args.parallel_networks}, rollout buffer: {args.rollout_buffer}, rollout writes: "
+        f"parallel_networks: {args.parallel_networks}, keep_freed_memory: {args.keep_freed_memory}, rollout buffer: "
+        f"{args.rollout_buffer}, rollout writes: "
         f"{args.rollout_writes}, procgen threads per group: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",

@@ -108,8 +108,11 @@ def test_throughput_runs(tmp_path):
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
-    assert "parallel_networks: True, rollout buffer: ppg, rollout writes: during-step, procgen threads" in report
+    assert "parallel_networks: True, keep_freed_memory: True, rollout buffer: ppg, rollout writes: during-step" in report
     assert [result["rollout_writes"] for result in results] == ["during-step", "after-step"]
+    # Freed memory kept by the optimized mode (on a CPU), not by the reference
+    assert [result["keep_freed_memory"] for result in results] == [True, False]
+    assert not throughput.parse_args(["--no-keep-freed-memory"]).keep_freed_memory
     assert throughput.parse_args(["--rollout-buffer", "sb3"]).rollout_buffer == "sb3"
     assert not throughput.parse_args(["--no-parallel-networks"]).parallel_networks
     assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report

@@ -22,7 +22,7 @@ POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
 #: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``overlap_rollouts``,
-#: ``cuda_graphs``, ``parallel_networks``) take their defaults, which keep the older models' behaviour.
+#: ``cuda_graphs``, ``parallel_networks``, ``keep_freed_memory``) take their defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -59,6 +59,7 @@ CHECKED_HYPERPARAMETERS = (
     "overlap_rollouts",
     "cuda_graphs",
     "parallel_networks",
+    "keep_freed_memory",
 )
 
 
@@ -185,7 +186,7 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    for name in ("separate_aux_optimizer", "overlap_rollouts", "cuda_graphs", "parallel_networks"):
+    for name in ("separate_aux_optimizer", "overlap_rollouts", "cuda_graphs", "parallel_networks", "keep_freed_memory"):
         checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)

@@ -1,0 +1,170 @@
+"""
+``PPG(keep_freed_memory=True)`` (sb3_ppg/common/host_memory.py): on a CPU device with glibc, ``learn()`` keeps the
+memory it frees in the process (no ``mmap`` per large block, no trimming) and gives it back when it returns; what is
+computed does not change.
+"""
+
+import contextlib
+import resource
+
+import pytest
+import torch as th
+from helpers import assert_identical, parameters, small_ppg
+
+from sb3_ppg import PPG
+from sb3_ppg.common import host_memory
+from sb3_ppg.ppg import ppg as ppg_module
+
+#: A block well above glibc's largest mmap threshold (32 MiB)
+BLOCK_BYTES = 64 * 2**20
+
+
+class FakeLibc:
+    """``mallopt`` and ``malloc_trim`` that record their calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def mallopt(self, parameter: int, value: int) -> int:
+        self.calls.append(("mallopt", parameter, value))
+        return 1
+
+    def malloc_trim(self, pad: int) -> int:
+        self.calls.append(("malloc_trim", pad))
+        return 1
+
+
+@pytest.fixture
+def fake_libc(monkeypatch):
+    libc = FakeLibc()
+    monkeypatch.setattr(host_memory, "glibc", lambda: libc)
+    for name in host_memory.MALLOC_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    return libc
+
+
+KEEP = [
+    ("mallopt", host_memory.M_MMAP_MAX, 0),
+    ("mallopt", host_memory.M_TRIM_THRESHOLD, host_memory.KEPT_TRIM_THRESHOLD),
+]
+RESTORE = [
+    ("mallopt", host_memory.M_MMAP_MAX, host_memory.DEFAULT_MMAP_MAX),
+    ("mallopt", host_memory.M_TRIM_THRESHOLD, host_memory.DEFAULT_TRIM_THRESHOLD),
+    ("malloc_trim", 0),
+]
+
+
+def test_the_outermost_context_keeps_and_restores(fake_libc):
+    with host_memory.freed_memory_kept() as kept:
+        assert kept and fake_libc.calls == KEEP
+        with host_memory.freed_memory_kept() as inner:  # nested: the outer one's setting
+            assert inner
+        assert fake_libc.calls == KEEP
+    assert fake_libc.calls == KEEP + RESTORE
+    # An exception inside still restores glibc's defaults
+    fake_libc.calls.clear()
+    with pytest.raises(KeyboardInterrupt), host_memory.freed_memory_kept():
+        raise KeyboardInterrupt
+    assert fake_libc.calls == KEEP + RESTORE
+    assert host_memory._depth == 0
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["disabled", "no glibc", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES"],
+)
+def test_nothing_changes_where_it_should_not(fake_libc, monkeypatch, setting):
+    enabled = setting != "disabled"
+    if setting == "no glibc":
+        monkeypatch.setattr(host_memory, "glibc", lambda: None)
+    elif setting == "GLIBC_TUNABLES":
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000000")
+    elif setting != "disabled":
+        monkeypatch.setenv(setting, "1000000")  # the user's own malloc settings
+    with host_memory.freed_memory_kept(enabled) as kept:
+        assert not kept
+    assert fake_libc.calls == []
+
+
+def minor_faults_of_blocks(n_blocks: int) -> int:
+    """
+    Page faults of allocating, touching and freeing ``n_blocks`` tensors one after another (after a first one). Tensors,
+    not NumPy arrays: NumPy asks for huge pages for large arrays, torch's CPU allocator does not.
+    """
+    block = th.ones(BLOCK_BYTES, dtype=th.uint8)
+    del block
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(n_blocks):
+        block = th.ones(BLOCK_BYTES, dtype=th.uint8)
+        del block
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * resource.getpagesize()
+
+
+@pytest.mark.skipif(host_memory.glibc() is None, reason="glibc's malloc only (Linux)")
+def test_glibc_maps_a_kept_block_once(monkeypatch):
+    """Outside the context each 64 MiB block is mapped anew (a fault per page); inside, its pages are reused."""
+    for name in host_memory.MALLOC_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    pages = BLOCK_BYTES // resource.getpagesize()
+    faults_default = minor_faults_of_blocks(4)
+    if faults_default < pages:  # e.g. transparent huge pages for every mapping: few faults either way
+        pytest.skip(f"glibc's defaults took {faults_default} page faults for 4 blocks of {pages} pages here")
+    with host_memory.freed_memory_kept() as kept:
+        assert kept
+        faults_kept = minor_faults_of_blocks(4)
+        block = th.ones(BLOCK_BYTES, dtype=th.uint8)
+        del block
+        resident_inside = resident_bytes()  # the freed block is still mapped
+    # Returned to the OS on leaving
+    assert resident_bytes() < resident_inside - BLOCK_BYTES // 2
+    # Inside, the blocks take the first one's pages again: fewer faults than a quarter of one block's pages
+    assert faults_kept < pages // 4, (faults_kept, faults_default)
+
+
+def learn_with(model: PPG, spy: list[bool]) -> None:
+    """Train one auxiliary cycle and record the ``enabled`` that ``learn()`` gave ``freed_memory_kept``."""
+    original = ppg_module.freed_memory_kept
+
+    @contextlib.contextmanager
+    def recorded(enabled: bool = True):
+        spy.append(enabled)
+        with original(enabled) as kept:
+            yield kept
+
+    ppg_module.freed_memory_kept = recorded
+    try:
+        model.learn(2 * model.n_steps * model.n_envs)
+    finally:
+        ppg_module.freed_memory_kept = original
+
+
+def test_learn_keeps_freed_memory_on_a_cpu_with_the_same_results():
+    spy: list[bool] = []
+    kept = small_ppg()
+    assert kept.keep_freed_memory is True  # the default
+    learn_with(kept, spy)
+    not_kept = small_ppg(keep_freed_memory=False)
+    learn_with(not_kept, spy)
+    assert spy == [True, False]
+    assert kept.n_aux_phases == not_kept.n_aux_phases == 1
+    assert_identical(parameters(kept), parameters(not_kept))
+    assert host_memory._depth == 0
+    # Not on other devices (not measured there)
+    kept.device = th.device("cuda")
+    assert not kept._keeps_freed_memory()
+
+
+def test_keep_freed_memory_is_checked_saved_and_loaded(tmp_path):
+    with pytest.raises(ValueError, match="keep_freed_memory must be a bool, got 'yes'"):
+        small_ppg(keep_freed_memory="yes")
+    model = small_ppg(keep_freed_memory=False)
+    model.save(tmp_path / "model.zip")
+    assert PPG.load(tmp_path / "model.zip").keep_freed_memory is False
+    assert PPG.load(tmp_path / "model.zip", keep_freed_memory=True).keep_freed_memory is True
