@@ -142,8 +142,8 @@ def test_glibc_maps_a_kept_block_once():
     assert result["after"] < result["inside"] - BLOCK_BYTES // 2, result
 
 
-def learn_with(model: PPG, spy: list[bool]) -> None:
-    """Train one auxiliary cycle and record the ``enabled`` that ``learn()`` gave ``freed_memory_kept``."""
+def test_learn_keeps_freed_memory_on_a_cpu_with_the_same_results(monkeypatch):
+    spy: list[bool] = []  # the ``enabled`` that each learn() gave freed_memory_kept
     original = ppg_module.freed_memory_kept
 
     @contextlib.contextmanager
@@ -152,20 +152,12 @@ def learn_with(model: PPG, spy: list[bool]) -> None:
         with original(enabled) as kept:
             yield kept
 
-    ppg_module.freed_memory_kept = recorded
-    try:
-        model.learn(2 * model.n_steps * model.n_envs)
-    finally:
-        ppg_module.freed_memory_kept = original
-
-
-def test_learn_keeps_freed_memory_on_a_cpu_with_the_same_results():
-    spy: list[bool] = []
+    monkeypatch.setattr(ppg_module, "freed_memory_kept", recorded)
     kept = small_ppg()
     assert kept.keep_freed_memory is True  # the default
-    learn_with(kept, spy)
+    kept.learn(2 * kept.n_steps * kept.n_envs)  # one auxiliary cycle
     not_kept = small_ppg(keep_freed_memory=False)
-    learn_with(not_kept, spy)
+    not_kept.learn(2 * not_kept.n_steps * not_kept.n_envs)
     assert spy == [True, False]
     assert kept.n_aux_phases == not_kept.n_aux_phases == 1
     assert_identical(parameters(kept), parameters(not_kept))
