@@ -326,8 +326,12 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
         assert agent.n_aux_phases == 1 and agent.aux_buffer.n_iterations == 1
 
 
-def test_procgen_resume_bit_identical(tmp_path, make_model):
-    """make_procgen_env at a tiny size: the games' native states travel in the checkpoint; resuming is exact."""
+@pytest.mark.parametrize("precision", ["auto", "bf16"])
+def test_procgen_resume_bit_identical(tmp_path, make_model, precision):
+    """
+    make_procgen_env at a tiny size: the games' native states travel in the checkpoint; resuming is exact, with bf16
+    rollouts too (``"auto"`` on an AMX CPU; ``"bf16"`` on any).
+    """
     from sb3_ppg import make_procgen_env
 
     def make(seed: int = 5):
@@ -335,7 +339,8 @@ def test_procgen_resume_bit_identical(tmp_path, make_model):
 
     policy_kwargs = dict(arch="detach", features_extractor_kwargs=dict(channels=(4, 4, 4), features_dim=16))
     total = 5 * 16
-    model = make_model(make(), "ProcgenCnn", policy_kwargs, n_steps=8, batch_size=8, seed=3, device="cpu")
+    model = make_model(make(), "ProcgenCnn", policy_kwargs, n_steps=8, batch_size=8, seed=3, device="cpu", precision=precision)
+    assert model.policy.compute_dtype == (th.bfloat16 if precision == "bf16" else model._phase_dtypes["rollout"])
     model.learn(total, callback=PPGCheckpointCallback(8, str(tmp_path / "run"), name_prefix="ppg"))
     params = parameters(model)
     # Cut inside an N_pi cycle (3 iterations: one stored) and resume on an env built with another seed

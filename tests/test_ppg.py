@@ -555,18 +555,20 @@ def test_bf16_precision_trains_and_stays_close(make_model, precision):
 @pytest.mark.parametrize("amx", [True, False])
 def test_auto_precision(monkeypatch, tmp_path, amx):
     """
-    The default, "auto": bf16 policy and aux phases (fp32 rollouts) for a convolutional extractor on a CPU with AMX;
-    fp32 for an MLP extractor, without AMX, and on CUDA (not measured yet). A saved model resolves it again on load.
+    The default, "auto": bf16 in every phase (rollouts, policy and aux phases) for a convolutional extractor on a CPU
+    with AMX; fp32 for an MLP extractor, without AMX, and on CUDA (not measured yet). A saved model resolves it again on
+    load.
     """
     monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_amx", lambda: amx)
     images = FakeImageEnv(screen_height=16, screen_width=16, n_channels=3, discrete=True)
     cnn = PPG("ProcgenCnn", images, n_steps=8, batch_size=8, policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4,))))
     mlp = PPG("MlpPolicy", "CartPole-v1", n_steps=8, batch_size=8)
     assert cnn.precision == mlp.precision == "auto"
-    auto_bf16, all_fp32 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}, dict.fromkeys(PHASES, "fp32")
+    auto_bf16, all_fp32 = dict.fromkeys(PHASES, "bf16"), dict.fromkeys(PHASES, "fp32")
     assert cnn.phase_precision == (auto_bf16 if amx else all_fp32)
     assert mlp.phase_precision == all_fp32
-    assert cnn.policy.compute_dtype == th.float32  # rollouts
+    assert cnn.policy.compute_dtype == (th.bfloat16 if amx else th.float32)  # rollouts and predict()
+    assert mlp.policy.compute_dtype == th.float32
     assert resolve_precision("auto", "cuda", convolutional=True) == dict.fromkeys(PHASES, th.float32)
     # An explicit precision is used as given
     assert PPG("ProcgenCnn", images, n_steps=8, precision="fp32").phase_precision == all_fp32

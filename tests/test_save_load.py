@@ -513,6 +513,7 @@ def test_policy_save_load(tmp_path, case, arch, make_model):
     model.policy.save(tmp_path / "policy.pth")
     # With the policy's own class, or with the base class (the saved constructor arguments give the extractor)
     for loaded in (type(model.policy).load(tmp_path / "policy.pth"), PPGPolicy.load(tmp_path / "policy.pth")):
+        assert loaded.compute_dtype == model.policy.compute_dtype  # the rollouts' precision ("auto": bf16 on AMX)
         assert loaded.arch == arch
         assert loaded.share_features_extractor == (arch != "dual")
         assert (loaded.pi_features_extractor is loaded.vf_features_extractor) == (arch != "dual")
@@ -522,6 +523,35 @@ def test_policy_save_load(tmp_path, case, arch, make_model):
         np.testing.assert_array_equal(
             model.predict(observations, deterministic=True)[0], loaded.predict(observations, deterministic=True)[0]
         )
+
+
+def test_policy_save_load_keeps_the_precision(tmp_path, make_model):
+    """
+    A policy saved alone predicts at the precision it was saved with (its model's rollout precision), loaded with
+    either class; a file without one (SB3's format, saved before) loads in float32.
+    """
+    policy, env_name, policy_kwargs = POLICY_CASES["procgen-cnn"]
+    env = make_env(env_name)
+    model = make_model(env, policy, {**policy_kwargs, "arch": "dual"}, precision="bf16")
+    assert model.policy.compute_dtype == th.bfloat16
+    observations = sample_observations(env)
+    model.policy.save(tmp_path / "policy.pth")
+    for loaded in (type(model.policy).load(tmp_path / "policy.pth"), PPGPolicy.load(tmp_path / "policy.pth")):
+        assert loaded.compute_dtype == th.bfloat16
+        assert_same_outputs(model.policy, loaded, observations)
+    saved = th.load(tmp_path / "policy.pth", weights_only=False)
+    assert saved["precision"] == "bf16"
+    del saved["precision"]
+    th.save(saved, tmp_path / "old.pth")
+    old = PPGPolicy.load(tmp_path / "old.pth")
+    assert old.compute_dtype == th.float32
+    assert_same_state(model.policy.state_dict(), old.state_dict())
+    fp32 = make_model(env, policy, {**policy_kwargs, "arch": "dual"}, precision="fp32").policy
+    fp32.save(tmp_path / "fp32.pth")
+    assert PPGPolicy.load(tmp_path / "fp32.pth").compute_dtype == th.float32
+    fp32.compute_dtype = th.float16
+    with pytest.raises(ValueError, match=r"compute_dtype torch\.float16 is not one of"):
+        fp32.save(tmp_path / "fp16.pth")
 
 
 def test_get_set_parameters(tmp_path, make_model):

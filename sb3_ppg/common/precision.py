@@ -8,7 +8,7 @@ import torch as th
 PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
 PHASES = ("rollout", "policy", "aux")
 #: What ``precision="auto"`` means where bfloat16 is faster with the same learning curves (see resolve_precision)
-AUTO_BF16 = {"rollout": "fp32", "policy": "bf16", "aux": "bf16"}
+AUTO_BF16 = {"rollout": "bf16", "policy": "bf16", "aux": "bf16"}
 #: What ``micro_batch_size="auto"`` means for a convolutional policy on a CPU (see resolve_micro_batch_size)
 AUTO_CPU_MICRO_BATCH_SIZE = 256
 

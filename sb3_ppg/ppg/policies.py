@@ -3,7 +3,7 @@
 import warnings
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch as th
@@ -17,12 +17,14 @@ from stable_baselines3.common.torch_layers import (
     NatureCNN,
 )
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
+from stable_baselines3.common.utils import get_device
 from torch import nn
 
 from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
 from sb3_ppg.common.cuda_streams import SideStream
 from sb3_ppg.common.distributions import sampling_checks_parameters, unchecked_distributions
 from sb3_ppg.common.hyperparameters import is_integer
+from sb3_ppg.common.precision import PRECISIONS
 from sb3_ppg.common.preprocessing import (
     add_scalar_feature_axis,
     check_action_space,
@@ -82,6 +84,9 @@ def _layer_sizes(layers: object, where: str) -> list[int]:
     if invalid:
         raise ValueError(f"{where}={layers!r} holds invalid layer sizes {invalid!r}: each must be a positive int.")
     return [int(size) for size in layers]
+
+
+SelfPPGPolicy = TypeVar("SelfPPGPolicy", bound="PPGPolicy")
 
 
 class PPGPolicy(ActorCriticPolicy):
@@ -257,6 +262,35 @@ class PPGPolicy(ActorCriticPolicy):
             )
         )
         return data
+
+    def save(self, path: str) -> None:
+        """
+        Save the policy alone (SB3's file), with the precision its forward passes run at outside ``train()``
+        (``compute_dtype``: the model's rollout precision), which :meth:`load` sets again.
+
+        :param path: The file to write
+        """
+        names = {dtype: name for name, dtype in PRECISIONS.items()}
+        if self.compute_dtype not in names:
+            raise ValueError(f"compute_dtype {self.compute_dtype} is not one of {list(names)}: set one of them to save.")
+        precision = names[self.compute_dtype]
+        th.save({"state_dict": self.state_dict(), "data": self._get_constructor_parameters(), "precision": precision}, path)
+
+    @classmethod
+    def load(cls: type[SelfPPGPolicy], path: str, device: th.device | str = "auto") -> SelfPPGPolicy:
+        """
+        Load a policy saved by :meth:`save`, at the precision it was saved with (files without one: float32).
+
+        :param path: The file to read
+        :param device: Device on which the policy should be loaded
+        """
+        device = get_device(device)
+        saved = th.load(path, map_location=device, weights_only=False)
+        policy = cls(**saved["data"])
+        policy.load_state_dict(saved["state_dict"])
+        policy.to(device)
+        policy.compute_dtype = PRECISIONS[saved.get("precision", "fp32")]
+        return policy
 
     def __getstate__(self) -> dict[str, Any]:
         """The state that pickle and ``copy.deepcopy`` copy: without the CUDA graphs and stream, rebuilt when used."""
