@@ -6,6 +6,8 @@ chosen from on ``"auto"``: the hardware (AMX, the memory) and the policy (convol
 import torch as th
 
 PRECISIONS = {"fp32": th.float32, "bf16": th.bfloat16}
+#: The name of each of those dtypes
+PRECISION_NAMES = {dtype: name for name, dtype in PRECISIONS.items()}
 PHASES = ("rollout", "policy", "aux")
 #: What ``precision="auto"`` means where bfloat16 is faster with the same learning curves (see resolve_precision)
 AUTO_BF16 = {"rollout": "bf16", "policy": "bf16", "aux": "bf16"}

@@ -24,7 +24,7 @@ from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
 from sb3_ppg.common.cuda_streams import SideStream
 from sb3_ppg.common.distributions import sampling_checks_parameters, unchecked_distributions
 from sb3_ppg.common.hyperparameters import is_integer
-from sb3_ppg.common.precision import PRECISIONS
+from sb3_ppg.common.precision import PRECISION_NAMES, PRECISIONS
 from sb3_ppg.common.preprocessing import (
     add_scalar_feature_axis,
     check_action_space,
@@ -270,10 +270,11 @@ class PPGPolicy(ActorCriticPolicy):
 
         :param path: The file to write
         """
-        names = {dtype: name for name, dtype in PRECISIONS.items()}
-        if self.compute_dtype not in names:
-            raise ValueError(f"compute_dtype {self.compute_dtype} is not one of {list(names)}: set one of them to save.")
-        precision = names[self.compute_dtype]
+        if self.compute_dtype not in PRECISION_NAMES:
+            raise ValueError(
+                f"compute_dtype {self.compute_dtype} is not one of {list(PRECISION_NAMES)}: set one of them to save."
+            )
+        precision = PRECISION_NAMES[self.compute_dtype]
         th.save({"state_dict": self.state_dict(), "data": self._get_constructor_parameters(), "precision": precision}, path)
 
     @classmethod

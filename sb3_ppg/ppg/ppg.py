@@ -55,7 +55,7 @@ from sb3_ppg.common.hyperparameters import (
     schedule_value,
     warn_if_no_aux_phase,
 )
-from sb3_ppg.common.precision import PRECISIONS, has_convolutions, resolve_micro_batch_size, resolve_precision
+from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
@@ -875,8 +875,7 @@ class PPG(OnPolicyAlgorithm):
     @property
     def phase_precision(self) -> dict[str, str]:
         """The features extractors' precision in each phase (``"fp32"`` or ``"bf16"``), with ``"auto"`` resolved."""
-        names = {dtype: name for name, dtype in PRECISIONS.items()}
-        return {phase: names[dtype] for phase, dtype in self._phase_dtypes.items()}
+        return {phase: PRECISION_NAMES[dtype] for phase, dtype in self._phase_dtypes.items()}
 
     @property
     def at_rollout_boundary(self) -> bool:
