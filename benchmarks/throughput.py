@@ -65,7 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--micro-batch-size", type=micro_batch_size, default="auto", help="Optimized mode's micro_batch_size: auto, none or N"
     )
-    parser.add_argument("--compile", action="store_true", help="Optimized mode: torch.compile the features extractors")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="Optimized mode: torch.compile the features extractors (static shapes; the warm-up is a whole N_pi cycle)",
+    )
     parser.add_argument(
         "--aux-buffer-device", default="auto", help="Optimized mode's aux_buffer_device: cpu, pinned, device or auto"
     )
@@ -152,7 +156,6 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     :param mode: ``"optimized"`` or ``"reference"``
     :return: The model
     """
-    import torch as th
     from stable_baselines3.common.buffers import RolloutBuffer
 
     from sb3_ppg import PPG
@@ -188,11 +191,40 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         seed=0,
     )
     if optimized and args.compile:
-        for name in ("features_extractor", "pi_features_extractor", "vf_features_extractor"):
-            extractor = getattr(model.policy, name, None)
-            if extractor is not None:
-                extractor.forward = th.compile(extractor.forward)
+        compile_extractors(model)
     return model
+
+
+#: The most graphs torch.compile keeps per compiled function (``--compile``): one per batch size, grad mode and
+#: precision that training runs the features extractors at, far fewer than this
+COMPILE_RECOMPILE_LIMIT = 64
+
+
+def compile_extractors(model: Any) -> None:
+    """
+    ``--compile``: each features extractor's forward compiled by ``torch.compile`` with static shapes, one graph per
+    batch size (the rollout's, the minibatches', the old-policy chunks'); torch's default would compile a second batch
+    size as a dynamic shape, whose kernels are not those of the shapes training runs.
+    """
+    import torch as th
+    import torch._dynamo.config as dynamo_config
+
+    limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo_config, limit_name, max(getattr(dynamo_config, limit_name), COMPILE_RECOMPILE_LIMIT))
+    extractors = [getattr(model.policy, name, None) for name in ("pi_features_extractor", "vf_features_extractor")]
+    extractors.append(model.policy.features_extractor)
+    # Each once: SB3's features_extractor is the policy network's
+    for extractor in {id(extractor): extractor for extractor in extractors if extractor is not None}.values():
+        extractor.forward = th.compile(extractor.forward, dynamic=False)
+
+
+def warm_up_steps(args: argparse.Namespace) -> int:
+    """
+    The untimed env steps before the timing: one policy iteration (allocations, oneDNN primitives, CUDA graphs), or
+    with ``--compile`` a whole N_pi cycle, so that every shape of every phase is compiled before the timing starts.
+    """
+    rollout_size = args.n_steps * args.n_envs
+    return rollout_size * (args.n_policy_iters if args.compile else 1)
 
 
 def written_after_step(env: Any, rollout_buffer: Any) -> bool:
@@ -378,7 +410,7 @@ def phase_seconds(seconds: dict[str, float], n_cycles: int) -> dict[str, float]:
 
 def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """
-    Train one mode for ``n_cycles`` N_pi cycles (after one untimed iteration) and measure it.
+    Train one mode for ``n_cycles`` N_pi cycles (after the untimed warm-up of :func:`warm_up_steps`) and measure it.
 
     :param args: The benchmark's arguments
     :param mode: ``"optimized"`` or ``"reference"``
@@ -398,8 +430,11 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
     rollout_size = args.n_steps * args.n_envs
     model = build_model(args, mode)
-    # Warm-up: one policy iteration (allocations, oneDNN primitives, compilation), then a fresh N_pi cycle
-    model.learn(rollout_size)
+    # Warm-up (one policy iteration, a whole N_pi cycle with --compile), then a fresh N_pi cycle
+    start = time.perf_counter()
+    model.learn(warm_up_steps(args) if mode == "optimized" else rollout_size)
+    synchronize()
+    warm_up_s = time.perf_counter() - start
     model.aux_buffer.reset()
     if cuda:
         th.cuda.reset_peak_memory_stats()
@@ -427,6 +462,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "precision": args.precision if mode == "optimized" else "fp32",
         "channels_last": mode == "optimized",
         "compile": bool(args.compile and mode == "optimized"),
+        "warm_up_s": warm_up_s,
         "phase_precision": model.phase_precision,
         "micro_batch_size": model._micro_batch_size,
     }
@@ -440,6 +476,9 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["overlap_groups"] = args.overlap_groups if mode == "optimized" else 1
     result["aux_buffer_device"] = model.aux_buffer_device
     result["cuda_graphs"] = bool(model.cuda_graphs and cuda)
+    graphs = getattr(model.policy, "_rollout_graphs", None)
+    # The rollout's forward passes that could not be captured (they ran without graphs; PPG warned)
+    result["rollout_graph_failures"] = 0 if graphs is None else len(graphs.failed)
     result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
     result["rollout_buffer"] = type(model.rollout_buffer).__name__
     result["rollout_writes"] = args.rollout_writes if mode == "optimized" else "after-step"
@@ -538,7 +577,16 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
     if "optimized" in by_mode and "reference" in by_mode:
         speedup = by_mode["optimized"]["end_to_end_env_steps_per_s"] / by_mode["reference"]["end_to_end_env_steps_per_s"]
         lines += ["", f"Optimized / reference end-to-end: **{speedup:.2f}x**."]
-    lines += ["", f"Aux buffer: {results[0]['aux_buffer_mib']:.0f} MiB.", ""]
+    lines += ["", f"Aux buffer: {results[0]['aux_buffer_mib']:.0f} MiB."]
+    for result in results:
+        warm_up = "a whole N_pi cycle (compilation)" if result["compile"] else "one policy iteration"
+        lines.append(f"Untimed warm-up of {result['mode']}: {warm_up}, {result['warm_up_s']:.1f} s.")
+        if result["rollout_graph_failures"]:
+            lines.append(
+                f"{result['mode']}: {result['rollout_graph_failures']} rollout forward pass(es) could not be captured "
+                "in a CUDA graph and ran without (see the warning)."
+            )
+    lines.append("")
     return "\n".join(lines)
 
 

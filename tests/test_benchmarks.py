@@ -110,6 +110,9 @@ def test_throughput_runs(tmp_path):
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
     assert "parallel_networks: True, keep_freed_memory: True, rollout buffer: ppg, rollout writes: during-step" in report
     assert [result["rollout_writes"] for result in results] == ["during-step", "after-step"]
+    # Warm-up of one policy iteration without --compile; no rollout graphs on a CPU, so none failed
+    assert all(result["warm_up_s"] > 0 and result["rollout_graph_failures"] == 0 for result in results)
+    assert "Untimed warm-up of optimized: one policy iteration" in report and "could not be captured" not in report
     # Freed memory kept by the optimized mode (on a CPU), not by the reference
     assert [result["keep_freed_memory"] for result in results] == [True, False]
     assert not throughput.parse_args(["--no-keep-freed-memory"]).keep_freed_memory
@@ -120,6 +123,44 @@ def test_throughput_runs(tmp_path):
         assert throughput.parse_args([f"--micro-batch-size={text}"]).micro_batch_size == expected
     with pytest.raises(SystemExit):
         throughput.parse_args(["--micro-batch-size", "0"])
+
+
+def test_throughput_compile_static_shapes_and_cycle_warm_up():
+    """--compile: the features extractors compiled with static shapes under a raised recompile limit, and a warm-up of
+    a whole N_pi cycle, so that the aux phase's shapes compile before the timing (issue 27's --compile run timed them)."""
+    import torch as th
+    import torch._dynamo.config as dynamo_config
+
+    throughput = load_script("throughput")
+    args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--n-policy-iters", "2", "--n-aux-epochs", "1"]
+    args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1", "--num-threads", "1"]
+    args += ["--env-limit-steps", "0", "--arch", "dual", "--compile"]
+    parsed = throughput.parse_args(args)
+    assert throughput.warm_up_steps(parsed) == 2 * 2 * 8
+    assert throughput.warm_up_steps(throughput.parse_args(args[:-1])) == 2 * 8
+    compiled: list[dict] = []
+
+    def fake_compile(function, **kwargs):  # records the options; runs the eager function
+        compiled.append(kwargs)
+        return function
+
+    limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    saved_limit = getattr(dynamo_config, limit_name)
+    aux_phases: list[int] = []
+    original_init = throughput.PhaseTimer.__init__
+
+    def timer_init(self, model, *rest):  # the aux phases run before the timing starts
+        aux_phases.append(model._n_aux_phases)
+        original_init(self, model, *rest)
+
+    try:
+        with mock.patch.object(th, "compile", fake_compile), mock.patch.object(throughput.PhaseTimer, "__init__", timer_init):
+            result = throughput.run_mode(parsed, "optimized")
+        assert getattr(dynamo_config, limit_name) >= throughput.COMPILE_RECOMPILE_LIMIT
+    finally:
+        setattr(dynamo_config, limit_name, saved_limit)
+    assert compiled == [dict(dynamic=False)] * 2  # the policy's and the value network's extractors
+    assert aux_phases == [1] and result["compile"] and result["warm_up_s"] > 0
 
 
 def test_throughput_time_call_queues_training_steps():
@@ -262,6 +303,10 @@ def test_gpu_checks_script(tmp_path):
     config = re.search(r"config=\((.*?)\)", text, re.DOTALL).group(1).split()
     args = load_script("throughput").parse_args([*config, "--rollout-buffer", "sb3", "--parallel-networks"])
     assert (args.device, args.arch, args.n_envs, args.precision, args.rollout_buffer) == ("cuda", "dual", 64, "bf16", "sb3")
+    steps = re.findall(r"^throughput (\w+) (\d+)(.*)$", text, re.MULTILINE)
+    assert "compile" in [name for name, _, _ in steps] and len(steps) >= 9
+    for _, _, extra in steps:  # every throughput step's options exist
+        load_script("throughput").parse_args([*config, *extra.split()])
     for script_name in ("rollout_host_time", "profile_phases", "vs_cleanrl"):  # the other benchmarks' options exist
         options = re.search(rf"benchmarks/{script_name}\.py (.*?)\n", text.replace("\\\n", " ")).group(1).split()
         options = [option.replace('"$logs', str(tmp_path)).replace('"$cleanrl_script', "x.py") for option in options]
@@ -291,7 +336,7 @@ def test_gpu_checks_script(tmp_path):
     assert not (tmp_path / "logs3" / "rollout_host_time.log").exists()
     # Issue 27's "done when" from the results that exist, whatever steps ran
     (tmp_path / "logs4").mkdir()
-    for name, rate in (("defaults", 6276.4), ("detach", 10012.0)):
+    for name, rate in (("defaults", 6276.4), ("detach", 10012.0), ("detach_compile", 10512.3)):
         results = [{"mode": "optimized", "end_to_end_env_steps_per_s": rate}]
         (tmp_path / "logs4" / f"throughput_{name}.json").write_text(json.dumps(results))
     (tmp_path / "logs4" / "vs_cleanrl.json").write_text(json.dumps({"ratio": 2.054, "cycle_ratio": 3.001}))
@@ -299,6 +344,8 @@ def test_gpu_checks_script(tmp_path):
     assert (tmp_path / "logs4" / "summary.txt").read_text().splitlines() == [
         "issue 27: dual bf16, 64 envs: 6,276 env steps/s end to end (target >= 10,000: not met)",
         "issue 27: detach bf16, 64 envs: 10,012 env steps/s end to end (target >= 10,000: met)",
+        "issue 27: detach bf16, 64 envs, with --compile (not the eager updates): 10,512 env steps/s end to end "
+        "(target >= 10,000: met)",
         "issue 27: sb3-ppg / CleanRL 2.05x whole process, last cycle 3.00x (target >= 3x: not met)",
     ]
 
