@@ -2,9 +2,10 @@
 # The checks that need a GPU, in one or two calls on a lent GPU machine (docs/throughput.md, "Not measured yet"): the
 # headline throughput (the defaults), CleanRL's script against sb3-ppg (when the kit holds it), the CUDA tests, then
 # detach, one lever at a time (the rollout buffer written after the envs step, SB3's rollout buffer, parallel_networks
-# off), 256 envs, the rollout's host time, a profile of the phases, detach's A/B of the rollout buffer's writes, and
-# torch.compile of the features extractors (dual and detach), in that order of priority; then issue 27's "done when"
-# against what they measured. Each step runs under its own time limit so that a slow one leaves the others' results.
+# off), 256 envs, the rollout's host time, a profile of the phases, detach's A/B of the rollout buffer's writes, dual's
+# A/B again, and torch.compile of the features extractors (dual and detach), in that order of priority; then issue
+# 27's "done when" against what they measured. Each step runs under its own time limit so that a slow one leaves the
+# others' results.
 #
 # Logs go to $LOGS (default ./gpu_checks_out, git-ignored), one per step plus summary.txt; a step already in its
 # summary.txt with rc=0 is not run again, so a second call on the same warm machine goes on where the first stopped.
@@ -13,7 +14,7 @@
 #
 # From the checkout's root, after `bash ../shared/gpu-kit/make-kit.sh` built .gpu-kit/ there (carry .gpu-kit):
 #   DEADLINE_S=555 bash benchmarks/gpu_checks.sh     # 9 of its then 11 steps took 7.9 minutes on an H100
-#                                                    # (2026-11-27), a throughput step about 40 s; 13 steps now
+#                                                    # (2026-11-27), a throughput step about 40 s; 15 steps now
 # STEPS="throughput_defaults throughput_sb3_buffer" bash benchmarks/gpu_checks.sh runs only the steps named.
 # The vs_cleanrl step needs CleanRL's script in the kit,
 #   git -C /path/to/cleanrl show HEAD:cleanrl/ppg_procgen.py > .gpu-kit/ppg_procgen.py   (or CLEANRL_SCRIPT=PATH)
@@ -117,6 +118,9 @@ step rollout_host_time 60 python3 benchmarks/rollout_host_time.py --device cuda 
 step profile_phases 90 python3 benchmarks/profile_phases.py --device cuda --arch dual --n-envs 64 --n-steps 256 \
     --n-policy-iters 2 --n-aux-epochs 1 --precision bf16
 throughput detach_writes_after_step 120 --arch detach --rollout-writes after-step
+# The writes' A/B again, in the other order (the auxiliary phase's run-to-run spread hid the end-to-end difference)
+throughput writes_after_step_repeat 120 --rollout-writes after-step
+throughput defaults_repeat 120
 
 # torch.compile of the features extractors (an option of the benchmark, not of PPG: inductor's kernels round
 # differently from the eager ones), static shapes, warmed up over a whole N_pi cycle so that no compilation is timed
