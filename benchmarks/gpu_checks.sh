@@ -2,9 +2,9 @@
 # The checks that need a GPU, in one or two calls on a lent GPU machine (docs/throughput.md, "Not measured yet"): the
 # headline throughput (the defaults), CleanRL's script against sb3-ppg (when the kit holds it), the CUDA tests, then
 # detach, one lever at a time (the rollout buffer written after the envs step, SB3's rollout buffer, parallel_networks
-# off), 256 envs, the rollout's host time, a profile of the phases, detach's A/B of the rollout buffer's writes, dual's
-# A/B again, and torch.compile of the features extractors (dual and detach), in that order of priority; then issue
-# 27's "done when" against what they measured. Each step runs under its own time limit so that a slow one leaves the
+# off), 256 envs, the rollout's host time, a profile of the phases, torch.compile of the features extractors (dual and
+# detach), detach's A/B of the rollout buffer's writes and dual's again, in that order of priority; then issue 27's
+# "done when" against what they measured. Each step runs under its own time limit so that a slow one leaves the
 # others' results.
 #
 # Logs go to $LOGS (default ./gpu_checks_out, git-ignored), one per step plus summary.txt; a step already in its
@@ -117,15 +117,16 @@ step rollout_host_time 60 python3 benchmarks/rollout_host_time.py --device cuda 
 # Where each phase's time goes now (device busy share, kernels, host syncs)
 step profile_phases 90 python3 benchmarks/profile_phases.py --device cuda --arch dual --n-envs 64 --n-steps 256 \
     --n-policy-iters 2 --n-aux-epochs 1 --precision bf16
-throughput detach_writes_after_step 120 --arch detach --rollout-writes after-step
-# The writes' A/B again, in the other order (the auxiliary phase's run-to-run spread hid the end-to-end difference)
-throughput writes_after_step_repeat 120 --rollout-writes after-step
-throughput defaults_repeat 120
 
 # torch.compile of the features extractors (an option of the benchmark, not of PPG: inductor's kernels round
 # differently from the eager ones), static shapes, warmed up over a whole N_pi cycle so that no compilation is timed
 throughput compile 360 --compile
 throughput detach_compile 300 --arch detach --compile
+
+throughput detach_writes_after_step 120 --arch detach --rollout-writes after-step
+# The writes' A/B again, in the other order (the auxiliary phase's run-to-run spread hid the end-to-end difference)
+throughput writes_after_step_repeat 120 --rollout-writes after-step
+throughput defaults_repeat 120
 
 # Issue 27's "done when" against what the steps above measured (those that ran), as the summary's last lines
 if [ -f "$logs/throughput_defaults.json" ] || [ -f "$logs/vs_cleanrl.json" ]; then
