@@ -113,6 +113,11 @@ def test_throughput_runs(tmp_path):
     # Warm-up of one policy iteration without --compile; no rollout graphs on a CPU, so none failed
     assert all(result["warm_up_s"] > 0 and result["rollout_graph_failures"] == 0 for result in results)
     assert "Untimed warm-up of optimized: one policy iteration" in report and "could not be captured" not in report
+    assert [result["graphs_compiled_in_timing"] for result in results] == [0, 0] and "timing includes" not in report
+    results[0].update(graphs_compiled_in_timing=3, rollout_graph_failures=1)  # the report says when either happened
+    report = throughput.markdown(results, throughput.parse_args(args), "python benchmarks/throughput.py")
+    assert "optimized: torch.compile compiled 3 graph(s) while training was timed" in report
+    assert "optimized: 1 rollout forward pass(es) could not be captured in a CUDA graph" in report
     # Freed memory kept by the optimized mode (on a CPU), not by the reference
     assert [result["keep_freed_memory"] for result in results] == [True, False]
     assert not throughput.parse_args(["--no-keep-freed-memory"]).keep_freed_memory
@@ -153,14 +158,40 @@ def test_throughput_compile_static_shapes_and_cycle_warm_up():
         aux_phases.append(model._n_aux_phases)
         original_init(self, model, *rest)
 
+    rollout_passes: list[tuple] = []
+    original_compile_rollout_pass = throughput.compile_rollout_pass
+
+    def compile_rollout_pass(model):  # the rollout's pass compiled before training, without touching the generators
+        rng_state = th.get_rng_state()
+        with mock.patch.object(model.policy, "_latent_and_values", wraps=model.policy._latent_and_values) as latent:
+            original_compile_rollout_pass(model)
+        observations = latent.call_args.args[0]
+        rollout_passes.append((tuple(observations.shape), model.policy.training, model._n_aux_phases))
+        assert th.equal(th.get_rng_state(), rng_state)
+
     try:
-        with mock.patch.object(th, "compile", fake_compile), mock.patch.object(throughput.PhaseTimer, "__init__", timer_init):
+        with (
+            mock.patch.object(th, "compile", fake_compile),
+            mock.patch.object(throughput.PhaseTimer, "__init__", timer_init),
+            mock.patch.object(throughput, "compile_rollout_pass", compile_rollout_pass),
+        ):
             result = throughput.run_mode(parsed, "optimized")
         assert getattr(dynamo_config, limit_name) >= throughput.COMPILE_RECOMPILE_LIMIT
     finally:
         setattr(dynamo_config, limit_name, saved_limit)
     assert compiled == [dict(dynamic=False)] * 2  # the policy's and the value network's extractors
     assert aux_phases == [1] and result["compile"] and result["warm_up_s"] > 0
+    assert rollout_passes == [((2, 3, 64, 64), False, 0)]  # before the warm-up, at the rollout's batch, eval mode
+    assert result["graphs_compiled_in_timing"] == 0
+    # A graph compiled while training is timed is counted, and the report says so
+    from torch._dynamo.utils import counters
+
+    before = throughput.compiled_graphs()
+    counters["stats"]["unique_graphs"] += 2
+    try:
+        assert throughput.compiled_graphs() - before == 2
+    finally:
+        counters["stats"]["unique_graphs"] -= 2
 
 
 def test_throughput_time_call_queues_training_steps():
