@@ -200,6 +200,13 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
 COMPILE_RECOMPILE_LIMIT = 64
 
 
+def recompile_limit_name() -> str:
+    """The name of dynamo's per-function recompile limit in this torch (``cache_size_limit`` before it was renamed)."""
+    import torch._dynamo.config as dynamo_config
+
+    return "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+
+
 def compile_extractors(model: Any) -> None:
     """
     ``--compile``: each features extractor's forward compiled by ``torch.compile`` with static shapes, one graph per
@@ -209,7 +216,7 @@ def compile_extractors(model: Any) -> None:
     import torch as th
     import torch._dynamo.config as dynamo_config
 
-    limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    limit_name = recompile_limit_name()
     setattr(dynamo_config, limit_name, max(getattr(dynamo_config, limit_name), COMPILE_RECOMPILE_LIMIT))
     extractors = [getattr(model.policy, name, None) for name in ("pi_features_extractor", "vf_features_extractor")]
     extractors.append(model.policy.features_extractor)
@@ -242,13 +249,14 @@ def compiled_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def warm_up_steps(args: argparse.Namespace) -> int:
+def warm_up_steps(args: argparse.Namespace, compiling: bool) -> int:
     """
     The untimed env steps before the timing: one policy iteration (allocations, oneDNN primitives, CUDA graphs), or
-    with ``--compile`` a whole N_pi cycle, so that every shape of every phase is compiled before the timing starts.
+    when ``compiling`` (``--compile``, optimized mode) a whole N_pi cycle, so that every shape of every phase is
+    compiled before the timing starts.
     """
     rollout_size = args.n_steps * args.n_envs
-    return rollout_size * (args.n_policy_iters if args.compile else 1)
+    return rollout_size * (args.n_policy_iters if compiling else 1)
 
 
 def written_after_step(env: Any, rollout_buffer: Any) -> bool:
@@ -454,11 +462,12 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
     rollout_size = args.n_steps * args.n_envs
     model = build_model(args, mode)
+    compiling = bool(args.compile and mode == "optimized")
     # Warm-up (one policy iteration, a whole N_pi cycle with --compile), then a fresh N_pi cycle
     start = time.perf_counter()
-    if mode == "optimized" and args.compile:
+    if compiling:
         compile_rollout_pass(model)
-    model.learn(warm_up_steps(args) if mode == "optimized" else rollout_size)
+    model.learn(warm_up_steps(args, compiling))
     synchronize()
     warm_up_s = time.perf_counter() - start
     model.aux_buffer.reset()
@@ -490,7 +499,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "aux_buffer_mib": model.aux_buffer.nbytes / 2**20,
         "precision": args.precision if mode == "optimized" else "fp32",
         "channels_last": mode == "optimized",
-        "compile": bool(args.compile and mode == "optimized"),
+        "compile": compiling,
         "warm_up_s": warm_up_s,
         "graphs_compiled_in_timing": graphs_compiled_in_timing,
         "phase_precision": model.phase_precision,

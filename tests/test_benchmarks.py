@@ -141,15 +141,15 @@ def test_throughput_compile_static_shapes_and_cycle_warm_up():
     args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1", "--num-threads", "1"]
     args += ["--env-limit-steps", "0", "--arch", "dual", "--compile"]
     parsed = throughput.parse_args(args)
-    assert throughput.warm_up_steps(parsed) == 2 * 2 * 8
-    assert throughput.warm_up_steps(throughput.parse_args(args[:-1])) == 2 * 8
+    assert throughput.warm_up_steps(parsed, compiling=True) == 2 * 2 * 8
+    assert throughput.warm_up_steps(parsed, compiling=False) == 2 * 8  # without --compile, or in the reference mode
     compiled: list[dict] = []
 
     def fake_compile(function, **kwargs):  # records the options; runs the eager function
         compiled.append(kwargs)
         return function
 
-    limit_name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    limit_name = throughput.recompile_limit_name()
     saved_limit = getattr(dynamo_config, limit_name)
     aux_phases: list[int] = []
     original_init = throughput.PhaseTimer.__init__
