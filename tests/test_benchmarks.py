@@ -428,6 +428,42 @@ def test_memory_runs(tmp_path, capsys):
     assert "Auxiliary buffer:" in output and 'precision {"policy": "bf16", "aux": "bf16"}' in output
 
 
+def test_freed_memory_runs_each_variant(tmp_path, capsys):
+    """benchmarks/freed_memory.py in a fresh process: the three variants, their page faults, the report; bad arguments."""
+    import resource
+    import subprocess
+
+    from benchmark_scripts import BENCHMARKS
+
+    from sb3_ppg.common import host_memory
+
+    env = {key: value for key, value in os.environ.items() if key not in host_memory.MALLOC_ENVIRONMENT}
+    env.pop("GLIBC_TUNABLES", None)
+    command = [sys.executable, os.path.join(BENCHMARKS, "freed_memory.py"), "--calls", "3", "--threads", "1"]
+    run = subprocess.run([*command, "--json", str(tmp_path / "r.json")], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert list(results) == ["default", "kept", "preallocated"]
+    assert all(result["ms"] > 0 and result["mib"] == 64 for result in results.values())
+    pages = 64 * 2**20 // resource.getpagesize()
+    # An output allocated once maps no page in the timed calls
+    assert results["preallocated"]["faults_per_call"] < pages / 100
+    if host_memory.glibc() is not None:
+        assert results["kept"]["kept"] and not results["default"]["kept"]
+        # glibc's defaults map each 64 MiB output anew (unless every mapping gets huge pages); kept, its pages are reused
+        if results["default"]["faults_per_call"] >= pages:
+            assert results["kept"]["faults_per_call"] < results["default"]["faults_per_call"] / 2, results
+    assert "ReLU of a 256x16x64x64 fp32 tensor (64 MiB), median of 3 calls" in run.stdout
+    assert "| kept |" in run.stdout and "kept / default: " in run.stdout
+    freed_memory = load_script("freed_memory")
+    with pytest.raises(SystemExit):
+        freed_memory.parse_args(["--calls", "0"])
+    assert "--calls must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        freed_memory.parse_args(["--shape", "256,x"])
+    assert "--shape must be comma-separated integers" in capsys.readouterr().err
+
+
 def test_maskable_runs_and_reports():
     """benchmarks/maskable.py: one tiny run per algorithm kind, evaluated within the budget, and the report's table."""
     maskable = load_script("maskable")
