@@ -71,7 +71,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict[str, float]:
             result = th.relu(source)
             del result  # freed here: with glibc's defaults, unmapped
         else:
-            th.clamp_min(source, 0, out=output)
+            th.clamp_min(source, 0, out=output)  # the ReLU, written into ``output`` (relu takes no out=)
 
     with freed_memory_kept(variant == "kept") as kept:
         for _ in range(3):

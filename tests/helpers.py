@@ -1,9 +1,11 @@
 """
 What the tests share: the small PPG model (tests use it through the ``make_model`` fixture of conftest.py; the scripts
 that tests run in subprocesses import it from here, tests/ being on their path), a model's parameters and their
-bit-for-bit comparison, a process holding a checkpoint folder's lock, the command line's quiet CPU run options.
+bit-for-bit comparison, a process holding a checkpoint folder's lock, the command line's quiet CPU run options, the
+environment of a subprocess that must run with glibc's own malloc settings.
 """
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG
+from sb3_ppg.common import host_memory
 from sb3_ppg.common.checkpoints import lock_folder
 
 # One auxiliary phase every 2 iterations of 16 steps, one-rollout aux minibatches, a 16-unit MLP
@@ -79,3 +82,10 @@ def hold_lock(folder: str, ready: Any, release: Any) -> None:
     lock_folder(folder)
     ready.set()
     release.wait(30)
+
+
+def environment_with_glibc_defaults() -> dict[str, str]:
+    """This process's environment without the variables that configure glibc's malloc (``MALLOC_*_``, ``GLIBC_TUNABLES``)."""
+    env = {key: value for key, value in os.environ.items() if key not in host_memory.MALLOC_ENVIRONMENT}
+    env.pop("GLIBC_TUNABLES", None)
+    return env

@@ -434,11 +434,11 @@ def test_freed_memory_runs_each_variant(tmp_path, capsys):
     import subprocess
 
     from benchmark_scripts import BENCHMARKS
+    from helpers import environment_with_glibc_defaults
 
     from sb3_ppg.common import host_memory
 
-    env = {key: value for key, value in os.environ.items() if key not in host_memory.MALLOC_ENVIRONMENT}
-    env.pop("GLIBC_TUNABLES", None)
+    env = environment_with_glibc_defaults()
     command = [sys.executable, os.path.join(BENCHMARKS, "freed_memory.py"), "--calls", "3", "--threads", "1"]
     run = subprocess.run([*command, "--json", str(tmp_path / "r.json")], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch as th
-from helpers import assert_identical, parameters, small_ppg
+from helpers import assert_identical, environment_with_glibc_defaults, parameters, small_ppg
 
 from sb3_ppg import PPG
 from sb3_ppg.common import host_memory
@@ -125,8 +125,7 @@ print(json.dumps(dict(default=default, kept=kept, kept_faults=kept_faults, insid
 @pytest.mark.skipif(host_memory.glibc() is None, reason="glibc's malloc only (Linux)")
 def test_glibc_maps_a_kept_block_once():
     """With glibc's defaults each 64 MiB block is mapped anew (a fault per page); kept, its pages are reused."""
-    env = {key: value for key, value in os.environ.items() if key not in host_memory.MALLOC_ENVIRONMENT}
-    env.pop("GLIBC_TUNABLES", None)
+    env = environment_with_glibc_defaults()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).parent.parent), env.get("PYTHONPATH"))))
     script = FAULTS_SCRIPT.replace("BLOCK", str(BLOCK_BYTES))
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
