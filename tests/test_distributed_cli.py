@@ -48,10 +48,19 @@ def episode_lengths(path: Path) -> list[int]:
     return [int(line.split(",")[1]) for line in path.read_text().splitlines()[2:]]
 
 
-def test_train_cli_under_torchrun(tmp_path):
-    # 4 envs in all: 2 on each rank
-    completed = torchrun_train(*CARTPOLE, "n_envs:4", "-f", str(tmp_path))
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The log folder (-f) of the CARTPOLE job on 4 envs in all (2 on each rank), run once to its end, and its output."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    completed = torchrun_train(*CARTPOLE, "n_envs:4", "-f", str(folder))
     assert completed.returncode == 0, completed.stderr[-3000:]
+    return folder, completed
+
+
+def test_train_cli_under_torchrun(tmp_path, uninterrupted):
+    # A copy: the resume below runs in the same run folder
+    shutil.copytree(uninterrupted[0], tmp_path, dirs_exist_ok=True)
+    completed = uninterrupted[1]
     # Rank 0 alone prints the zoo's messages
     assert completed.stdout.count("========== CartPole-v1 ==========") == 1
     assert "--global-n-envs: 2 environments on each of the 2 ranks" in completed.stdout
@@ -87,16 +96,14 @@ def test_train_cli_under_torchrun(tmp_path):
     assert episode_lengths(run / "rank_1" / "0.monitor.csv") == rank1[0]
 
 
-def test_resume_mid_run_under_torchrun(tmp_path):
+def test_resume_mid_run_under_torchrun(tmp_path, uninterrupted):
     """
     A torchrun job stopped after its first checkpoint (its episode logs and evaluations already go further) and
     resumed with ``--resume CHECKPOINT`` ends exactly as the uninterrupted job: parameters, both ranks' episode logs,
     evaluations.
     """
-    completed = torchrun_train(*CARTPOLE, "n_envs:4", "-f", str(tmp_path / "a"))
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    run_a = tmp_path / "a" / "ppg" / "CartPole-v1_1"
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    run_a = uninterrupted[0] / "ppg" / "CartPole-v1_1"
+    shutil.copytree(uninterrupted[0], tmp_path / "b")
     run_b = tmp_path / "b" / "ppg" / "CartPole-v1_1"
     shutil.rmtree(run_b / "checkpoints" / "ppg_256_steps")
     (run_b / "CartPole-v1.zip").unlink()
