@@ -102,8 +102,10 @@ fi
 if wanted cuda_tests && ! python3 -c "import pytest" 2>/dev/null; then
     note "cuda_tests: pytest is not installed (see the header)"
 fi
-step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_exactness.py tests/test_cuda_graphs.py \
-    tests/test_parallel_networks.py tests/test_rollout_buffers.py tests/test_finite_check.py tests/test_aux_buffer_device.py
+# In one process (--numprocesses=0: pytest-xdist's workers would share the GPU; without xdist the option is ignored)
+step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider --numprocesses=0 tests/test_cuda_exactness.py \
+    tests/test_cuda_graphs.py tests/test_parallel_networks.py tests/test_rollout_buffers.py tests/test_finite_check.py \
+    tests/test_aux_buffer_device.py
 
 throughput detach 120 --arch detach
 # torch.compile of the features extractors (an option of the benchmark, not of PPG: inductor's kernels round

@@ -1,5 +1,5 @@
-"""Test-suite settings (one torch thread per process), the small PPG model the tests share (``make_model``), the RL Zoo
-with PPG registered (``registered_zoo``)."""
+"""Test-suite settings (one torch thread per process; pyproject's ``-n`` accepted without pytest-xdist), the small PPG
+model the tests share (``make_model``), the RL Zoo with PPG registered (``registered_zoo``)."""
 
 import os
 
@@ -16,6 +16,22 @@ from helpers import small_ppg  # tests/ is on sys.path (pytest's rootdir-relativ
 from sb3_ppg import PPG
 
 th.set_num_threads(1)
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """
+    pyproject.toml's ``addopts`` ask pytest-xdist (the tests extra) for a worker per CPU: where it is not loaded (not
+    installed, ``-p no:xdist``), its two options (long forms) are accepted and ignored, and the run stays in one process.
+    """
+    if not pluginmanager.has_plugin("xdist"):
+        parser.addoption("--numprocesses", dest="numprocesses", default=None, help="ignored: no pytest-xdist")
+        parser.addoption("--dist", dest="dist", default="no", help="ignored: no pytest-xdist")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not config.pluginmanager.has_plugin("xdist"):
+        return "pytest-xdist is not loaded: the tests run in one process (pip install pytest-xdist for a worker per CPU)"
+    return None
 
 
 @pytest.fixture(scope="session")

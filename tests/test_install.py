@@ -66,3 +66,20 @@ def test_procgen_package_for_this_python():
         assert BACKEND == "procgen-gym" and np.lib.NumpyVersion(np.__version__) >= "2.0.0"
     else:
         assert BACKEND == "procgen" and np.lib.NumpyVersion(np.__version__) < "2.0.0"
+
+
+def test_suite_runs_without_pytest_xdist():
+    """
+    pyproject.toml's ``addopts`` ask pytest-xdist for a worker per CPU; where it is not loaded, tests/conftest.py
+    accepts those options and the run says it stays in one process, instead of pytest's "unrecognized arguments".
+    """
+    env = {name: value for name, value in os.environ.items() if name != "PYTEST_ADDOPTS"}
+    for disable in (["-p", "no:xdist"], []):
+        run_env = dict(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1") if not disable else env
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", *disable, "-p", "no:cacheprovider", "--collect-only", "tests/test_layering.py"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, env=run_env,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "pytest-xdist is not loaded: the tests run in one process" in result.stdout
+        assert "<Module test_layering.py>" in result.stdout and "workers" not in result.stdout
