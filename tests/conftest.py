@@ -1,5 +1,5 @@
-"""Test-suite settings (one torch thread per process; pyproject's ``-n`` accepted without pytest-xdist), the small PPG
-model the tests share (``make_model``), the RL Zoo with PPG registered (``registered_zoo``)."""
+"""Test-suite settings (one torch thread per process; pyproject's pytest-xdist options accepted without it), the small
+PPG model the tests share (``make_model``), the RL Zoo with PPG registered (``registered_zoo``)."""
 
 import os
 

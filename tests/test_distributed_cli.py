@@ -58,9 +58,9 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 
 
 def test_train_cli_under_torchrun(tmp_path, uninterrupted):
+    folder, completed = uninterrupted
     # A copy: the resume below runs in the same run folder
-    shutil.copytree(uninterrupted[0], tmp_path, dirs_exist_ok=True)
-    completed = uninterrupted[1]
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
     # Rank 0 alone prints the zoo's messages
     assert completed.stdout.count("========== CartPole-v1 ==========") == 1
     assert "--global-n-envs: 2 environments on each of the 2 ranks" in completed.stdout
@@ -102,8 +102,9 @@ def test_resume_mid_run_under_torchrun(tmp_path, uninterrupted):
     resumed with ``--resume CHECKPOINT`` ends exactly as the uninterrupted job: parameters, both ranks' episode logs,
     evaluations.
     """
-    run_a = uninterrupted[0] / "ppg" / "CartPole-v1_1"
-    shutil.copytree(uninterrupted[0], tmp_path / "b")
+    folder, _ = uninterrupted
+    run_a = folder / "ppg" / "CartPole-v1_1"
+    shutil.copytree(folder, tmp_path / "b")
     run_b = tmp_path / "b" / "ppg" / "CartPole-v1_1"
     shutil.rmtree(run_b / "checkpoints" / "ppg_256_steps")
     (run_b / "CartPole-v1.zip").unlink()
