@@ -32,7 +32,8 @@ from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG, make_procgen_env
-from sb3_ppg.common.buffers import PPGRolloutBuffer, gathers_on_device, rollout_to_device
+from sb3_ppg.common.cuda import gathers_on_device, rollout_to_device
+from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer
 from sb3_ppg.ppg import policies as policies_module
 from sb3_ppg.ppg import ppg as ppg_module
 

@@ -12,7 +12,7 @@ import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
 from stable_baselines3.common.buffers import RolloutBuffer
 
-from sb3_ppg.common.buffers import PPGRolloutBuffer, UnflattenedRolloutBuffer
+from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer, UnflattenedRolloutBuffer
 
 # Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
 # is meant

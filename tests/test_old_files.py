@@ -99,3 +99,13 @@ def test_old_checkpoint_resumes_with_its_run_state(tmp_path):
     state = model.get_run_state()
     assert state.num_timesteps == expected["num_timesteps"] + 32 and state.n_aux_phases == expected["n_aux_phases"] + 1
     assert not all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("name", ["PPGRolloutBuffer", "PPGDictRolloutBuffer"])
+def test_the_rollout_buffer_class_of_a_0_1_0a0_zip_unpickles(name):
+    """A zip saved by 0.1.0a0 pickles its ``rollout_buffer_class`` as ``sb3_ppg.common.buffers.<name>`` (moved since)."""
+    import pickle
+
+    from sb3_ppg.common import rollout_buffers
+
+    assert pickle.loads(f"csb3_ppg.common.buffers\n{name}\n.".encode()) is getattr(rollout_buffers, name)

@@ -17,8 +17,8 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper, VecNormalize
 
 from sb3_ppg import PPG, MaskablePPG, make_procgen_env
-from sb3_ppg.common.buffers import UnflattenedRolloutBuffer, writes_while_envs_step
 from sb3_ppg.common.envs import make_dict_cartpole
+from sb3_ppg.common.rollout_buffers import UnflattenedRolloutBuffer, writes_while_envs_step
 from sb3_ppg.ppg import ppg as ppg_module
 from sb3_ppg.ppg_mask.buffers import MaskablePPGRolloutBuffer
 

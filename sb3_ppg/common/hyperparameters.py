@@ -15,7 +15,7 @@ from sb3_ppg.common.precision import resolve_precision
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 #: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
 VALUE_CLIPPINGS = ("sb3", "max")
-#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.buffers.resolve_aux_buffer_storage``)
+#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.aux_buffer.resolve_aux_buffer_storage``)
 AUX_BUFFER_DEVICES = ("cpu", "pinned", "device", "auto")
 #: ``policy_minibatches``: shuffled transitions (SB3's PPO, CleanRL), or whole env rollouts (the paper's code)
 POLICY_MINIBATCHES = ("transitions", "envs")

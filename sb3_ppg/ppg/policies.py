@@ -20,8 +20,8 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from stable_baselines3.common.utils import get_device
 from torch import nn
 
-from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
-from sb3_ppg.common.cuda_streams import SideStream
+from sb3_ppg.common.cuda.cuda_graphs import GraphedForward, parameter_addresses
+from sb3_ppg.common.cuda.cuda_streams import SideStream
 from sb3_ppg.common.distributions import sampling_checks_parameters, unchecked_distributions
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.precision import PRECISION_NAMES, PRECISIONS

@@ -26,24 +26,24 @@ from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 from sb3_ppg.common import data_parallel, distributed, optim
 from sb3_ppg.common.array_files import atomic_write
-from sb3_ppg.common.buffers import (
+from sb3_ppg.common.aux_buffer import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
-    DeviceRollout,
-    PPGDictRolloutBuffer,
-    PPGRolloutBuffer,
     aux_buffer_storage,
     aux_buffer_summary,
-    device_minibatches,
-    env_minibatches,
-    gathers_on_device,
     make_aux_buffer,
-    rollout_explained_variance,
-    rollout_to_device,
-    writes_while_envs_step,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
+from sb3_ppg.common.cuda import (
+    DeviceRollout,
+    configure_optimizers,
+    device_env_minibatches,
+    device_minibatches,
+    finite_check,
+    gathers_on_device,
+    rollout_to_device,
+)
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
 from sb3_ppg.common.host_memory import freed_memory_kept
@@ -58,6 +58,13 @@ from sb3_ppg.common.hyperparameters import (
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
+from sb3_ppg.common.rollout_buffers import (
+    PPGDictRolloutBuffer,
+    PPGRolloutBuffer,
+    env_minibatches,
+    rollout_explained_variance,
+    writes_while_envs_step,
+)
 from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
@@ -353,7 +360,7 @@ class PPG(OnPolicyAlgorithm):
         clip_range_vf = self._schedule_value("clip_range_vf", progress)
         stats = PhaseStats()
         optimizers = [optimizer for optimizer in (self.policy.optimizer, self.value_optimizer) if optimizer is not None]
-        check = optim.FiniteCheck("policy", self.num_timesteps, optimizers)
+        check = finite_check("policy", self.num_timesteps, optimizers)
         if self.n_value_epochs == self.n_epochs:
             policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
         else:
@@ -392,14 +399,15 @@ class PPG(OnPolicyAlgorithm):
     def _rollout_minibatches(self) -> Iterator[RolloutBufferSamples]:
         """
         One epoch of the policy phase's minibatches (``policy_minibatches``): shuffled transitions (the rollout
-        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
+        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.rollout_buffers.env_minibatches`), gathered on
+        the device on CUDA (``sb3_ppg.common.cuda.device_data``).
         """
         on_device = gathers_on_device(self.rollout_buffer, self.device)
         device_rollout = self._device_rollout  # train()'s copy where it gathers on the device (None: one per epoch)
+        if self.policy_minibatches == "envs" and on_device:
+            return device_env_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
         if self.policy_minibatches == "envs":
-            device = self.device if on_device else None
-            minibatches = env_minibatches(self.rollout_buffer, self.batch_size, device=device, device_rollout=device_rollout)
-            return minibatches  # type: ignore[return-value]
+            return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
         if on_device:
             return device_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
@@ -471,7 +479,7 @@ class PPG(OnPolicyAlgorithm):
         n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
         accum = self.n_aux_grad_accum
         stats = PhaseStats()
-        check = optim.FiniteCheck("auxiliary", self.num_timesteps, [optimizer])
+        check = finite_check("auxiliary", self.num_timesteps, [optimizer])
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
         for epoch in range(self.n_aux_epochs):
@@ -578,8 +586,8 @@ class PPG(OnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------------
 
     def _configure_optimizers(self) -> None:
-        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
-        optim.configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.cuda.fused_adam.uses_fused_adam`)."""
+        configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
 
     def set_parameters(self, *args: Any, **kwargs: Any) -> None:
         """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
