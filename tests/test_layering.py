@@ -31,7 +31,7 @@ ALLOWED = {
 #: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
 BUILDING_BLOCKS = ("buffers", "distributions", "torch_layers", "optim", "preprocessing", "precision")
 #: The modules of ``common`` that run, save, resume and scale a training run (checkpoints: the package and its modules)
-RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "rollout_groups", "save_util")
+RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "save_util")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
