@@ -323,7 +323,7 @@ class PPG(OnPolicyAlgorithm):
         on_device = gathers_on_device(self.rollout_buffer, self.device)
         self._device_rollout = rollout_to_device(self.rollout_buffer, self.device) if on_device else None
         try:
-            with unchecked_distributions(self.device):
+            with unchecked_distributions(self.policy.action_dist, self.device):
                 with self._precision("policy"):
                     self._policy_phase()
                 if self.aux_buffer is not None:
