@@ -113,7 +113,7 @@ def without_host_levers() -> Iterator[None]:
         [
             (PPGRolloutBuffer, "add", RolloutBuffer.add),
             (ppg_module, "writes_while_envs_step", throughput.written_after_step),
-            (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
+            (policies_module, "unchecked_distributions", lambda distribution, device, enabled=True: contextlib.nullcontext()),
             (policies_module, "parameter_addresses", named_parameter_addresses),
         ]
     ):

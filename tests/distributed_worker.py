@@ -215,31 +215,7 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
         ret_rms=(float(env.ret_rms.mean), float(env.ret_rms.var), float(env.ret_rms.count)),
         episodes=len(model.ep_info_buffer),
         local_rank=int(os.environ["LOCAL_RANK"]),
-        **overlapped_rollouts(n_envs),
     )
-
-
-def overlapped_rollouts(n_envs: int) -> dict[str, Any]:
-    """
-    overlap_rollouts=True over 2 groups of this rank's envs, and the same run with the groups' steps started only when
-    the whole env steps (sequential): the final parameters of each.
-    """
-    from sb3_ppg.common.rollout_groups import GroupedVecEnv
-
-    def train() -> dict[str, th.Tensor]:
-        groups = [make_vec_env("CartPole-v1", n_envs=1, seed=seed) for seed in range(n_envs)]
-        model = small_ppg(VecNormalize(GroupedVecEnv(groups), norm_obs=False, gamma=0.99), overlap_rollouts=True)
-        model.learn(4 * 16 * GLOBAL_ENVS)
-        return parameters(model)
-
-    overlapped = train()
-    step_group_async = GroupedVecEnv.step_group_async
-    GroupedVecEnv.step_group_async = lambda self, group, actions: None  # type: ignore[method-assign]
-    try:
-        sequential = train()
-    finally:
-        GroupedVecEnv.step_group_async = step_group_async  # type: ignore[method-assign]
-    return dict(overlapped=overlapped, sequential=sequential)
 
 
 def mismatch() -> dict[str, Any]:

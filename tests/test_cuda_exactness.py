@@ -25,8 +25,9 @@ def trained(monkeypatch: pytest.MonkeyPatch, aux_buffer_device: str, device_gath
         if not device_gather:
             patch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device: False)
         if checks:
-            patch.setattr(ppg_module, "unchecked_distributions", lambda device: contextlib.nullcontext())
-            patch.setattr(policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext())
+            unchecked = lambda distribution, device, enabled=True: contextlib.nullcontext()  # noqa: E731
+            patch.setattr(ppg_module, "unchecked_distributions", unchecked)
+            patch.setattr(policies_module, "unchecked_distributions", unchecked)
         model = image_model(True, "cuda", aux_buffer_device=aux_buffer_device)
         model.learn(256)
         assert model.n_aux_phases == 2

@@ -40,7 +40,7 @@ BUILDING_BLOCKS = (
     "precision",
 )
 #: The modules of ``common`` that run, save, resume and scale a training run (checkpoints: the package and its modules)
-RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "rollout_groups", "save_util")
+RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "save_util")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:

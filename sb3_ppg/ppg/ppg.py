@@ -49,14 +49,21 @@ from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_
 from sb3_ppg.common.host_memory import freed_memory_kept
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
+    REMOVED_OPTIONS,
     check_hyperparameters,
+    refuse_removed_options,
     resolve_batch_size,
     resolve_normalize_advantage,
     schedule_value,
     warn_if_no_aux_phase,
 )
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
+from sb3_ppg.common.preprocessing import (
+    check_action_space,
+    check_first_observation,
+    check_observation_space,
+    env_actions,
+)
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.rollout_buffers import (
     PPGDictRolloutBuffer,
@@ -65,7 +72,6 @@ from sb3_ppg.common.rollout_buffers import (
     rollout_explained_variance,
     writes_while_envs_step,
 )
-from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
     SavedPolicyClass,
@@ -116,7 +122,6 @@ class PPG(OnPolicyAlgorithm):
     :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (the paper's code)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step
     :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
-    :param overlap_rollouts: Step each group of a ``GroupedVecEnv`` while the network acts on the next
     :param cuda_graphs: Replay the rollout's forward pass from CUDA graphs on a CUDA device (the same results)
     :param parallel_networks: Run ``arch="dual"``'s two networks on two CUDA streams on a CUDA device (the same results)
     :param keep_freed_memory: On a CPU device with glibc, keep the memory that ``learn()`` frees in the process until it
@@ -135,6 +140,7 @@ class PPG(OnPolicyAlgorithm):
     :param seed: Seed for the pseudo random generators
     :param device: Device (cpu, cuda, ...) on which the code should be run
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
+    :param kwargs: Refused: an option removed from PPG with what replaced it (``REMOVED_OPTIONS``), another as Python does
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -177,7 +183,6 @@ class PPG(OnPolicyAlgorithm):
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
         aux_buffer_device: str = "auto",
-        overlap_rollouts: bool = False,
         cuda_graphs: bool = True,
         parallel_networks: bool = True,
         keep_freed_memory: bool = True,
@@ -195,7 +200,9 @@ class PPG(OnPolicyAlgorithm):
         seed: int | None = None,
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
+        **kwargs: Any,
     ):
+        refuse_removed_options(type(self).__name__, kwargs)
         super().__init__(
             policy,
             env,
@@ -238,7 +245,6 @@ class PPG(OnPolicyAlgorithm):
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
         self.aux_buffer_device = aux_buffer_device
-        self.overlap_rollouts = overlap_rollouts
         self.cuda_graphs = cuda_graphs
         self.parallel_networks = parallel_networks
         self.keep_freed_memory = keep_freed_memory
@@ -324,7 +330,7 @@ class PPG(OnPolicyAlgorithm):
         on_device = gathers_on_device(self.rollout_buffer, self.device)
         self._device_rollout = rollout_to_device(self.rollout_buffer, self.device) if on_device else None
         try:
-            with unchecked_distributions(self.device):
+            with unchecked_distributions(self.policy.action_dist, self.device):
                 with self._precision("policy"):
                     self._policy_phase()
                 if self.aux_buffer is not None:
@@ -776,14 +782,13 @@ class PPG(OnPolicyAlgorithm):
         # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
         self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        with overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde):
-            if not distributed.is_active():
-                return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
-            complete, self._data_parallel_stats = data_parallel.collect_rollouts(
-                self,
-                partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
-                self._data_parallel_stats,
-            )
+        if not distributed.is_active():
+            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+        complete, self._data_parallel_stats = data_parallel.collect_rollouts(
+            self,
+            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
+            self._data_parallel_stats,
+        )
         return complete
 
     def _collect_rollout(
@@ -990,7 +995,7 @@ class PPG(OnPolicyAlgorithm):
         """
         arguments = check_model_zip(path, cls, PPGPolicy, custom_objects, kwargs)
         with load_errors(path, kwargs, custom_objects):
-            return super().load(
+            model = super().load(
                 path,
                 env=env,
                 device=device,
@@ -999,6 +1004,9 @@ class PPG(OnPolicyAlgorithm):
                 force_reset=force_reset,
                 **arguments,
             )
+        for name in REMOVED_OPTIONS:  # stored by an earlier version
+            vars(model).pop(name, None)
+        return model
 
     @classmethod
     def load_checkpoint(
