@@ -156,10 +156,6 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     from sb3_ppg import PPG
 
     optimized = mode == "optimized"
-    if optimized and args.rollout_writes == "after-step":
-        from sb3_ppg.ppg import ppg as ppg_module
-
-        ppg_module.writes_while_envs_step = written_after_step  # type: ignore[assignment]  # this process's models
     env = make_env(args)
     policy_kwargs: dict[str, Any] = dict(arch=args.arch)
     if args.policy == "ProcgenCnn":
@@ -184,6 +180,8 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         device=args.device,
         seed=0,
     )
+    if optimized and args.rollout_writes == "after-step":
+        model.rollout_buffer.write_during_step = False  # written after the envs step, as SB3 does
     if optimized and args.compile:
         compile_extractors(model)
     return model
@@ -251,11 +249,6 @@ def warm_up_steps(args: argparse.Namespace, compiling: bool) -> int:
     """
     rollout_size = args.n_steps * args.n_envs
     return rollout_size * (args.n_policy_iters if compiling else 1)
-
-
-def written_after_step(env: Any, rollout_buffer: Any) -> bool:
-    """In place of PPG's ``writes_while_envs_step`` (``--rollout-writes after-step``): the buffer written after the step."""
-    return False
 
 
 def make_env(args: argparse.Namespace) -> Any:

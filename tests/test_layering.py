@@ -31,6 +31,7 @@ ALLOWED = {
 }
 #: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
 BUILDING_BLOCKS = (
+    "rollout",
     "rollout_buffers",
     "aux_buffer",
     "distributions",

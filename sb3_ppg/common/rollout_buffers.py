@@ -12,7 +12,7 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 from stable_baselines3.common.utils import explained_variance
-from stable_baselines3.common.vec_env import VecEnv, VecNormalize
+from stable_baselines3.common.vec_env import VecNormalize
 
 ObsArray = np.ndarray | dict[str, np.ndarray]
 TensorObs = th.Tensor | dict[str, th.Tensor]
@@ -52,6 +52,8 @@ class UnflattenedRolloutBuffer:
     one stores the masks before calling ``add()``.
     """
 
+    #: Whether the rollout writes each step while the envs step (``add_before_step()``); False: after, as SB3 does
+    write_during_step = True
     # SB3's buffer attributes that the methods below read
     buffer_size: int
     n_envs: int
@@ -184,15 +186,6 @@ class UnflattenedRolloutBuffer:
     def _step_major_samples(self, steps: np.ndarray, envs: np.ndarray) -> Any:
         """The samples of steps ``steps[i]`` of envs ``envs[i]``, read from the ``(n_steps, n_envs, ...)`` arrays."""
         raise NotImplementedError
-
-
-def writes_while_envs_step(env: VecEnv, rollout_buffer: RolloutBuffer) -> bool:
-    """
-    Whether PPG's rollout writes each step into the rollout buffer while the envs step, between ``step_async()`` and
-    ``step_wait()``: with PPG's buffers (``add_before_step()``) and an env whose ``step()`` is SB3's (those two calls).
-    """
-    steps_in_two_calls = type(env).step is VecEnv.step and "step" not in vars(env)
-    return isinstance(rollout_buffer, UnflattenedRolloutBuffer) and steps_in_two_calls
 
 
 class PPGRolloutBuffer(UnflattenedRolloutBuffer, RolloutBuffer):

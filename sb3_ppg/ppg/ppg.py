@@ -11,16 +11,14 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.distributions import Distribution
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
-from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, obs_as_tensor, update_learning_rate
+from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
@@ -62,15 +60,14 @@ from sb3_ppg.common.preprocessing import (
     check_action_space,
     check_first_observation,
     check_observation_space,
-    env_actions,
 )
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
+from sb3_ppg.common.rollout import RolloutAlgorithm
 from sb3_ppg.common.rollout_buffers import (
     PPGDictRolloutBuffer,
     PPGRolloutBuffer,
     env_minibatches,
     rollout_explained_variance,
-    writes_while_envs_step,
 )
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
@@ -87,7 +84,7 @@ from sb3_ppg.ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPoli
 SelfPPG = TypeVar("SelfPPG", bound="PPG")
 
 
-class PPG(OnPolicyAlgorithm):
+class PPG(RolloutAlgorithm):
     """
     Phasic Policy Gradient (PPG)
 
@@ -774,8 +771,8 @@ class PPG(OnPolicyAlgorithm):
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
-        SB3's ``collect_rollouts()``, after calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks
-        then share its outcome.
+        SB3's ``collect_rollouts()`` (``_collect_rollout``, :class:`~sb3_ppg.common.rollout.RolloutAlgorithm`'s), after
+        calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks then share its outcome.
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
@@ -790,86 +787,6 @@ class PPG(OnPolicyAlgorithm):
             self._data_parallel_stats,
         )
         return complete
-
-    def _collect_rollout(
-        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
-    ) -> bool:
-        """
-        Collect one rollout: SB3's ``collect_rollouts()``, with PPG's rollout buffers written while the envs step (the
-        same rollout; see ``writes_while_envs_step``), and the action masks of ``_action_masks`` (``MaskablePPG``'s)
-        given to the policy and stored.
-        """
-        assert self._last_obs is not None, "No previous observation was provided"
-        self.policy.set_training_mode(False)
-        n_steps = 0
-        rollout_buffer.reset()
-        if self.use_sde:
-            self.policy.reset_noise(env.num_envs)  # new weights for the state-dependent exploration
-        callback.on_rollout_start()
-        during_step = writes_while_envs_step(env, rollout_buffer)
-        while n_steps < n_rollout_steps:
-            if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
-                self.policy.reset_noise(env.num_envs)
-            action_masks = self._action_masks(env)
-            masks = {} if action_masks is None else {"action_masks": action_masks}
-            with th.no_grad():
-                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs = self.policy(obs_tensor, **masks)
-            actions = actions.cpu().numpy()
-            clipped_actions = env_actions(actions, self.policy, self.action_space)  # Box: unscaled or clipped
-            if during_step:  # the step's observations, actions, values, masks... copied while the envs step
-                env.step_async(clipped_actions)
-                rollout_buffer.add_before_step(  # type: ignore[attr-defined]
-                    self._last_obs, actions, self._last_episode_starts, values, log_probs, **masks
-                )
-                new_obs, rewards, dones, infos = env.step_wait()
-            else:
-                new_obs, rewards, dones, infos = env.step(clipped_actions)
-            self.num_timesteps += env.num_envs
-            callback.update_locals(locals())
-            if not callback.on_step():
-                if during_step:
-                    rollout_buffer.discard_before_step()  # type: ignore[attr-defined]
-                return False
-            self._update_info_buffer(infos, dones)
-            n_steps += 1
-            if isinstance(self.action_space, spaces.Discrete):
-                actions = actions.reshape(-1, 1)
-            # Handle timeouts by bootstrapping with the value function (SB3's, with its local names)
-            for idx, done in enumerate(dones):
-                if (
-                    done
-                    and infos[idx].get("terminal_observation") is not None
-                    and infos[idx].get("TimeLimit.truncated", False)
-                ):
-                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
-                    with th.no_grad():
-                        terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
-                    rewards[idx] += self.gamma * terminal_value
-            if during_step:
-                rollout_buffer.add_after_step(rewards)  # type: ignore[attr-defined]
-            else:
-                rollout_buffer.add(
-                    self._last_obs,  # type: ignore[arg-type]
-                    actions,
-                    rewards,
-                    self._last_episode_starts,  # type: ignore[arg-type]
-                    values,
-                    log_probs,
-                    **masks,
-                )
-            self._last_obs = new_obs  # type: ignore[assignment]
-            self._last_episode_starts = dones
-        with th.no_grad():
-            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
-        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
-        callback.update_locals(locals())
-        callback.on_rollout_end()
-        return True
-
-    def _action_masks(self, env: VecEnv) -> np.ndarray | None:
-        """The valid actions of the envs' current states for a rollout step; None: no masks (``MaskablePPG``'s hook)."""
-        return None
 
     def _optimizers(self) -> list[th.optim.Optimizer]:
         """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
@@ -1066,7 +983,7 @@ class PPG(OnPolicyAlgorithm):
         check_action_space(env.action_space)
         if not isinstance(env, VecEnv):
             check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
-        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
+        return RolloutAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """
