@@ -107,7 +107,8 @@ def test_throughput_runs(tmp_path):
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, cuda_graphs: True" in report
-    assert "parallel_networks: True, keep_freed_memory: True, rollout buffer: ppg, rollout writes: during-step" in report
+    assert "parallel_networks: True, keep_freed_memory (the command line's): False, malloc variables: " in report
+    assert "rollout buffer: ppg, rollout writes: during-step" in report
     assert [result["rollout_writes"] for result in results] == ["during-step", "after-step"]
     # Warm-up of one policy iteration without --compile; no rollout graphs on a CPU, so none failed
     assert all(result["warm_up_s"] > 0 and result["rollout_graph_failures"] == 0 for result in results)
@@ -117,9 +118,9 @@ def test_throughput_runs(tmp_path):
     report = throughput.markdown(results, throughput.parse_args(args), "python benchmarks/throughput.py")
     assert "optimized: torch.compile compiled 3 graph(s) while training was timed" in report
     assert "optimized: 1 rollout forward pass(es) could not be captured in a CUDA graph" in report
-    # Freed memory kept by the optimized mode (on a CPU), not by the reference
-    assert [result["keep_freed_memory"] for result in results] == [True, False]
-    assert not throughput.parse_args(["--no-keep-freed-memory"]).keep_freed_memory
+    # Freed memory is kept only with --keep-freed-memory (as the command line keeps it), in the optimized mode
+    assert [result["keep_freed_memory"] for result in results] == [False, False]  # the Python API's default
+    assert throughput.parse_args(["--keep-freed-memory"]).keep_freed_memory
     assert throughput.parse_args(["--rollout-buffer", "sb3"]).rollout_buffer == "sb3"
     assert not throughput.parse_args(["--no-parallel-networks"]).parallel_networks
     assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
@@ -435,7 +436,7 @@ def test_freed_memory_runs_each_variant(tmp_path, capsys):
     from benchmark_scripts import BENCHMARKS
     from helpers import environment_with_glibc_defaults
 
-    from sb3_ppg.common import host_memory
+    from sb3_ppg.cli import host_memory
 
     env = environment_with_glibc_defaults()
     command = [sys.executable, os.path.join(BENCHMARKS, "freed_memory.py"), "--calls", "3", "--threads", "1"]

@@ -46,7 +46,6 @@ from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
-from sb3_ppg.common.host_memory import freed_memory_kept
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     REMOVED_OPTIONS,
@@ -117,8 +116,6 @@ class PPG(OnPolicyAlgorithm):
     :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
     :param cuda_graphs: Replay the rollout's forward pass from CUDA graphs on a CUDA device (the same results)
     :param parallel_networks: Run ``arch="dual"``'s two networks on two CUDA streams on a CUDA device (the same results)
-    :param keep_freed_memory: On a CPU device with glibc, keep the memory that ``learn()`` frees in the process until it
-        returns, instead of mapping large blocks again at every step (the same results)
     :param micro_batch_size: The most samples per forward and backward pass; ``"auto"``: 256 for a CNN on a CPU
     :param precision: The features extractors' precision: ``"auto"``, ``"fp32"``, ``"bf16"`` or a dict per phase
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
@@ -178,7 +175,6 @@ class PPG(OnPolicyAlgorithm):
         aux_buffer_device: str = "auto",
         cuda_graphs: bool = True,
         parallel_networks: bool = True,
-        keep_freed_memory: bool = True,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -240,7 +236,6 @@ class PPG(OnPolicyAlgorithm):
         self.aux_buffer_device = aux_buffer_device
         self.cuda_graphs = cuda_graphs
         self.parallel_networks = parallel_networks
-        self.keep_freed_memory = keep_freed_memory
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -689,23 +684,15 @@ class PPG(OnPolicyAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfPPG:
-        """
-        SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...), and on a CPU device the memory it frees kept
-        in the process until it returns (``keep_freed_memory``).
-        """
-        with freed_memory_kept(self._keeps_freed_memory()):
-            return super().learn(
-                total_timesteps=total_timesteps,
-                callback=callback,
-                log_interval=log_interval,
-                tb_log_name=tb_log_name,
-                reset_num_timesteps=reset_num_timesteps,
-                progress_bar=progress_bar,
-            )
-
-    def _keeps_freed_memory(self) -> bool:
-        """Whether ``learn()`` keeps the memory it frees: ``keep_freed_memory`` on a CPU device (measured there only)."""
-        return bool(self.keep_freed_memory) and self.device.type == "cpu"
+        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
 
     def _setup_learn(
         self,
