@@ -98,12 +98,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="ppg",
         help="Optimized mode's rollout buffer: PPG's default (PPGRolloutBuffer) or SB3's RolloutBuffer (the reference's)",
     )
-    parser.add_argument(
-        "--rollout-writes",
-        choices=("during-step", "after-step"),
-        default="during-step",
-        help="Optimized mode: PPG's rollout buffer written while the envs step (the default) or after, as SB3 does",
-    )
     parser.add_argument("--num-threads", type=int, default=None, help="Procgen threads (default: make_procgen_env's)")
     parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -157,10 +151,6 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     from sb3_ppg import PPG
 
     optimized = mode == "optimized"
-    if optimized and args.rollout_writes == "after-step":
-        from sb3_ppg.ppg import ppg as ppg_module
-
-        ppg_module.writes_while_envs_step = written_after_step  # type: ignore[assignment]  # this process's models
     env = make_env(args)
     policy_kwargs: dict[str, Any] = dict(arch=args.arch)
     if args.policy == "ProcgenCnn":
@@ -251,11 +241,6 @@ def warm_up_steps(args: argparse.Namespace, compiling: bool) -> int:
     """
     rollout_size = args.n_steps * args.n_envs
     return rollout_size * (args.n_policy_iters if compiling else 1)
-
-
-def written_after_step(env: Any, rollout_buffer: Any) -> bool:
-    """In place of PPG's ``writes_while_envs_step`` (``--rollout-writes after-step``): the buffer written after the step."""
-    return False
 
 
 def make_env(args: argparse.Namespace) -> Any:
@@ -520,7 +505,6 @@ def train_and_measure(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["rollout_graph_failures"] = 0 if graphs is None else len(graphs.failed)
     result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
     result["rollout_buffer"] = type(model.rollout_buffer).__name__
-    result["rollout_writes"] = args.rollout_writes if mode == "optimized" else "after-step"
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args)
     return result
@@ -589,8 +573,7 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.aux_buffer_device}, cuda_graphs: {args.cuda_graphs}, "
         f"parallel_networks: {args.parallel_networks}, keep_freed_memory (the command line's): "
         f"{args.keep_freed_memory}, malloc variables: {malloc_variables()}, rollout buffer: "
-        f"{args.rollout_buffer}, rollout writes: "
-        f"{args.rollout_writes}, procgen threads: "
+        f"{args.rollout_buffer}, procgen threads: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "

@@ -565,7 +565,7 @@ class PPG(OnPolicyAlgorithm):
         return self.vf_coef * value_loss, diagnostics
 
     def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
-        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
+        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss_from_kl`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
         kl = self._behaviour_cloning_kl(batch, distribution)
         return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
