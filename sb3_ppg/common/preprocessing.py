@@ -9,9 +9,12 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import is_vectorized_observation
+from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 # The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
 OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -119,6 +122,20 @@ def check_first_observation(env: Any) -> None:
         check_observation_dtype(observation, env.observation_space)
 
 
+def checked_env(env: Any) -> Any:
+    """
+    An env checked as PPG takes it: its spaces, and a gymnasium env's first observation where the space holds an
+    integer Box (before ``DummyVecEnv`` casts the observations to the space's dtype); a gym env converted as SB3 does.
+    """
+    if not isinstance(env, VecEnv):
+        env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
+    check_observation_space(env.observation_space)
+    check_action_space(env.action_space)
+    if not isinstance(env, VecEnv):
+        check_first_observation(env)
+    return env
+
+
 def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:
     """Check that an observation given to ``predict`` has exactly the keys of a Dict space (and is a dict only for one)."""
     if isinstance(observation_space, spaces.Dict):
@@ -197,3 +214,12 @@ def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
                 "VecCheckNan(env, raise_exception=True) to find the step that produces them), and scale unbounded "
                 "observations (e.g. VecNormalize, which also clips them)."
             )
+
+
+def env_actions(actions: np.ndarray, policy: BasePolicy, action_space: spaces.Space) -> np.ndarray:
+    """The actions SB3's rollout collection gives the env: Box actions unscaled (squashed policies) or clipped."""
+    if isinstance(action_space, spaces.Box):
+        if policy.squash_output:
+            return policy.unscale_action(actions)
+        return np.clip(actions, action_space.low, action_space.high)
+    return actions
