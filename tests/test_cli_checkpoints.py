@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch as th
-from helpers import hold_lock
+from helpers import default_sigint, hold_lock, sigint_raises_keyboard_interrupt
 
 from sb3_ppg import PPG
 from sb3_ppg.cli import arguments, train, zoo
@@ -119,7 +119,10 @@ def complete_checkpoints(run: Path) -> list[str]:
 
 
 def interrupt_train(monkeypatch, call: int) -> None:
-    """Send this process SIGINT (Ctrl-C) inside its ``call``-th train(), after the policy phase."""
+    """
+    Send this process SIGINT (Ctrl-C) inside its ``call``-th train(), after the policy phase (raising KeyboardInterrupt
+    also when the suite runs with SIGINT ignored).
+    """
     original = PPG._policy_phase
     calls = []
 
@@ -127,7 +130,8 @@ def interrupt_train(monkeypatch, call: int) -> None:
         original(self)
         calls.append(1)
         if len(calls) == call:
-            signal.raise_signal(signal.SIGINT)
+            with sigint_raises_keyboard_interrupt():
+                signal.raise_signal(signal.SIGINT)
 
     monkeypatch.setattr(PPG, "_policy_phase", interrupted)
 
@@ -190,6 +194,7 @@ def test_ctrl_c_in_a_subprocess_exits_130_with_the_resume_command(uninterrupted:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 240
     while not (run / "checkpoints" / "ppg_512_steps" / "manifest.json").is_file():
@@ -210,6 +215,32 @@ def test_ctrl_c_in_a_subprocess_exits_130_with_the_resume_command(uninterrupted:
     resumed = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
+
+
+def test_ctrl_c_tests_do_not_depend_on_the_suites_sigint(tmp_path: Path):
+    """
+    With SIGINT ignored, as in a suite started with ``nohup ... &``, the Ctrl-C tests failed (issue 51): what they use
+    still turns SIGINT into KeyboardInterrupt, in this process and in the child they interrupt.
+    """
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigint_raises_keyboard_interrupt():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        ready = tmp_path / "ready"
+        child_code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+        child = subprocess.Popen(
+            [sys.executable, "-c", child_code], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+        )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+        assert "KeyboardInterrupt" in stderr
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninterrupted: Path, tmp_path: Path, monkeypatch):
