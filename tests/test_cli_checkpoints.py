@@ -19,6 +19,7 @@ from helpers import default_sigint, hold_lock, sigint_raises_keyboard_interrupt
 
 from sb3_ppg import PPG
 from sb3_ppg.cli import arguments, train, zoo
+from sb3_ppg.cli.run_folders import read_run_file
 
 CARTPOLE = [
     "--env",
@@ -336,6 +337,23 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path, capsys):
     assert "no complete checkpoint yet" in capsys.readouterr().out
     assert not (tmp_path / "ppg" / "CartPole-v1_2").exists()
     assert PPG.load(run / "CartPole-v1.zip").num_timesteps == 128
+
+
+def test_resume_reports_the_runs_seed_and_continues_the_progress_bar(tmp_path: Path, capsys):
+    """--resume printed a new random seed and restarted the progress bar at 0 of the steps left (issue 51)."""
+    unseeded = [arg for index, arg in enumerate(CARTPOLE) if "--seed" not in CARTPOLE[max(index - 1, 0) : index + 1]]
+    unseeded = [*unseeded[: unseeded.index("-n")], "-n", "512", *unseeded[unseeded.index("-n") + 2 :]]
+    train.main([*unseeded, "-f", str(tmp_path)])
+    run = tmp_path / "ppg" / "CartPole-v1_1"
+    seed = read_run_file(run / "CartPole-v1" / "args.yml")["seed"]
+    assert f"Seed: {seed}\n" in capsys.readouterr().out
+    (run / "CartPole-v1.zip").unlink()
+    shutil.rmtree(run / "checkpoints" / "ppg_512_steps")
+    train.main([*unseeded, "-f", str(tmp_path), "-P", "--resume"])
+    output = capsys.readouterr().out
+    assert f"Seed: {seed}\n" in output
+    bar = output.replace("\r", "\n")
+    assert "256/512" in bar and "512/512" in bar and "/256" not in bar
 
 
 def test_resume_takes_the_runs_torch_threads(tmp_path: Path, monkeypatch, capsys):

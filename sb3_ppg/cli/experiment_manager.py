@@ -50,7 +50,7 @@ from sb3_ppg.common.checkpoints import (
 )
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
-from sb3_ppg.common.progress_bar import PPGProgressBarCallback
+from sb3_ppg.common.progress_bar import AuxPhaseLinesCallback, PPGProgressBarCallback
 from sb3_ppg.common.threads import threads_for_resume
 from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
 
@@ -537,6 +537,9 @@ class PPGExperimentManager(ExperimentManager):
             elif type(callback) is ProgressBarCallback:
                 # PPG's, which shows the auxiliary phases (all ranks' steps under torchrun)
                 self.callbacks[index] = GlobalProgressBarCallback() if self.data_parallel else PPGProgressBarCallback()
+        if not self.show_progress and self.verbose > 0 and self.rank == 0:
+            # Without the progress bar, a line per auxiliary phase and epoch (no table is printed meanwhile)
+            self.callbacks.append(AuxPhaseLinesCallback())
         if self.data_parallel and eval_freq > 0 and not self.optimize_hyperparameters:
             group = distributed.new_gloo_group(EVALUATION_TIMEOUT)
             self.callbacks.append(WaitForEvaluation(eval_calls, group))
