@@ -19,7 +19,9 @@ from helpers import default_sigint, hold_lock, sigint_raises_keyboard_interrupt
 
 from sb3_ppg import PPG
 from sb3_ppg.cli import arguments, train, zoo
+from sb3_ppg.cli.curves import read_monitor_file
 from sb3_ppg.cli.run_folders import read_run_file
+from sb3_ppg.common.checkpoints import read_monitor_log_sizes
 
 CARTPOLE = [
     "--env",
@@ -354,6 +356,54 @@ def test_resume_reports_the_runs_seed_and_continues_the_progress_bar(tmp_path: P
     assert f"Seed: {seed}\n" in output
     bar = output.replace("\r", "\n")
     assert "256/512" in bar and "512/512" in bar and "/256" not in bar
+
+
+def test_resume_checks_and_cuts_a_damaged_episode_log(tmp_path: Path, capsys):
+    """
+    --resume with a damaged *.monitor.csv appended after a garbage line and glued its first episode onto a cut line
+    (issue 51): damage after the checkpoint is cut, damage before it is a one-line error naming the file and the line,
+    and a log that lost lines continues after its last complete one, with a warning.
+    """
+    tiny = [*CARTPOLE[: CARTPOLE.index("-n")], "-n", "512", *CARTPOLE[CARTPOLE.index("-n") + 2 :], "-f"]
+    train.main([*tiny, str(tmp_path / "first")])
+    first = tmp_path / "first" / "ppg" / "CartPole-v1_1"
+    sizes = read_monitor_log_sizes(first / "checkpoints" / "ppg_256_steps")
+    sizes = {os.path.basename(name): size for name, size in sizes.items()}
+    size = sizes["0.monitor.csv"]  # one log per env: the first env's is damaged
+    complete = (first / "0.monitor.csv").read_bytes()
+    assert complete[size - 1 : size] == b"\n" and len(complete) > size
+
+    def resume(log: bytes) -> tuple[Path, str]:
+        """Resume a copy of the run at its 256-step checkpoint with ``log`` as its episode log: (the log, the error)."""
+        folder = tmp_path / f"copy_{len(list(tmp_path.iterdir()))}"
+        run = folder / "ppg" / "CartPole-v1_1"
+        shutil.copytree(first, run)
+        shutil.rmtree(run / "checkpoints" / "ppg_512_steps")
+        (run / "CartPole-v1.zip").unlink()
+        (run / "0.monitor.csv").write_bytes(log)
+        try:
+            train.main([*tiny, str(folder), "--resume"])
+        except SystemExit as error:
+            return run / "0.monitor.csv", str(error.code)
+        return run / "0.monitor.csv", ""
+
+    lines = complete[:size].split(b"\n")
+    # After the checkpoint: garbage, and a line cut in the middle, are cut with the episodes played again
+    log, error = resume(complete + b"garbage\n18.0,18,1.7")
+    assert error == "" and log.read_bytes()[:size] == complete[:size]
+    assert (read_monitor_file(log)["l"] > 0).all()
+    # Before it: an error naming the file and the line, the log left as it was
+    garbled = b"\n".join([*lines[:3], b"garbage", *lines[4:]]) + complete[size:]
+    log, error = resume(garbled)
+    assert f"--resume: {log}, line 4, is not an episode" in error and "\n" not in error, error
+    assert log.read_bytes() == garbled
+    # Shorter than at the checkpoint, its last line cut: an error naming it; once that line is deleted, a warning
+    log, error = resume(complete[: size - 5])
+    assert f"--resume: {log}, line {len(lines) - 1}, is cut in the middle" in error
+    with pytest.warns(UserWarning, match=r"bytes shorter than when ppg_256_steps was written"):
+        log, error = resume(b"\n".join(lines[:-2]) + b"\n")
+    assert error == ""
+    assert len(read_monitor_file(log)) == len(read_monitor_file(first / "0.monitor.csv")) - 1  # one episode missing
 
 
 def test_resume_takes_the_runs_torch_threads(tmp_path: Path, monkeypatch, capsys):
