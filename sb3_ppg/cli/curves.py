@@ -162,7 +162,7 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
     """
     if curve_type not in ("train", "eval"):
         raise ValueError(f"Unknown curve type {curve_type!r}, expected 'train' or 'eval'")
-    curves = []
+    found: list[tuple[Path, Curve]] = []
     for path_str in paths:
         path = Path(path_str).expanduser()
         if not path.exists():
@@ -177,7 +177,7 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
             if maybe_curve is None:
                 print(f"Skipping {path}: no finished episode or evaluation", file=sys.stderr)
             else:
-                curves.append(maybe_curve)
+                found.append((path.parent, maybe_curve))
             continue
         run_dirs = _run_dirs(path, curve_type)
         if len(run_dirs) == 0:
@@ -192,8 +192,43 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
             if maybe_curve is None:
                 print(f"Skipping {run_dir}: no finished episode or evaluation", file=sys.stderr)
             else:
-                curves.append(maybe_curve)
-    return curves
+                found.append((run_dir, maybe_curve))
+    _name_experiments(found)
+    return [curve for _, curve in found]
+
+
+def _run_settings(run_dir: Path) -> str:
+    """A run's hyperparameters as the command line saved them (its ``<env>/config.yml``; "" without one)."""
+    configs = sorted(run_dir.glob("*/config.yml"))
+    return configs[0].read_text(errors="replace") if configs else ""
+
+
+def _name_experiments(found: list[tuple[Path, Curve]]) -> None:
+    """
+    Name each run's experiment: runs are seeds of one experiment when they lie in the same folder, share their name
+    without the ``_<run id>`` suffix and their settings (``config.yml``). Experiments that would share a name are told
+    apart by their folders (``a/ppg/CartPole-v1``, ``b/ppg/CartPole-v1``), then by the first run of each settings
+    (``CartPole-v1 (settings of CartPole-v1_2)``).
+
+    :param found: Each run's folder and curve (named by :func:`_experiment_name`), renamed in place
+    """
+    experiments: dict[str, dict[tuple[Path, str], list[tuple[Path, Curve]]]] = {}
+    for run_dir, curve in found:
+        identity = (run_dir.resolve().parent, _run_settings(run_dir))
+        experiments.setdefault(curve.name, {}).setdefault(identity, []).append((run_dir, curve))
+    for name, by_identity in experiments.items():
+        if len(by_identity) == 1:
+            continue
+        parents = sorted({parent for parent, _ in by_identity})
+        common = Path(os.path.commonpath([str(parent) for parent in parents])) if len(parents) > 1 else None
+        for (parent, _), runs in by_identity.items():
+            label = name
+            if common is not None:
+                label = str(parent.relative_to(common) / name)
+            if sum(1 for other, _ in by_identity if other == parent) > 1:
+                label += f" (settings of {min(run_dir.resolve().name for run_dir, _ in runs)})"
+            for _, curve in runs:
+                curve.name = label
 
 
 def nothing_to_plot_message(paths: list[str], curve_type: str) -> str:
