@@ -3,15 +3,19 @@ What PPG's policies take as observations and actions: the spaces SB3's buffers a
 error that names the fix), observations given to ``predict``, and preprocessing that SB3 leaves out.
 """
 
+import contextlib
+import copy
 import warnings
 from typing import Any
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import is_vectorized_observation
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper
 
 # The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
 OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -117,6 +121,40 @@ def check_first_observation(env: Any) -> None:
     if has_integer_box(env.observation_space):
         observation, _ = env.reset()
         check_observation_dtype(observation, env.observation_space)
+
+
+def check_dummy_vec_env_observations(venv: VecEnv) -> None:
+    """
+    :func:`check_first_observation` for a ``DummyVecEnv`` (under any ``VecEnvWrapper``) whose space holds an integer
+    Box: its envs' observations are cast into its buffers, so the check resets a copy of its first env (the env
+    itself keeps its state; the copy writes no episode log). Envs that cannot be copied, or that render on screen,
+    are not checked.
+    """
+    layer = venv
+    while isinstance(layer, VecEnvWrapper):
+        layer = layer.venv
+    if not isinstance(layer, DummyVecEnv) or not layer.envs or not has_integer_box(layer.observation_space):
+        return
+    env = layer.envs[0]
+    if getattr(env, "render_mode", None) == "human":
+        return
+    # The copy leaves out the episode logs of SB3's Monitor wrappers (open files, which cannot be copied)
+    memo: dict[int, Any] = {}
+    wrapper = env
+    while wrapper is not None:
+        if isinstance(wrapper, Monitor) and wrapper.results_writer is not None:
+            memo[id(wrapper.results_writer)] = None
+        wrapper = getattr(wrapper, "env", None)
+    try:
+        env = copy.deepcopy(env, memo)
+        observation, _ = env.reset()
+    except Exception:
+        return  # the model's own reset reports an env that fails
+    try:
+        check_observation_dtype(observation, layer.observation_space)
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
 
 
 def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:

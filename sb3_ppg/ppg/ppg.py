@@ -57,7 +57,12 @@ from sb3_ppg.common.hyperparameters import (
 )
 from sb3_ppg.common.logger import drop_written_values, write_pending_values
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
+from sb3_ppg.common.preprocessing import (
+    check_action_space,
+    check_dummy_vec_env_observations,
+    check_first_observation,
+    check_observation_space,
+)
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
 from sb3_ppg.common.save_util import (
@@ -1060,6 +1065,8 @@ class PPG(OnPolicyAlgorithm):
         check_action_space(env.action_space)
         if not isinstance(env, VecEnv):
             check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
+        else:
+            check_dummy_vec_env_observations(env)  # the user's own DummyVecEnv casts them too
         return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
