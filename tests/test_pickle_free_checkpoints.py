@@ -215,8 +215,15 @@ def test_tampered_pth_file_names_the_checkpoint_and_file(procgen_run, tmp_path, 
     replace_file(checkpoint, "model.zip", with_zip_member(checkpoint / "model.zip", "policy.pth", payload.getvalue()))
     with pytest.raises(ValueError, match=r"Checkpoint '.*ppg_32_steps' cannot be loaded: model\.zip, policy\.pth") as error:
         PPG.load_checkpoint(checkpoint, env=procgen_env(), allow_pickle=allow_pickle)
-    assert "tampered" in str(error.value)
+    assert "changed after the checkpoint was written" in str(error.value)
     assert not marker.exists()
+    # An optimizer state of other parameters (plain tensors and containers: torch loads it)
+    payload = io.BytesIO()
+    th.save({"state": {}, "param_groups": [{"params": [0], "lr": 1e-3}]}, payload)
+    tampered = with_zip_member(folder / "ppg_32_steps" / "model.zip", "policy.optimizer.pth", payload.getvalue())
+    replace_file(checkpoint, "model.zip", tampered)
+    with pytest.raises(ValueError, match=r"ppg_32_steps' cannot be loaded: model\.zip, its optimizers' \.pth members"):
+        PPG.load_checkpoint(checkpoint, env=procgen_env(), allow_pickle=allow_pickle)
 
 
 def test_tampered_space_description_names_the_checkpoint_and_file(procgen_run, tmp_path):

@@ -374,6 +374,8 @@ def _tampered_file(model_zip: pathlib.Path, error: BaseException, pickle_free: b
             f"model.zip, policy.pth: its parameters do not fit the policy built from {source} ({detail}): one of these "
             f"files was {note}"
         )
+    if isinstance(error, ValueError) and "loaded state dict" in str(error):  # torch's Optimizer.load_state_dict
+        return f"model.zip, its optimizers' .pth members: they do not fit the policy's parameters ({error}): {note}"
     if pickle_free and isinstance(error, ValueError) and "spaces do not match" in str(error):
         return f"run_state.npz: its description of the spaces does not fit the env ({error}): it was {note}"
     return None
