@@ -356,6 +356,10 @@ def test_resume_reports_the_runs_seed_and_continues_the_progress_bar(tmp_path: P
     assert f"Seed: {seed}\n" in output
     bar = output.replace("\r", "\n")
     assert "256/512" in bar and "512/512" in bar and "/256" not in bar
+    # Another seed would seed the evaluations otherwise: refused as another -params value is
+    with pytest.raises(SystemExit) as error:
+        train.main([*unseeded, "-f", str(tmp_path), "--seed", str(seed + 1), "--resume"])
+    assert f"--seed (run: {seed}, command: {seed + 1})" in str(error.value.code)
 
 
 def test_resume_checks_and_cuts_a_damaged_episode_log(tmp_path: Path, capsys):

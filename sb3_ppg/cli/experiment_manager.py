@@ -345,11 +345,15 @@ class PPGExperimentManager(ExperimentManager):
                 "PPG.load_checkpoint, see docs/checkpoints.md)."
             )
         resumed_run = ResumedRun(read_run_file(config_file), run_args, params_path)
+        # The seed too: evaluations are seeded with it (without --seed, the command passes the run's: see train.py)
+        run_seed = run_args.get("seed")
+        other_seed = [f"(run: {run_seed}, command: {self.seed})"] if is_integer(run_seed) and run_seed != self.seed else []
         changes = [
             f"{option} {', '.join(changed)}"
             for option, changed in (
                 ("-params", changed_settings(self.custom_hyperparams or {}, resumed_run.hyperparams)),
                 ("--env-kwargs", changed_settings(self.env_kwargs, run_args.get("env_kwargs") or {})),
+                ("--seed", other_seed),
             )
             if changed
         ]
