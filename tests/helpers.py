@@ -2,10 +2,14 @@
 What the tests share: the small PPG model (tests use it through the ``make_model`` fixture of conftest.py; the scripts
 that tests run in subprocesses import it from here, tests/ being on their path), a model's parameters and their
 bit-for-bit comparison, a process holding a checkpoint folder's lock, the command line's quiet CPU run options, the
-environment of a subprocess that must run with glibc's own malloc settings.
+environment of a subprocess that must run with glibc's own malloc settings, Ctrl-C that works when the suite runs with
+SIGINT ignored (``nohup ... &``).
 """
 
+import contextlib
 import os
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +93,21 @@ def environment_with_glibc_defaults() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in host_memory.MALLOC_ENVIRONMENT}
     env.pop("GLIBC_TUNABLES", None)
     return env
+
+
+def default_sigint() -> None:
+    """
+    SIGINT's default disposition, for ``subprocess.Popen(preexec_fn=...)`` of a child that a test interrupts: a child
+    inherits an ignored SIGINT (a suite started with ``nohup ... &``), and Python then never raises KeyboardInterrupt.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def sigint_raises_keyboard_interrupt() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in this process while active, whatever its disposition was (restored after)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -15,10 +15,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch as th
-from helpers import hold_lock
+from helpers import default_sigint, hold_lock, sigint_raises_keyboard_interrupt
 
 from sb3_ppg import PPG
 from sb3_ppg.cli import arguments, train, zoo
+from sb3_ppg.cli.curves import read_monitor_file
+from sb3_ppg.cli.run_folders import read_run_file
+from sb3_ppg.common.checkpoints import read_monitor_log_sizes
 
 CARTPOLE = [
     "--env",
@@ -119,7 +122,10 @@ def complete_checkpoints(run: Path) -> list[str]:
 
 
 def interrupt_train(monkeypatch, call: int) -> None:
-    """Send this process SIGINT (Ctrl-C) inside its ``call``-th train(), after the policy phase."""
+    """
+    Send this process SIGINT (Ctrl-C) inside its ``call``-th train(), after the policy phase (raising KeyboardInterrupt
+    also when the suite runs with SIGINT ignored).
+    """
     original = PPG._policy_phase
     calls = []
 
@@ -127,7 +133,8 @@ def interrupt_train(monkeypatch, call: int) -> None:
         original(self)
         calls.append(1)
         if len(calls) == call:
-            signal.raise_signal(signal.SIGINT)
+            with sigint_raises_keyboard_interrupt():
+                signal.raise_signal(signal.SIGINT)
 
     monkeypatch.setattr(PPG, "_policy_phase", interrupted)
 
@@ -190,6 +197,7 @@ def test_ctrl_c_in_a_subprocess_exits_130_with_the_resume_command(uninterrupted:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        preexec_fn=default_sigint,
     )
     deadline = time.monotonic() + 240
     while not (run / "checkpoints" / "ppg_512_steps" / "manifest.json").is_file():
@@ -210,6 +218,32 @@ def test_ctrl_c_in_a_subprocess_exits_130_with_the_resume_command(uninterrupted:
     resumed = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True, check=False)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(uninterrupted / "ppg" / "CartPole-v1_1", run, "CartPole-v1")
+
+
+def test_ctrl_c_tests_do_not_depend_on_the_suites_sigint(tmp_path: Path):
+    """
+    With SIGINT ignored, as in a suite started with ``nohup ... &``, the Ctrl-C tests failed (issue 51): what they use
+    still turns SIGINT into KeyboardInterrupt, in this process and in the child they interrupt.
+    """
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt), sigint_raises_keyboard_interrupt():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        ready = tmp_path / "ready"
+        child_code = f"import pathlib, time; pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"
+        child = subprocess.Popen(
+            [sys.executable, "-c", child_code], stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+        )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+        assert "KeyboardInterrupt" in stderr
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_resume_skips_a_damaged_checkpoint_and_keeps_the_one_it_continues(uninterrupted: Path, tmp_path: Path, monkeypatch):
@@ -305,6 +339,75 @@ def test_resume_without_checkpoint_starts_over(tmp_path: Path, capsys):
     assert "no complete checkpoint yet" in capsys.readouterr().out
     assert not (tmp_path / "ppg" / "CartPole-v1_2").exists()
     assert PPG.load(run / "CartPole-v1.zip").num_timesteps == 128
+
+
+def test_resume_reports_the_runs_seed_and_continues_the_progress_bar(tmp_path: Path, capsys):
+    """--resume printed a new random seed and restarted the progress bar at 0 of the steps left (issue 51)."""
+    unseeded = [arg for index, arg in enumerate(CARTPOLE) if "--seed" not in CARTPOLE[max(index - 1, 0) : index + 1]]
+    unseeded = [*unseeded[: unseeded.index("-n")], "-n", "512", *unseeded[unseeded.index("-n") + 2 :]]
+    train.main([*unseeded, "-f", str(tmp_path)])
+    run = tmp_path / "ppg" / "CartPole-v1_1"
+    seed = read_run_file(run / "CartPole-v1" / "args.yml")["seed"]
+    assert f"Seed: {seed}\n" in capsys.readouterr().out
+    (run / "CartPole-v1.zip").unlink()
+    shutil.rmtree(run / "checkpoints" / "ppg_512_steps")
+    train.main([*unseeded, "-f", str(tmp_path), "-P", "--resume"])
+    output = capsys.readouterr().out
+    assert f"Seed: {seed}\n" in output
+    bar = output.replace("\r", "\n")
+    assert "256/512" in bar and "512/512" in bar and "/256" not in bar
+    # Another seed would seed the evaluations otherwise: refused as another -params value is
+    with pytest.raises(SystemExit) as error:
+        train.main([*unseeded, "-f", str(tmp_path), "--seed", str(seed + 1), "--resume"])
+    assert f"--seed (run: {seed}, command: {seed + 1})" in str(error.value.code)
+
+
+def test_resume_checks_and_cuts_a_damaged_episode_log(tmp_path: Path, capsys):
+    """
+    --resume with a damaged *.monitor.csv appended after a garbage line and glued its first episode onto a cut line
+    (issue 51): damage after the checkpoint is cut, damage before it is a one-line error naming the file and the line,
+    and a log that lost lines continues after its last complete one, with a warning.
+    """
+    tiny = [*CARTPOLE[: CARTPOLE.index("-n")], "-n", "512", *CARTPOLE[CARTPOLE.index("-n") + 2 :], "-f"]
+    train.main([*tiny, str(tmp_path / "first")])
+    first = tmp_path / "first" / "ppg" / "CartPole-v1_1"
+    sizes = read_monitor_log_sizes(first / "checkpoints" / "ppg_256_steps")
+    sizes = {os.path.basename(name): size for name, size in sizes.items()}
+    size = sizes["0.monitor.csv"]  # one log per env: the first env's is damaged
+    complete = (first / "0.monitor.csv").read_bytes()
+    assert complete[size - 1 : size] == b"\n" and len(complete) > size
+
+    def resume(log: bytes) -> tuple[Path, str]:
+        """Resume a copy of the run at its 256-step checkpoint with ``log`` as its episode log: (the log, the error)."""
+        folder = tmp_path / f"copy_{len(list(tmp_path.iterdir()))}"
+        run = folder / "ppg" / "CartPole-v1_1"
+        shutil.copytree(first, run)
+        shutil.rmtree(run / "checkpoints" / "ppg_512_steps")
+        (run / "CartPole-v1.zip").unlink()
+        (run / "0.monitor.csv").write_bytes(log)
+        try:
+            train.main([*tiny, str(folder), "--resume"])
+        except SystemExit as error:
+            return run / "0.monitor.csv", str(error.code)
+        return run / "0.monitor.csv", ""
+
+    lines = complete[:size].split(b"\n")
+    # After the checkpoint: garbage, and a line cut in the middle, are cut with the episodes played again
+    log, error = resume(complete + b"garbage\n18.0,18,1.7")
+    assert error == "" and log.read_bytes()[:size] == complete[:size]
+    assert (read_monitor_file(log)["l"] > 0).all()
+    # Before it: an error naming the file and the line, the log left as it was
+    garbled = b"\n".join([*lines[:3], b"garbage", *lines[4:]]) + complete[size:]
+    log, error = resume(garbled)
+    assert f"--resume: {log}, line 4, is not an episode" in error and "\n" not in error, error
+    assert log.read_bytes() == garbled
+    # Shorter than at the checkpoint, its last line cut: an error naming it; once that line is deleted, a warning
+    log, error = resume(complete[: size - 5])
+    assert f"--resume: {log}, line {len(lines) - 1}, is cut in the middle" in error
+    with pytest.warns(UserWarning, match=r"bytes shorter than when ppg_256_steps was written"):
+        log, error = resume(b"\n".join(lines[:-2]) + b"\n")
+    assert error == ""
+    assert len(read_monitor_file(log)) == len(read_monitor_file(first / "0.monitor.csv")) - 1  # one episode missing
 
 
 def test_resume_takes_the_runs_torch_threads(tmp_path: Path, monkeypatch, capsys):

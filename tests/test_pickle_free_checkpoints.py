@@ -22,7 +22,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.utils import FloatSchedule, LinearSchedule
 
 from sb3_ppg import PPG, PPGCheckpointCallback, ProcgenCnnPolicy
-from sb3_ppg.common.array_files import read_array_file
+from sb3_ppg.common.array_files import read_array_file, write_array_file
 from sb3_ppg.common.checkpoints.model_objects import NotDescribable, describe, rebuild
 from sb3_ppg.procgen import make_procgen_env
 
@@ -170,6 +170,85 @@ def test_tampered_env_states_pickle_is_refused(tmp_path, make_model):
     with pytest.raises(Exception):  # noqa: B017  the code runs, then the restore fails on what it returned
         PPG.load_checkpoint(checkpoint, env=make_vec_env("CartPole-v1", n_envs=2))
     assert marker.exists()
+
+
+@pytest.mark.parametrize("allow_pickle", ["False", "no", 0, None, [False]])
+def test_allow_pickle_takes_only_a_bool(tmp_path, make_model, allow_pickle):
+    """
+    allow_pickle="False" (a true string) loaded the tampered env_states.pkl and ran its code: anything but a bool is
+    refused before a file is read (issue 51).
+    """
+    model = make_model("CartPole-v1", n_envs=2)
+    model.learn(32, callback=PPGCheckpointCallback(16, str(tmp_path / "run"), name_prefix="ppg"))
+    checkpoint = tmp_path / "run" / "ppg_32_steps"
+    marker = tmp_path / "code_ran"
+    replace_file(checkpoint, "env_states.pkl", pickle.dumps(CreatesFolder(marker)))
+    with pytest.raises(TypeError, match=r"allow_pickle must be True or False, got .* pass allow_pickle=False"):
+        PPG.load_checkpoint(checkpoint, env=make_vec_env("CartPole-v1", n_envs=2), allow_pickle=allow_pickle)
+    assert not marker.exists()
+    with pytest.raises(ValueError, match=r"holds the pickled envs"):  # numpy's bool is a bool
+        PPG.load_checkpoint(checkpoint, env=make_vec_env("CartPole-v1", n_envs=2), allow_pickle=np.bool_(False))
+
+
+def with_zip_member(path: pathlib.Path, name: str, content: bytes) -> bytes:
+    """The model zip ``path`` with its member ``name`` replaced by ``content``."""
+    output = io.BytesIO()
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(output, "w") as target:
+        for item in source.infolist():
+            target.writestr(item, content if item.filename == name else source.read(item.filename))
+    return output.getvalue()
+
+
+@pytest.mark.parametrize("allow_pickle", [True, False])
+def test_tampered_pth_file_names_the_checkpoint_and_file(procgen_run, tmp_path, allow_pickle):
+    """
+    A .pth member of model.zip replaced by a pickle that runs code (checksums updated) failed safely but with torch's
+    "Weights only load failed", naming neither the checkpoint nor the file (issue 51): the error names both.
+    """
+    folder, _ = procgen_run
+    checkpoint = tmp_path / "ppg_32_steps"
+    shutil.copytree(folder / "ppg_32_steps", checkpoint)
+    shutil.copytree(folder / "ppg_rollouts", tmp_path / "ppg_rollouts")
+    marker = tmp_path / "code_ran"
+    payload = io.BytesIO()
+    th.save(CreatesFolder(marker), payload)
+    replace_file(checkpoint, "model.zip", with_zip_member(checkpoint / "model.zip", "policy.pth", payload.getvalue()))
+    with pytest.raises(ValueError, match=r"Checkpoint '.*ppg_32_steps' cannot be loaded: model\.zip, policy\.pth") as error:
+        PPG.load_checkpoint(checkpoint, env=procgen_env(), allow_pickle=allow_pickle)
+    assert "changed after the checkpoint was written" in str(error.value)
+    assert not marker.exists()
+    # An optimizer state of other parameters (plain tensors and containers: torch loads it)
+    payload = io.BytesIO()
+    th.save({"state": {}, "param_groups": [{"params": [0], "lr": 1e-3}]}, payload)
+    tampered = with_zip_member(folder / "ppg_32_steps" / "model.zip", "policy.optimizer.pth", payload.getvalue())
+    replace_file(checkpoint, "model.zip", tampered)
+    with pytest.raises(ValueError, match=r"ppg_32_steps' cannot be loaded: model\.zip, its optimizers' \.pth members"):
+        PPG.load_checkpoint(checkpoint, env=procgen_env(), allow_pickle=allow_pickle)
+
+
+def test_tampered_space_description_names_the_checkpoint_and_file(procgen_run, tmp_path):
+    """
+    An observation space changed in the run state's plain descriptions (checksums updated) failed with a state_dict
+    size mismatch naming no file (issue 51): the error names the checkpoint and run_state.npz.
+    """
+    folder, _ = procgen_run
+    checkpoint = tmp_path / "ppg_32_steps"
+    shutil.copytree(folder / "ppg_32_steps", checkpoint)
+    shutil.copytree(folder / "ppg_rollouts", tmp_path / "ppg_rollouts")
+    metadata, arrays = read_array_file(checkpoint / "run_state.npz", "sb3_ppg.run_state")
+    metadata = {key: value for key, value in metadata.items() if key not in ("arrays", "checksum")}
+    space = metadata["model_objects"]["objects"]["observation_space"]
+    changed = json.loads(json.dumps(space).replace("64", "32"))
+    assert changed != space
+    metadata["model_objects"]["objects"]["observation_space"] = changed
+    content = io.BytesIO()
+    write_array_file(content, arrays, metadata)
+    replace_file(checkpoint, "run_state.npz", content.getvalue())
+    where = r"Checkpoint '.*ppg_32_steps' cannot be loaded: "
+    with pytest.raises(ValueError, match=where + r"run_state\.npz: its description of the spaces does not fit the env"):
+        PPG.load_checkpoint(checkpoint, env=procgen_env(), allow_pickle=False)
+    with pytest.raises(ValueError, match=where + r"model\.zip, policy\.pth: its parameters do not fit .* run_state\.npz"):
+        PPG.load_checkpoint(checkpoint, allow_pickle=False)
 
 
 def test_old_checkpoint_is_refused_without_pickle(tmp_path, no_unpickling):

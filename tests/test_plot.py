@@ -330,3 +330,44 @@ def test_reference_lines_and_points(zoo_logs: Path, tmp_path: Path, monkeypatch)
     assert list(random_line.get_ydata()) == [1.5, 1.5]
     points = next(container for container in axis.containers if container.get_label() == "evaluations")
     np.testing.assert_array_equal(points.lines[0].get_xydata(), [[1000, 2.0], [2000, 3.0]])
+
+
+def test_runs_of_other_folders_or_settings_are_not_seeds(tmp_path: Path):
+    """
+    Run folders named alike (both _1) in two log folders were drawn as one experiment's 2 seeds (issue 51): seeds share
+    their folder and settings; the experiments are told apart by their folders, then by their settings.
+    """
+    write_monitor(tmp_path / "a" / "ppg" / "CartPole-v1_1" / "0.monitor.csv", 30, seed=0)
+    write_monitor(tmp_path / "b" / "ppg" / "CartPole-v1_1" / "0.monitor.csv", 30, seed=1)
+    names = [curve.name for curve in plot.load_curves([str(tmp_path / "a"), str(tmp_path / "b")])]
+    assert names == ["a/ppg/CartPole-v1", "b/ppg/CartPole-v1"]
+    # In one folder: _1 and _2 are seeds, unless their hyperparameters differ
+    write_monitor(tmp_path / "a" / "ppg" / "CartPole-v1_2" / "0.monitor.csv", 30, seed=2)
+    assert [curve.name for curve in plot.load_curves([str(tmp_path / "a")])] == ["CartPole-v1"] * 2
+    for run, n_steps in (("CartPole-v1_1", 64), ("CartPole-v1_2", 128)):
+        (tmp_path / "a" / "ppg" / run / "CartPole-v1").mkdir()
+        (tmp_path / "a" / "ppg" / run / "CartPole-v1" / "config.yml").write_text(f"- - n_steps\n  - {n_steps}\n")
+    names = [curve.name for curve in plot.load_curves([str(tmp_path / "a")])]
+    assert names == ["CartPole-v1 (settings of CartPole-v1_1)", "CartPole-v1 (settings of CartPole-v1_2)"]
+
+
+@pytest.mark.parametrize("figsize", [(8.0, 5.0), (5.0, 4.0)])
+def test_the_paper_plots_subtitle_fits(zoo_logs: Path, tmp_path: Path, monkeypatch, figsize):
+    """The --paper plot's subtitle (the notes) ran past both edges of the figure (issue 51): it is wrapped to fit."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: (saved.append(self), savefig(self, *args, **kwargs)))
+    run = zoo_logs / "ppg" / "procgen-coinrun-v0_1"
+    (run / "procgen-coinrun-v0" / "config.yml").write_text("- - env_kwargs\n    - distribution_mode: easy\n")
+    with pytest.warns(UserWarning, match="not comparable"):
+        plot.plot_learning_curves(
+            [str(zoo_logs / "ppg")], output=str(tmp_path / "paper.png"), paper=["ppg", "ppo"], game="coinrun", figsize=figsize
+        )
+    figure = saved[0]
+    renderer = figure.canvas.get_renderer()
+    (axis,) = [axis for axis in figure.axes if axis.get_title()]
+    box = axis.title.get_window_extent(renderer)
+    assert "400 episodes" in axis.get_title() and "easy mode" in axis.get_title()
+    assert 0 <= box.x0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height

@@ -77,6 +77,18 @@ def test_time_left_counts_the_aux_phases(monkeypatch):
     assert bar.pbar is None
 
 
+def test_continued_run_continues_the_bar():
+    """learn(..., reset_num_timesteps=False) of a run at step 64 restarted its bar at 0/32 (issue 51): 64/96 to 96/96."""
+    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=8, batch_size=16, n_policy_iters=2,
+                n_aux_epochs=1, aux_batch_rollouts=2, seed=0)  # fmt: skip
+    model.learn(64)
+    output = io.StringIO()
+    bar = PPGProgressBarCallback(file=output)
+    model.learn(32, callback=bar, reset_num_timesteps=False)
+    lines = output.getvalue().replace("\r", "\n")
+    assert "64/96" in lines and "96/96" in lines and "/32" not in lines
+
+
 def test_format_duration():
     assert [format_duration(s) for s in (0, 59.6, 61, 3600 + 62)] == ["0:00", "1:00", "1:01", "1:01:02"]
 

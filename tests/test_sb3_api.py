@@ -166,8 +166,8 @@ def test_tensorboard_logging(tmp_path, make_model):
 
     model = make_model(n_policy_iters=1, tensorboard_log=str(tmp_path))
     model.learn(3 * 32)
-    # Continuing a run logs to the same directory (SB3 starts a new logger: what the last train() of the previous
-    # learn() call recorded is never dumped, as with PPO)
+    # Continuing a run logs to the same directory (SB3 starts a new logger; what the last train() of each learn()
+    # recorded is written when it returns, which SB3's PPO leaves out: issue 51)
     model.learn(32, reset_num_timesteps=False)
     assert [path.name for path in tmp_path.iterdir()] == ["PPG_1"]
     assert len(list((tmp_path / "PPG_1").iterdir())) == 2
@@ -177,10 +177,11 @@ def test_tensorboard_logging(tmp_path, make_model):
     tags = set(accumulator.Tags()["scalars"])
     missing = set(LOGGED_KEYS) - tags
     assert not missing, f"missing TensorBoard keys: {sorted(missing)}"
-    # train() of iteration k is dumped at iteration k + 1
+    # train() of iteration k is dumped at iteration k + 1, the last one's when learn() returns
     n_aux_phases = accumulator.Scalars("train/n_aux_phases")
-    assert [event.step for event in n_aux_phases] == [64, 96]
-    assert [event.value for event in n_aux_phases] == [1, 2]
+    assert [event.step for event in n_aux_phases] == [64, 96, 96, 128]
+    assert [event.value for event in n_aux_phases] == [1, 2, 3, 4]
+    assert [event.step for event in accumulator.Scalars("aux/kl_loss")] == [64, 96, 96, 128]
     assert accumulator.Scalars("time/fps")[-1].step == 128
     assert all(event.value > 0 for event in accumulator.Scalars("time/aux_phase_s"))
     assert all(np.isfinite(event.value) for event in accumulator.Scalars("aux/kl_loss"))
@@ -192,14 +193,20 @@ def test_csv_logging(tmp_path, make_model):
     model.learn(4 * 32)
     with open(tmp_path / "progress.csv") as file:
         rows = list(csv.DictReader(file))
-    assert len(rows) == 4
+    assert len(rows) == 5
     assert set(LOGGED_KEYS) <= set(rows[0])
-    assert [int(row["time/total_timesteps"]) for row in rows] == [32, 64, 96, 128]
-    # Nothing is trained before the first dump; the aux phase of iteration 2 is dumped with iteration 3
+    assert [int(row["time/total_timesteps"]) for row in rows] == [32, 64, 96, 128, 128]
+    # Nothing is trained before the first dump; the aux phase of iteration 2 is dumped with iteration 3, that of the
+    # last iteration when learn() returns (it was never written: issue 51)
     assert rows[0]["train/value_loss"] == ""
-    assert [row["aux/kl_loss"] != "" for row in rows] == [False, False, True, False]
-    assert [row["train/n_aux_phases"] for row in rows] == ["", "0", "1", "1"]
-    assert float(rows[2]["aux/real_value_loss"]) > 0
+    assert [row["aux/kl_loss"] != "" for row in rows] == [False, False, True, False, True]
+    assert [row["train/n_aux_phases"] for row in rows] == ["", "0", "1", "1", "2"]
+    assert float(rows[2]["aux/real_value_loss"]) > 0 and float(rows[4]["aux/real_value_loss"]) > 0
+    assert model.logger.name_to_value["train/n_aux_phases"] == 2  # still readable after learn()
+    model.learn(32, reset_num_timesteps=False)  # written once: not again by the next learn()'s first table
+    with open(tmp_path / "progress.csv") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["train/n_aux_phases"] for row in rows[5:]] == ["", "2"]
 
 
 def test_reset_num_timesteps(make_model):

@@ -16,7 +16,7 @@ from stable_baselines3.common.envs import (
 )
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.monitor import Monitor
-from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecTransposeImage
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack, VecTransposeImage
 
 from sb3_ppg import PPG, MlpPolicy
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
@@ -447,6 +447,33 @@ def test_float_observations_of_a_uint8_space_are_refused(dict_observation):
     assert ("key 'image'" in str(error.value)) == dict_observation
     with pytest.raises(ValueError, match=match):
         ProcgenVecEnvFactory(DummyVecEnv)([lambda: UnitIntervalImageEnv(unit_floats, dict_observation)])
+
+
+@pytest.mark.parametrize("dict_observation", [False, True])
+def test_float_observations_of_a_uint8_space_in_the_users_dummy_vec_env_are_refused(dict_observation, tmp_path):
+    """
+    The same env inside the user's own DummyVecEnv (under VecFrameStack too) trained on all-zero observations without a
+    word (issue 51): refused as the env alone is, PPG.load(env=...) and set_env() included, the envs' state untouched.
+    """
+    policy = "MultiInputPolicy" if dict_observation else "MlpPolicy"
+    match = r"are float64 .* is uint8: SB3's VecEnv casts them to uint8, which changes them"
+    venv = DummyVecEnv([lambda: UnitIntervalImageEnv(unit_floats, dict_observation)] * 2)
+    with pytest.raises(ValueError, match=match):
+        PPG(policy, venv, **SMALL)
+    if not dict_observation:
+        with pytest.raises(ValueError, match=match):
+            PPG(policy, VecFrameStack(venv, 2), **SMALL)
+    assert all(env._np_random is None for env in venv.envs)  # never reset: a copy of the first env was
+    # make_vec_env's Monitor wrappers, with episode logs (open files): checked too, the logs untouched
+    logged = make_vec_env(lambda: UnitIntervalImageEnv(unit_floats, dict_observation), n_envs=2, monitor_dir=str(tmp_path))
+    logs = {path: path.read_bytes() for path in tmp_path.glob("*.monitor.csv")}
+    with pytest.raises(ValueError, match=match):
+        PPG(policy, logged, **SMALL)
+    assert len(logs) == 2 and {path: path.read_bytes() for path in tmp_path.glob("*.monitor.csv")} == logs
+    accepted = DummyVecEnv([lambda: UnitIntervalImageEnv(lambda rng: rng.integers(0, 256, (8, 8, 1)).astype(np.uint8))])
+    model = PPG("MlpPolicy", accepted, **SMALL)
+    with pytest.raises(ValueError, match=match):
+        model.set_env(DummyVecEnv([lambda: UnitIntervalImageEnv(unit_floats)]))
 
 
 def test_observations_that_survive_the_cast_are_accepted():

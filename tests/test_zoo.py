@@ -346,6 +346,22 @@ def test_train_enjoy_cartpole(tmp_path: Path, capsys):
     assert "Episode Reward" in capsys.readouterr().out
 
 
+def test_train_shows_the_last_auxiliary_phase(tmp_path: Path, capsys):
+    """
+    The last auxiliary phase ran after the last table, silently, and its aux/* values were never shown (issue 51): a
+    line per phase and epoch, then a table with its values.
+    """
+    params = ["n_envs:1", "n_steps:32", "batch_size:32", "n_policy_iters:2", "n_aux_epochs:2", "aux_batch_rollouts:1"]
+    folder_args = [*run_folder_args(tmp_path)[:-1], "1"]  # --verbose 1
+    train.main(["--env", "CartPole-v1", "-n", "128", "--eval-freq", "-1", *folder_args, "-params", *params])
+    output = capsys.readouterr().out
+    assert output.count("Auxiliary phase") == 2 * 2  # its start and end, for the two phases
+    last = output[output.rindex("Auxiliary phase 2 at step 128: 2 epochs of 2 minibatches") :]
+    assert "epoch 1/2" in last and "epoch 2/2" in last and "Auxiliary phase done in" in last
+    table = last.split("Auxiliary phase done in")[1]
+    assert "aux/" in table and "kl_loss" in table and "real_value_loss" in table
+
+
 def test_train_enjoy_procgen(tmp_path: Path, capsys):
     train.main(
         [

@@ -8,7 +8,8 @@ import argparse
 import os
 from pathlib import Path
 
-from sb3_ppg.cli.run_folders import RESUME_LATEST
+from sb3_ppg.cli.run_folders import CHECKPOINTS_FOLDER, RESUME_LATEST, RUN_ARGS, read_run_file
+from sb3_ppg.common.checkpoints import MANIFEST
 
 HYPERPARAMS_DIR = Path(__file__).parent / "hyperparams"
 # sb3_ppg's own options: flags, options with a value, the option with an optional value
@@ -147,3 +148,39 @@ def latest_run_folder(log_folder: str, env_id: str, algo: str = "ppg") -> str:
     env_name = EnvironmentName(env_id)
     algo_folder = os.path.join(log_folder, algo)
     return os.path.join(algo_folder, f"{env_name}_{get_latest_run_id(algo_folder, env_name)}")
+
+
+def resumed_run_seed(resume: str, log_folder: str | None, env_id: str | None, algo: str | None) -> int | None:
+    """
+    The seed of the run that ``--resume`` continues (its ``args.yml``), for a command without ``--seed``: the zoo would
+    otherwise print (and seed the process with) a new random one. The manager checks the run later; here a run
+    that cannot be read gives None.
+
+    :param resume: ``--resume``'s value (``"latest"`` or a path)
+    :param log_folder: ``-f`` (None: the zoo's ``logs``)
+    :param env_id: ``--env``
+    :param algo: ``--algo`` (None: ``ppg``)
+    :return: The run's seed, or None
+    """
+    if env_id is None:
+        return None
+    if resume == RESUME_LATEST:
+        try:
+            folder = Path(latest_run_folder(log_folder or "logs", env_id, algo or "ppg"))
+        except ImportError:  # no zoo: the command says so next
+            return None
+    else:
+        folder = Path(os.path.expanduser(resume))
+        if (folder / MANIFEST).is_file():  # a checkpoint: <run folder>/checkpoints/<checkpoint>
+            folder = folder.parent.parent
+        elif folder.name == CHECKPOINTS_FOLDER:
+            folder = folder.parent
+    for args_file in sorted(folder.glob(f"*/{RUN_ARGS}")):
+        try:
+            run_args = read_run_file(args_file)
+        except (OSError, ValueError):
+            continue
+        seed = run_args.get("seed")
+        if run_args.get("env") == env_id and isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+            return seed
+    return None

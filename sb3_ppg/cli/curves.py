@@ -42,6 +42,48 @@ def _experiment_name(run_dir: Path) -> str:
     return re.sub(r"_\d+$", "", name)
 
 
+class MonitorLineError(ValueError):
+    """A line of a monitor file that is not what SB3's ``Monitor`` writes: its number (from 1) and what is wrong."""
+
+    def __init__(self, line: int, reason: str) -> None:
+        super().__init__(f"line {line} {reason}")
+        self.line = line
+        self.reason = reason
+
+
+def parse_monitor_lines(lines: list[str]) -> tuple[float, np.ndarray]:
+    """
+    Parse the complete lines of a monitor file (line ends removed).
+
+    :param lines: The lines
+    :return: The header's ``t_start`` and the episodes' ``r``, ``l`` and ``t`` (one row each)
+    :raises MonitorLineError: For the first line that is not what SB3's ``Monitor`` writes
+    """
+    t_start, first = 0.0, 0
+    if lines and lines[0].startswith("#"):
+        try:
+            t_start = float(json.loads(lines[0][1:]).get("t_start", 0.0))
+        except (ValueError, TypeError, AttributeError):
+            raise MonitorLineError(1, "is not the header of a monitor file (a JSON object with t_start)") from None
+        first = 1
+    rows = list(csv.reader(lines[first:]))
+    if not rows:
+        raise MonitorLineError(first + 1, "is missing: a monitor file's columns (r, l, t)")
+    if not {"r", "l", "t"} <= set(rows[0]):
+        raise MonitorLineError(first + 1, f"holds the columns {rows[0]}, not those of a monitor file (r, l, t)")
+    columns = [rows[0].index(name) for name in ("r", "l", "t")]
+    values = np.zeros((len(rows) - 1, 3))
+    for index, row in enumerate(rows[1:]):
+        try:
+            if len(row) != len(rows[0]):
+                raise ValueError
+            values[index] = [float(row[column]) for column in columns]
+        except ValueError:
+            reason = f"is not an episode ({len(rows[0])} fields, r, l and t numbers)"
+            raise MonitorLineError(first + index + 2, reason) from None
+    return t_start, values
+
+
 def read_monitor_file(path: str | Path) -> pd.DataFrame:
     """
     Read one SB3 monitor file into columns ``r``, ``l`` and ``t``, an unfinished last line left out (a ``ValueError``
@@ -60,28 +102,10 @@ def read_monitor_file(path: str | Path) -> pd.DataFrame:
     except UnicodeDecodeError as error:
         raise damaged(1 + text_lines_before(path, error.start), "is not UTF-8 text") from None
     lines = text.split("\n")[:-1]  # the text after the last line end: an unfinished line, left out
-    lines = [line.rstrip("\r") for line in lines]
-    t_start, first = 0.0, 0
-    if lines and lines[0].startswith("#"):
-        try:
-            t_start = float(json.loads(lines[0][1:]).get("t_start", 0.0))
-        except (ValueError, TypeError, AttributeError):
-            raise damaged(1, "is not the header of a monitor file (a JSON object with t_start)") from None
-        first = 1
-    rows = list(csv.reader(lines[first:]))
-    if not rows:
-        raise damaged(first + 1, "is missing: a monitor file's columns (r, l, t)")
-    if not {"r", "l", "t"} <= set(rows[0]):
-        raise damaged(first + 1, f"holds the columns {rows[0]}, not those of a monitor file (r, l, t)")
-    columns = [rows[0].index(name) for name in ("r", "l", "t")]
-    values = np.zeros((len(rows) - 1, 3))
-    for index, row in enumerate(rows[1:]):
-        try:
-            if len(row) != len(rows[0]):
-                raise ValueError
-            values[index] = [float(row[column]) for column in columns]
-        except ValueError:
-            raise damaged(first + index + 2, f"is not an episode ({len(rows[0])} fields, r, l and t numbers)") from None
+    try:
+        t_start, values = parse_monitor_lines([line.rstrip("\r") for line in lines])
+    except MonitorLineError as error:
+        raise damaged(error.line, error.reason) from None
     return pd.DataFrame({"r": values[:, 0], "l": values[:, 1], "t": values[:, 2] + t_start})
 
 
@@ -138,7 +162,7 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
     """
     if curve_type not in ("train", "eval"):
         raise ValueError(f"Unknown curve type {curve_type!r}, expected 'train' or 'eval'")
-    curves = []
+    found: list[tuple[Path, Curve]] = []
     for path_str in paths:
         path = Path(path_str).expanduser()
         if not path.exists():
@@ -153,7 +177,7 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
             if maybe_curve is None:
                 print(f"Skipping {path}: no finished episode or evaluation", file=sys.stderr)
             else:
-                curves.append(maybe_curve)
+                found.append((path.parent, maybe_curve))
             continue
         run_dirs = _run_dirs(path, curve_type)
         if len(run_dirs) == 0:
@@ -168,8 +192,43 @@ def load_curves(paths: list[str], curve_type: str = "train") -> list[Curve]:
             if maybe_curve is None:
                 print(f"Skipping {run_dir}: no finished episode or evaluation", file=sys.stderr)
             else:
-                curves.append(maybe_curve)
-    return curves
+                found.append((run_dir, maybe_curve))
+    _name_experiments(found)
+    return [curve for _, curve in found]
+
+
+def _run_settings(run_dir: Path) -> str:
+    """A run's hyperparameters as the command line saved them (its ``<env>/config.yml``; "" without one)."""
+    configs = sorted(run_dir.glob("*/config.yml"))
+    return configs[0].read_text(errors="replace") if configs else ""
+
+
+def _name_experiments(found: list[tuple[Path, Curve]]) -> None:
+    """
+    Name each run's experiment: runs are seeds of one experiment when they lie in the same folder, share their name
+    without the ``_<run id>`` suffix and their settings (``config.yml``). Experiments that would share a name are told
+    apart by their folders (``a/ppg/CartPole-v1``, ``b/ppg/CartPole-v1``), then by the first run of each settings
+    (``CartPole-v1 (settings of CartPole-v1_2)``).
+
+    :param found: Each run's folder and curve (named by :func:`_experiment_name`), renamed in place
+    """
+    experiments: dict[str, dict[tuple[Path, str], list[tuple[Path, Curve]]]] = {}
+    for run_dir, curve in found:
+        identity = (run_dir.resolve().parent, _run_settings(run_dir))
+        experiments.setdefault(curve.name, {}).setdefault(identity, []).append((run_dir, curve))
+    for name, by_identity in experiments.items():
+        if len(by_identity) == 1:
+            continue
+        parents = sorted({parent for parent, _ in by_identity})
+        common = Path(os.path.commonpath([str(parent) for parent in parents])) if len(parents) > 1 else None
+        for (parent, _), runs in by_identity.items():
+            label = name
+            if common is not None:
+                label = str(parent.relative_to(common) / name)
+            if sum(1 for other, _ in by_identity if other == parent) > 1:
+                label += f" (settings of {min(run_dir.resolve().name for run_dir, _ in runs)})"
+            for _, curve in runs:
+                curve.name = label
 
 
 def nothing_to_plot_message(paths: list[str], curve_type: str) -> str:

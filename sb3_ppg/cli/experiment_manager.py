@@ -23,6 +23,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback,
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
+from sb3_ppg.cli.curves import MonitorLineError, parse_monitor_lines
 from sb3_ppg.cli.run_folders import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_FOLDER,
@@ -51,7 +52,7 @@ from sb3_ppg.common.checkpoints import (
 )
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
-from sb3_ppg.common.progress_bar import PPGProgressBarCallback
+from sb3_ppg.common.progress_bar import AuxPhaseLinesCallback, PPGProgressBarCallback
 from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
 
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)
@@ -98,6 +99,54 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
             stacklevel=2,
         )
     return folder, found[0]
+
+
+def cut_monitor_log(log: pathlib.Path, size: int, checkpoint: pathlib.Path) -> None:
+    """
+    Cut a resumed run's episode log (``*.monitor.csv``) back to its size when ``checkpoint`` was written, the episodes
+    after it (played again) and anything damaged there with them. The part kept must be complete episodes: a damaged
+    line in it (or a log now shorter and cut in the middle of a line) is a ``ValueError`` naming the file and the line,
+    since the resumed run would append after it (gluing its first episode onto a cut line). A log shorter than at the
+    checkpoint but made of complete lines is continued, with a warning.
+
+    :param log: The episode log
+    :param size: Its size in bytes when the checkpoint was written
+    :param checkpoint: The checkpoint the run resumes from
+    """
+    data = log.read_bytes()
+    kept = data[:size]
+    fix = (
+        "Repair that line, or delete it (its episode then stays missing from the log), then run the command again: "
+        "the resumed run appends its episodes to this file."
+    )
+    try:
+        text = kept.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = kept[: error.start].count(b"\n") + 1
+        raise ValueError(
+            f"--resume: {log}, line {line}, is not UTF-8 text ({checkpoint.name} needs the log up to byte {size:,}). {fix}"
+        ) from None
+    lines = text.split("\n")
+    try:
+        parse_monitor_lines([line.rstrip("\r") for line in lines[:-1]])
+    except MonitorLineError as error:
+        where = f"--resume: {log}, line {error.line}, {error.reason}"
+        raise ValueError(f"{where} (written before {checkpoint.name}). {fix}") from None
+    if lines[-1]:  # the part kept ends inside a line
+        where = "cut in the middle" if len(data) <= size else f"not a complete line where {checkpoint.name} left the log"
+        raise ValueError(
+            f"--resume: {log}, line {len(lines)}, is {where} ({len(data):,} bytes; {size:,} when {checkpoint.name} was "
+            f"written). {fix}"
+        )
+    if len(data) > size:
+        with open(log, "r+b") as file:
+            file.truncate(size)
+    elif len(data) < size:
+        warnings.warn(
+            f"--resume: {log} is {size - len(data):,} bytes shorter than when {checkpoint.name} was written: episodes "
+            f"logged before it are missing from the log. The run appends its episodes after line {len(lines) - 1}.",
+            stacklevel=2,
+        )
 
 
 class ResumedRun(NamedTuple):
@@ -296,11 +345,15 @@ class PPGExperimentManager(ExperimentManager):
                 "PPG.load_checkpoint, see docs/checkpoints.md)."
             )
         resumed_run = ResumedRun(read_run_file(config_file), run_args, params_path)
+        # The seed too: evaluations are seeded with it (without --seed, the command passes the run's: see train.py)
+        run_seed = run_args.get("seed")
+        other_seed = [f"(run: {run_seed}, command: {self.seed})"] if is_integer(run_seed) and run_seed != self.seed else []
         changes = [
             f"{option} {', '.join(changed)}"
             for option, changed in (
                 ("-params", changed_settings(self.custom_hyperparams or {}, resumed_run.hyperparams)),
                 ("--env-kwargs", changed_settings(self.env_kwargs, run_args.get("env_kwargs") or {})),
+                ("--seed", other_seed),
             )
             if changed
         ]
@@ -358,9 +411,8 @@ class PPGExperimentManager(ExperimentManager):
         # Episodes logged after the checkpoint are played again: cut the logs where the checkpoint left them
         for name, size in read_monitor_log_sizes(checkpoint).items():
             log = pathlib.Path(self.monitor_folder) / os.path.basename(name)
-            if log.is_file() and log.stat().st_size > size:
-                with open(log, "r+b") as file:
-                    file.truncate(size)
+            if log.is_file():
+                cut_monitor_log(log, size, checkpoint)
 
     def read_hyperparameters(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """
@@ -537,6 +589,9 @@ class PPGExperimentManager(ExperimentManager):
             elif type(callback) is ProgressBarCallback:
                 # PPG's, which shows the auxiliary phases (all ranks' steps under torchrun)
                 self.callbacks[index] = GlobalProgressBarCallback() if self.data_parallel else PPGProgressBarCallback()
+        if not self.show_progress and self.verbose > 0 and self.rank == 0:
+            # Without the progress bar, a line per auxiliary phase and epoch (no table is printed meanwhile)
+            self.callbacks.append(AuxPhaseLinesCallback())
         if self.data_parallel and eval_freq > 0 and not self.optimize_hyperparameters:
             group = distributed.new_gloo_group(EVALUATION_TIMEOUT)
             self.callbacks.append(WaitForEvaluation(eval_calls, group))

@@ -20,7 +20,9 @@ curves themselves (reading, smoothing, aggregating, the paper's data) are in :mo
 import argparse
 import os
 import sys
+import textwrap
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +36,10 @@ from sb3_ppg.cli.curves import (
     run_distribution_modes,
     smooth,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 #: Seeds of one experiment whose curves end before this fraction of the longest one's end are reported: their mean is
 #: drawn only up to the shortest seed's end (the range where every seed has data)
@@ -74,6 +80,27 @@ def last_drawn_step(groups: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> f
     :return: The step
     """
     return max(min(float(steps[-1]) for steps, _ in seeds) for seeds in groups.values())
+
+
+def fit_title(figure: "Figure", axis: "Axes", text: str) -> None:
+    """
+    Set the axis title (the plot's notes, small), wrapped onto as many lines as it takes to fit within the figure
+    (one line ran past both edges of the --paper plot).
+
+    :param figure: The figure
+    :param axis: Its axis
+    :param text: The title on one line
+    """
+    axis.set_title(text, fontsize="small")
+    width = len(text)
+    while width > 20:
+        figure.draw_without_rendering()  # the layout, then the title's extent
+        box, center = axis.title.get_window_extent(), axis.bbox.x0 + axis.bbox.width / 2
+        allowed = 2 * min(center, figure.bbox.width - center) * 0.96
+        if box.width <= allowed:
+            return
+        width = max(20, min(width - 1, int(width * allowed / box.width)))
+        axis.title.set_text("\n".join(textwrap.wrap(text, width)))
 
 
 def plot_learning_curves(  # noqa: C901
@@ -164,7 +191,7 @@ def plot_learning_curves(  # noqa: C901
             # The runs are too short to show anything of the paper curves: show their whole range
             x_max = None
 
-    figure = Figure(figsize=figsize, dpi=dpi)
+    figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")  # the (wrapped) titles fit
     FigureCanvasAgg(figure)
     axis = figure.add_subplot(1, 1, 1)
     all_groups = [(name, seeds, False) for name, seeds in sorted(groups.items())]
@@ -207,9 +234,9 @@ def plot_learning_curves(  # noqa: C901
         notes.append(f"{smoothing}-{unit} moving average" + (" (paper curves: 400 episodes)" if paper_groups else ""))
     if mode_note is not None:
         notes.append(mode_note)
-    axis.set_title(", ".join(notes), fontsize="small")
     if title:
         figure.suptitle(title)
+    fit_title(figure, axis, ", ".join(notes))
 
     output = os.path.expanduser(output)
     if not os.path.splitext(output)[1]:

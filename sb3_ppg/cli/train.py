@@ -25,7 +25,7 @@ import torch
 import torch.distributed
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
-from sb3_ppg.cli.arguments import build_zoo_argv, split_argv
+from sb3_ppg.cli.arguments import build_zoo_argv, resumed_run_seed, split_argv
 from sb3_ppg.cli.host_memory import command_line_memory
 from sb3_ppg.cli.quickstart import quickstart
 from sb3_ppg.cli.run_folders import TrainingInterrupted
@@ -124,6 +124,11 @@ def run_train_command(argv: list[str]) -> None:
     manager_kwargs = {}
     if known.resume is not None:
         manager_kwargs["resume"] = os.path.expanduser(known.resume)
+        if not any(arg == "--seed" or arg.startswith("--seed=") for arg in argv):
+            # The run's own seed, which the zoo prints (and seeds with) instead of a new random one
+            seed = resumed_run_seed(known.resume, known.log_folder, known.env, known.algo)
+            if seed is not None:
+                zoo_argv += ["--seed", str(seed)]
     if known.keep_checkpoints is not None:
         manager_kwargs["keep_checkpoints"] = known.keep_checkpoints
     if known.global_n_envs:

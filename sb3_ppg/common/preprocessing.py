@@ -3,17 +3,20 @@ What PPG's policies take as observations and actions: the spaces SB3's buffers a
 error that names the fix), observations given to ``predict``, and preprocessing that SB3 leaves out.
 """
 
+import contextlib
+import copy
 import warnings
 from typing import Any
 
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import is_vectorized_observation
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 # The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
@@ -125,15 +128,52 @@ def check_first_observation(env: Any) -> None:
 def checked_env(env: Any) -> Any:
     """
     An env checked as PPG takes it: its spaces, and a gymnasium env's first observation where the space holds an
-    integer Box (before ``DummyVecEnv`` casts the observations to the space's dtype); a gym env converted as SB3 does.
+    integer Box (before ``DummyVecEnv`` casts the observations to the space's dtype, also inside the user's own
+    ``DummyVecEnv``); a gym env converted as SB3 does.
     """
     if not isinstance(env, VecEnv):
         env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
     check_observation_space(env.observation_space)
     check_action_space(env.action_space)
     if not isinstance(env, VecEnv):
-        check_first_observation(env)
+        check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
+    else:
+        check_dummy_vec_env_observations(env)  # the user's own DummyVecEnv casts them too
     return env
+
+
+def check_dummy_vec_env_observations(venv: VecEnv) -> None:
+    """
+    :func:`check_first_observation` for a ``DummyVecEnv`` (under any ``VecEnvWrapper``) whose space holds an integer
+    Box: its envs' observations are cast into its buffers, so the check resets a copy of its first env (the env
+    itself keeps its state; the copy writes no episode log). Envs that cannot be copied, or that render on screen,
+    are not checked.
+    """
+    layer = venv
+    while isinstance(layer, VecEnvWrapper):
+        layer = layer.venv
+    if not isinstance(layer, DummyVecEnv) or not layer.envs or not has_integer_box(layer.observation_space):
+        return
+    env = layer.envs[0]
+    if getattr(env, "render_mode", None) == "human":
+        return
+    # The copy leaves out the episode logs of SB3's Monitor wrappers (open files, which cannot be copied)
+    memo: dict[int, Any] = {}
+    wrapper = env
+    while wrapper is not None:
+        if isinstance(wrapper, Monitor) and wrapper.results_writer is not None:
+            memo[id(wrapper.results_writer)] = None
+        wrapper = getattr(wrapper, "env", None)
+    try:
+        env = copy.deepcopy(env, memo)
+        observation, _ = env.reset()
+    except Exception:
+        return  # the model's own reset reports an env that fails
+    try:
+        check_observation_dtype(observation, layer.observation_space)
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
 
 
 def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:

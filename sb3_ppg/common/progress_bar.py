@@ -37,6 +37,39 @@ class AuxPhaseCallback(BaseCallback):
         """Called after the phase."""
 
 
+class AuxPhaseLinesCallback(AuxPhaseCallback):
+    """
+    A line when an auxiliary phase starts and after each of its epochs (to stdout), for a training run without a
+    progress bar: the phase can take as long as many rollouts, with no table printed meanwhile (the command line's
+    default, without ``-P``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase_start = 0.0
+        self.phase_size = (0, 0)  # epochs, minibatches per epoch
+
+    def _on_step(self) -> bool:
+        return True
+
+    def on_aux_phase_start(self, n_epochs: int, n_minibatches: int) -> None:
+        self.phase_start = perf_counter()
+        self.phase_size = (n_epochs, n_minibatches)
+        phase = getattr(self.model, "n_aux_phases", 0) + 1
+        print(
+            f"Auxiliary phase {phase} at step {self.model.num_timesteps:,}: {n_epochs} epochs of {n_minibatches} minibatches",
+            flush=True,
+        )
+
+    def on_aux_minibatch(self, epoch: int, minibatch: int) -> None:
+        n_epochs, n_minibatches = self.phase_size
+        if minibatch == n_minibatches:
+            print(f"  epoch {epoch}/{n_epochs} ({format_duration(perf_counter() - self.phase_start)})", flush=True)
+
+    def on_aux_phase_end(self) -> None:
+        print(f"Auxiliary phase done in {format_duration(perf_counter() - self.phase_start)}", flush=True)
+
+
 def format_duration(seconds: float) -> str:
     """
     :param seconds: A duration
@@ -50,7 +83,8 @@ def format_duration(seconds: float) -> str:
 
 class PPGProgressBarCallback(AuxPhaseCallback):
     """
-    A progress bar over the env steps (tqdm), as SB3's ``ProgressBarCallback``, that says what training is doing
+    A progress bar over the env steps (tqdm), as SB3's ``ProgressBarCallback`` but from the model's step count to the
+    total (a continued run's bar continues), that says what training is doing
     (``rollout``, ``policy phase``, ``aux phase epoch e/E, minibatch m/M``) and keeps moving through the auxiliary
     phases. The time left counts them: the env steps left at the rate of the steps outside the auxiliary phases, plus
     the auxiliary phases still to come at the measured duration of one (the current one's duration is extrapolated
@@ -65,6 +99,7 @@ class PPGProgressBarCallback(AuxPhaseCallback):
         self.tqdm_kwargs = tqdm_kwargs
         self.pbar: Any = None
         self.total_steps = 0
+        self.start_steps = 0
         self.start_time = 0.0
         self.aux_phase_time = 0.0
         self.aux_phases_timed = 0
@@ -79,10 +114,13 @@ class PPGProgressBarCallback(AuxPhaseCallback):
     def _on_training_start(self) -> None:
         from tqdm import tqdm
 
-        self.total_steps = self.locals["total_timesteps"] - self.model.num_timesteps
+        # A continued run (reset_num_timesteps=False, --resume) continues its bar: e.g. 4096/12288, not 0/8192
+        self.start_steps = self.model.num_timesteps
+        self.total_steps = self.locals["total_timesteps"]
         self.start_time = perf_counter()
         kwargs = dict(
             total=self.total_steps,
+            initial=self.start_steps,
             unit=" steps",
             smoothing=0.0,
             dynamic_ncols=True,
@@ -151,7 +189,7 @@ class PPGProgressBarCallback(AuxPhaseCallback):
         now = perf_counter()
         in_aux = 0.0 if self.aux_phase_start is None else now - self.aux_phase_start
         other_time = now - self.start_time - self.aux_phase_time - in_aux
-        steps_done = self.pbar.n
+        steps_done = self.pbar.n - self.start_steps
         steps_left = max(self.total_steps - steps_done, 0)
         seconds = steps_left * other_time / steps_done if steps_done > 0 else math.nan
         phase_time = self.aux_phase_time / self.aux_phases_timed if self.aux_phases_timed else math.nan

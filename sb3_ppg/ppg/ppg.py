@@ -43,6 +43,7 @@ from sb3_ppg.common.hyperparameters import (
     schedule_value,
     warn_if_no_aux_phase,
 )
+from sb3_ppg.common.logger import drop_written_values, write_pending_values
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import checked_env
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
@@ -227,6 +228,7 @@ class PPG(RolloutAlgorithm):
         self.parallel_networks = parallel_networks
         self.micro_batch_size = micro_batch_size
         self.precision = precision
+        self._written_logs: dict[str, Any] = {}  # the last train()'s values, written when learn() returned
         # Cumulative counters: saved with the model
         self._n_aux_phases = 0
         self._n_aux_updates = 0
@@ -676,8 +678,11 @@ class PPG(RolloutAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfPPG:
-        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
-        return super().learn(
+        """
+        SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...). The values of its last ``train()`` (its
+        auxiliary phase's included) are written at the end, which SB3's leaves out.
+        """
+        super().learn(
             total_timesteps=total_timesteps,
             callback=callback,
             log_interval=log_interval,
@@ -685,6 +690,9 @@ class PPG(RolloutAlgorithm):
             reset_num_timesteps=reset_num_timesteps,
             progress_bar=progress_bar,
         )
+        if log_interval is not None:
+            self._written_logs = write_pending_values(self.logger, self.num_timesteps)
+        return self
 
     def _setup_learn(
         self,
@@ -701,6 +709,9 @@ class PPG(RolloutAlgorithm):
                 self, self._optimizers(), aux_rollouts, total_timesteps, reset_num_timesteps, callback
             )
             self._data_parallel_stats = data_parallel.prepare_learn(self, self._optimizers(), fingerprint)
+        if self._written_logs and hasattr(self, "_logger"):
+            drop_written_values(self.logger, self._written_logs)  # written at the end of the last learn()
+        self._written_logs = {}
         start_timesteps = 0 if reset_num_timesteps else self.num_timesteps
         total_timesteps, callback = super()._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
@@ -908,6 +919,7 @@ class PPG(RolloutAlgorithm):
             "_aux_buffer_storage",
             "_aux_phase_callbacks",
             "_device_rollout",
+            "_written_logs",
         ]
         return [*super()._excluded_save_params(), *excluded]
 

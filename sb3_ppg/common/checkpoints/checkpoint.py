@@ -4,12 +4,16 @@ rollouts and, last, the manifest; :func:`load_checkpoint` verifies them, loads t
 torchrun each rank writes and restores its own part (see docs/checkpoints.md).
 """
 
+import io
 import os
 import pathlib
+import pickle
 import warnings
+import zipfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch as th
 
 from sb3_ppg.common import distributed
@@ -284,9 +288,15 @@ def load_checkpoint(
     Load a checkpoint: verify it, load its model with ``cls.load`` and restore the run (see ``PPG.load_checkpoint``).
 
     :param path: a checkpoint folder, or a folder of checkpoints (the newest that verifies is loaded)
-    :param allow_pickle: False: unpickle nothing (see :func:`pickle_free_objects`)
+    :param allow_pickle: False: unpickle nothing (see :func:`pickle_free_objects`); a bool, anything else is refused
     :param kwargs: passed to ``cls.load``
     """
+    if not isinstance(allow_pickle, (bool, np.bool_)):
+        # A string such as "False" is true: a security switch takes exactly what it documents
+        raise TypeError(
+            f"allow_pickle must be True or False, got {allow_pickle!r} ({type(allow_pickle).__name__}): pass "
+            "allow_pickle=False to unpickle nothing, True only for checkpoints you trust (pickles run code when loaded)."
+        )
     device = distributed.auto_init(device)  # a process started by torchrun joins the job before anything is read
     path = os.path.expanduser(path)  # as PPGCheckpointCallback's save_path
     if not allow_pickle:
@@ -329,12 +339,58 @@ def _load_one(
     """Verify a checkpoint (this rank's part under torchrun), load its model and restore its run state."""
     verify_files(directory, manifest, rank)
     kwargs = dict(kwargs)
-    if not kwargs.pop("allow_pickle", True):
+    pickle_free = not kwargs.pop("allow_pickle", True)
+    if pickle_free:
         part = rank_folder(rank) if rank is not None else ""
         kwargs["custom_objects"] = pickle_free_objects(directory, manifest, part, kwargs.get("custom_objects"))
-    model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
+    try:
+        model = cls.load(directory / "model.zip", env=env, device=device, force_reset=False, **kwargs)
+    except (pickle.UnpicklingError, RuntimeError, ValueError) as error:
+        reason = _tampered_file(directory / "model.zip", error, pickle_free)
+        if reason is None or isinstance(error, ARGUMENT_ERRORS):
+            raise
+        raise ValueError(reason) from error
     restore_run(model, directory, manifest, rank_folder(rank) if rank is not None else "")
     return model
+
+
+def _tampered_file(model_zip: pathlib.Path, error: BaseException, pickle_free: bool) -> str | None:
+    """
+    Which file of a verified checkpoint makes ``load`` fail, and why (its checksums match: it was changed and the
+    manifest updated, or written by other code); None for another error.
+    """
+    note = "changed after the checkpoint was written (its checksum in the manifest too), or written by other code"
+    if isinstance(error, pickle.UnpicklingError):
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        detail = next((line for line in lines if "GLOBAL" in line), lines[0] if lines else type(error).__name__)
+        return (
+            f"model.zip, {_unloadable_member(model_zip) or 'a .pth member'}: not a file of tensors ({detail}): {note}; "
+            "nothing in it was run"
+        )
+    source = "run_state.npz (its descriptions of the spaces and policy_kwargs)" if pickle_free else "model.zip's data"
+    if isinstance(error, RuntimeError) and "state_dict" in str(error):
+        detail = str(error).splitlines()[0].strip()
+        return (
+            f"model.zip, policy.pth: its parameters do not fit the policy built from {source} ({detail}): one of these "
+            f"files was {note}"
+        )
+    if isinstance(error, ValueError) and "loaded state dict" in str(error):  # torch's Optimizer.load_state_dict
+        return f"model.zip, its optimizers' .pth members: they do not fit the policy's parameters ({error}): {note}"
+    if pickle_free and isinstance(error, ValueError) and "spaces do not match" in str(error):
+        return f"run_state.npz: its description of the spaces does not fit the env ({error}): it was {note}"
+    return None
+
+
+def _unloadable_member(model_zip: pathlib.Path) -> str | None:
+    """The first ``.pth`` member of a model zip that ``torch.load(weights_only=True)`` refuses (nothing is run)."""
+    with zipfile.ZipFile(model_zip) as archive:
+        for name in archive.namelist():
+            if name.endswith(".pth"):
+                try:
+                    th.load(io.BytesIO(archive.read(name)), map_location="cpu", weights_only=True)
+                except Exception:
+                    return name
+    return None
 
 
 def pickle_free_objects(
