@@ -259,6 +259,10 @@ def collect_rollouts(
     finally:
         new_episodes, new_successes = list(model.ep_info_buffer), list(model.ep_success_buffer)
         model.ep_info_buffer, model.ep_success_buffer = episodes, successes
+    reward_normalizer = getattr(model, "reward_normalizer", None)
+    if not complete and reward_normalizer is not None:
+        # Stopped before the rollout's end, where the other ranks reduce their reward statistics: take part
+        reward_normalizer.skip_rollout()
     return finish_rollout(model, complete, start, new_episodes, new_successes, stats_base)
 
 

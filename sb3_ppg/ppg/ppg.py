@@ -21,7 +21,7 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
 from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, obs_as_tensor, update_learning_rate
-from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 from sb3_ppg.common import data_parallel, distributed, optim
@@ -58,6 +58,7 @@ from sb3_ppg.common.hyperparameters import (
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
+from sb3_ppg.common.reward_normalization import RolloutRewardNormalizer
 from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
@@ -96,6 +97,9 @@ class PPG(OnPolicyAlgorithm):
     :param clip_range_vf: Clipping parameter of the policy phase's value function; ``None``: no value clipping
     :param value_clipping: The form of the clipped value loss: ``"sb3"`` (SB3's PPO) or ``"max"`` (CleanRL's)
     :param normalize_advantage: ``"batch"`` (the paper's), ``"minibatch"`` (SB3's PPO) or ``"none"``
+    :param normalize_reward: Scale each finished rollout's rewards as the paper's code (``RolloutRewardNormalizer``;
+        the preset "paper" does), instead of a ``VecNormalize`` that normalizes rewards
+    :param reward_normalizer_kwargs: Its ``gamma`` (0.99), ``clip_reward`` (10) and ``epsilon`` (1e-8)
     :param ent_coef: Entropy coefficient of the policy loss
     :param vf_coef: Value function coefficient of the policy phase
     :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None``: no clipping
@@ -157,6 +161,8 @@ class PPG(OnPolicyAlgorithm):
         clip_range_vf: float | Schedule | None = None,
         value_clipping: str = "sb3",
         normalize_advantage: str | bool = "batch",
+        normalize_reward: bool = False,
+        reward_normalizer_kwargs: dict[str, Any] | None = None,
         ent_coef: float = 0.01,
         vf_coef: float = 0.5,
         max_grad_norm: float | None = None,
@@ -220,6 +226,8 @@ class PPG(OnPolicyAlgorithm):
         self.clip_range_vf = clip_range_vf
         self.value_clipping = value_clipping
         self.normalize_advantage = resolve_normalize_advantage(normalize_advantage)
+        self.normalize_reward = normalize_reward
+        self.reward_normalizer_kwargs = reward_normalizer_kwargs
         self.kl_coef = kl_coef
         self.target_kl = target_kl
         self.n_policy_iters = n_policy_iters
@@ -247,6 +255,8 @@ class PPG(OnPolicyAlgorithm):
         self.aux_buffer: AuxiliaryBuffer | None = None
         self.aux_optimizer: th.optim.Optimizer | None = None
         self.value_optimizer: th.optim.Optimizer | None = None
+        # The paper code's reward normalization of each rollout (normalize_reward), saved with the model
+        self.reward_normalizer: RolloutRewardNormalizer | None = None
         self._phase_dtypes: dict[str, th.dtype] = {}
         self._micro_batch_size: int | None = None
         # Where the auxiliary buffer lives (see aux_buffer_device) and why, for the log
@@ -280,6 +290,7 @@ class PPG(OnPolicyAlgorithm):
             self.policy_class = self.policy_class.policy_class
         self.normalize_advantage = resolve_normalize_advantage(self.normalize_advantage)
         self._check_hyperparameters()
+        self._check_reward_normalization(self.env)
         if self.rollout_buffer_class is None:
             dict_obs = isinstance(self.observation_space, spaces.Dict)
             self.rollout_buffer_class = PPGDictRolloutBuffer if dict_obs else PPGRolloutBuffer
@@ -302,6 +313,7 @@ class PPG(OnPolicyAlgorithm):
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
         self._configure_optimizers()
+        self.reward_normalizer = self._make_reward_normalizer(self.n_envs)
 
     # ------------------------------------------------------------------------------------------------------------
     # Training: one iteration of Algorithm 1 per rollout
@@ -849,10 +861,32 @@ class PPG(OnPolicyAlgorithm):
             self._last_episode_starts = dones
         with th.no_grad():
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+        self._normalize_rollout_rewards(rollout_buffer)
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    def _normalize_rollout_rewards(self, rollout_buffer: RolloutBuffer) -> None:
+        """With ``normalize_reward``: scale the finished rollout's rewards in place, before its returns and advantages."""
+        if self.reward_normalizer is not None:
+            rollout_buffer.rewards[:] = self.reward_normalizer.normalize(rollout_buffer.rewards, rollout_buffer.episode_starts)
+
+    def _make_reward_normalizer(self, n_envs: int) -> RolloutRewardNormalizer | None:
+        """The reward normalizer of ``n_envs`` envs (``normalize_reward``), new statistics; ``None`` without."""
+        if not self.normalize_reward:
+            return None
+        return RolloutRewardNormalizer(n_envs, **(self.reward_normalizer_kwargs or {}))
+
+    def _check_reward_normalization(self, env: VecEnv | None) -> None:
+        """Refuse ``normalize_reward`` over an env whose ``VecNormalize`` normalizes the rewards too."""
+        vec_normalize = unwrap_vec_normalize(env) if env is not None else None
+        if self.normalize_reward and vec_normalize is not None and vec_normalize.norm_reward:
+            raise ValueError(
+                "PPG(normalize_reward=True) normalizes the rewards of each rollout, and the env's VecNormalize normalizes "
+                "them too: they would be scaled twice. Build the env without reward normalization (VecNormalize("
+                "norm_reward=False), make_procgen_env(..., normalize_reward=False)), or pass normalize_reward=False."
+            )
 
     def _action_masks(self, env: VecEnv) -> np.ndarray | None:
         """The valid actions of the envs' current states for a rollout step; None: no masks (``MaskablePPG``'s hook)."""
@@ -902,6 +936,7 @@ class PPG(OnPolicyAlgorithm):
             last_obs=self._last_obs,  # type: ignore[arg-type]
             last_original_obs=self._last_original_obs,  # type: ignore[arg-type]
             last_episode_starts=self._last_episode_starts,
+            reward_running_return=None if self.reward_normalizer is None else self.reward_normalizer.running_return,
         )
 
     def set_run_state(self, state: RunState) -> None:
@@ -919,6 +954,8 @@ class PPG(OnPolicyAlgorithm):
         self._last_obs = state.last_obs  # type: ignore[assignment]
         self._last_original_obs = state.last_original_obs  # type: ignore[assignment]
         self._last_episode_starts = state.last_episode_starts  # type: ignore[assignment]
+        if self.reward_normalizer is not None and state.reward_running_return is not None:
+            self.reward_normalizer.set_running_return(state.reward_running_return)
 
     # ------------------------------------------------------------------------------------------------------------
     # Persistence: SB3's save, load and set_env; checkpoints; the auxiliary buffer on disk
@@ -1022,6 +1059,7 @@ class PPG(OnPolicyAlgorithm):
             "aux_buffer",
             "aux_optimizer",
             "value_optimizer",
+            "reward_normalizer",
             "_data_parallel_stats",
             "_at_rollout_boundary",
             "_aux_buffer_storage",
@@ -1036,6 +1074,8 @@ class PPG(OnPolicyAlgorithm):
             state_dicts.append("aux_optimizer")
         if self.value_optimizer is not None:
             state_dicts.append("value_optimizer")
+        if self.reward_normalizer is not None:
+            state_dicts.append("reward_normalizer")
         return state_dicts, []
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
@@ -1060,6 +1100,7 @@ class PPG(OnPolicyAlgorithm):
         :param force_reset: Force call to ``reset()`` before training
         """
         env = self._wrap_env(env, self.verbose)
+        self._check_reward_normalization(env)
         if env.num_envs == self.n_envs:
             super().set_env(env, force_reset=force_reset)
             return
@@ -1086,6 +1127,8 @@ class PPG(OnPolicyAlgorithm):
             **self.rollout_buffer_kwargs,
         )
         self.aux_buffer = self._make_aux_buffer(check_memory=False)
+        if self.reward_normalizer is not None:
+            self.reward_normalizer.reset_running_return(self.n_envs)
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """
