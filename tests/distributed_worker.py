@@ -414,6 +414,8 @@ def reward_normalization() -> dict[str, Any]:
         result["stopped_rewards"], result["raw_stopped_rewards"] = normalizer.normalize(rewards, starts), rewards
     result["statistics_after_stop"] = np.array([normalizer.mean, normalizer.var, normalizer.count])
     model = small_ppg("CartPole-v1", n_envs=2, seed=0, n_steps=N_STEPS, batch_size=N_STEPS, normalize_reward=True)
+    if rank == 1:  # learn() starts every rank from rank 0's statistics (as from its parameters)
+        model.reward_normalizer.mean, model.reward_normalizer.var = 5.0, 7.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fewer steps than an auxiliary phase
         model.learn(4 * 2 * 2 * N_STEPS, callback=StopOnRank1(2 * N_STEPS + 3))

@@ -272,8 +272,8 @@ def test_two_ranks_reduce_the_statistics(tmp_path):
     assert (ranks[0]["stopped_rewards"] == ranks[0]["raw_stopped_rewards"]).all()
     for result in ranks:
         np.testing.assert_allclose(result["statistics_after_stop"], statistics[-1], rtol=1e-12)
-    # PPG's rollouts: the same statistics on both ranks (2 full rollouts of 2 ranks x 2 envs x 8 steps), other running
-    # returns (other envs); rank 1's stop in the third rollout ended learn() on both, without a hang
+    # PPG's rollouts: the same statistics on both ranks (rank 0's at the start, then 2 full rollouts of 2 ranks x 2 envs
+    # x 8 steps), other running returns (other envs); rank 1's stop in the third rollout ended learn() on both, no hang
     first, second = (result["ppg_statistics"] for result in ranks)
     assert (first == second).all() and first[2] == pytest.approx(1e-4 + 2 * 2 * 2 * 8)
     assert not np.array_equal(ranks[0]["ppg_running_return"], ranks[1]["ppg_running_return"])
