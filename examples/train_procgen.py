@@ -43,7 +43,8 @@ eval_callback = EvalCallback(
 )
 model.learn(total_timesteps=args.timesteps, callback=eval_callback, progress_bar=True)
 model.save(f"ppg_{args.game}")
-save_reward_statistics(env, f"ppg_{args.game}_reward_statistics.npz")  # to continue training later
+# To continue training later: the env's reward statistics (cleanrl; the paper preset's PPG keeps its own in the model)
+save_reward_statistics(env, f"ppg_{args.game}_reward_statistics.npz")
 
 # The generalization gap: training levels vs unseen levels (raw rewards: evaluation envs do not normalize them)
 train_levels_env = make_procgen_env(

@@ -24,6 +24,7 @@ from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
 from sb3_ppg.common import distributed
 from sb3_ppg.common.checkpoints import write_checkpoint
 from sb3_ppg.common.cuda import fused_adam
+from sb3_ppg.common.reward_normalization import RolloutRewardNormalizer
 
 th.set_num_threads(1)
 
@@ -353,6 +354,58 @@ def checkpoint_resume(out_dir: pathlib.Path) -> dict[str, Any]:
     return result
 
 
+#: The reward normalizer of the "reward_normalization" scenario (a small clip: some rewards are clipped)
+REWARD_NORMALIZER_KWARGS = dict(gamma=0.9, clip_reward=3.0)
+
+
+def reward_rollout(rank: int, iteration: int) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's synthetic rollout of 5 steps x 2 envs: rewards (on another scale per rank) and episode starts."""
+    rng = np.random.default_rng(10 * iteration + rank)
+    return rng.normal(size=(5, 2)) * (1 + 3 * rank), (rng.random((5, 2)) < 0.3).astype(np.float64)
+
+
+class StopOnRank1(BaseCallback):
+    """Stops ``learn()`` on rank 1 at its ``step``-th step (inside a rollout)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def _on_step(self) -> bool:
+        return not (distributed.get_rank() == 1 and self.n_calls == self.step)
+
+
+def reward_normalization() -> dict[str, Any]:
+    """
+    The ranks' ``RolloutRewardNormalizer`` over 3 synthetic rollouts, then a 4th that rank 1 stops before its end; then
+    a PPG run with ``normalize_reward`` that rank 1 stops inside its third rollout.
+    """
+    assert distributed.init_if_launched()  # PPG would start the process group; the normalizer alone does not
+    rank = distributed.get_rank()
+    normalizer = RolloutRewardNormalizer(2, **REWARD_NORMALIZER_KWARGS)
+    result: dict[str, Any] = {"normalized": [], "statistics": []}
+    for iteration in range(3):
+        result["normalized"].append(normalizer.normalize(*reward_rollout(rank, iteration)))
+        result["statistics"].append(np.array([normalizer.mean, normalizer.var, normalizer.count]))
+    rewards, starts = reward_rollout(rank, 3)
+    if rank == 1:
+        normalizer.skip_rollout()
+    else:
+        result["stopped_rewards"], result["raw_stopped_rewards"] = normalizer.normalize(rewards, starts), rewards
+    result["statistics_after_stop"] = np.array([normalizer.mean, normalizer.var, normalizer.count])
+    model = small_ppg("CartPole-v1", n_envs=2, seed=0, n_steps=N_STEPS, batch_size=N_STEPS, normalize_reward=True)
+    if rank == 1:  # learn() starts every rank from rank 0's statistics (as from its parameters)
+        model.reward_normalizer.mean, model.reward_normalizer.var = 5.0, 7.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fewer steps than an auxiliary phase
+        model.learn(4 * 2 * 2 * N_STEPS, callback=StopOnRank1(2 * N_STEPS + 3))
+    ppg_normalizer = model.reward_normalizer
+    result["ppg_statistics"] = np.array([ppg_normalizer.mean, ppg_normalizer.var, ppg_normalizer.count])
+    result["ppg_running_return"] = ppg_normalizer.running_return.copy()
+    result["ppg_timesteps"] = model.num_timesteps
+    return result
+
+
 def main() -> None:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     if scenario == "end_to_end":
@@ -363,6 +416,8 @@ def main() -> None:
         result = checkpoint_train(pathlib.Path(out_dir))
     elif scenario == "checkpoint_resume":
         result = checkpoint_resume(pathlib.Path(out_dir))
+    elif scenario == "reward_normalization":
+        result = reward_normalization()
     elif scenario == "equality":  # and then the mismatch, in the same processes (starting them takes seconds)
         result = {name: equality(name) for name in EQUALITY_CONFIGS}
         result["nan_loss_on_one_rank"] = nan_loss_on_one_rank()

@@ -2,8 +2,9 @@
 Trajectory-level equivalence with CleanRL's ``ppg_procgen.py`` and the original code (issue 28, docs/fidelity.md
 "Trajectory level"): the same run, not only the same updates. From the same initial weights, the same procgen level
 seed and the same uniform numbers behind every action sample, ``PPG`` with the matching preset (``"cleanrl"``,
-``"paper"``) and its own env stack (``make_procgen_env``: procgen, ``VecMonitor``, ``VecNormalize``) collects the
-rollouts the reference collected with its own, iteration by iteration: observations, actions, raw and normalized
+``"paper"``) and its own env stack (``make_procgen_env``: procgen, ``VecMonitor``, ``VecNormalize``; the paper
+preset's rewards normalized per rollout by ``PPG(normalize_reward=True)``) collects the rollouts the reference collected
+with its own, iteration by iteration: observations, actions, raw and normalized
 rewards, dones, values, the bootstrap value, advantages, returns, the reward normalizer's statistics, the parameters
 after each policy phase, pi_old and the parameters after the auxiliary phase, on a real game (starpilot, 2 envs x 16
 steps, 3 iterations and one auxiliary phase, float64).
@@ -11,9 +12,10 @@ steps, 3 iterations and one auxiliary phase, float64).
 The fixtures ``tests/data/fidelity/cleanrl_trajectory.*`` and ``orig_trajectory.*`` were recorded by running each
 reference's own code (``benchmarks/fidelity/record_cleanrl_trajectory.py``, ``record_reference_trajectory.py``). The
 replays put back, test-side, what PPG does not copy: CleanRL's two update-level quirks (its Bessel-corrected advantage
-std and its gradient leak into the first auxiliary step: ``tests/test_fidelity.py``) and the original code's
-per-rollout reward normalization (``OriginalRewardNormalizer``; ``test_original_code_reward_normalization`` shows the
-preset's own), with the recorded minibatch orders and the same inverse-CDF action sampling.
+std and its gradient leak into the first auxiliary step: ``tests/test_fidelity.py``), with the recorded minibatch
+orders and the same inverse-CDF action sampling. The original code's run needs nothing put back: the paper preset
+normalizes the rewards per rollout as it does (``test_original_code_reward_normalization`` shows ``VecNormalize``'s
+per-step rule leaving it).
 
 Tolerances: the env side (frames, actions, raw rewards, dones) is compared exactly; the normalized rewards, the reward
 statistics, values, advantages and returns to 1e-12 (float64 rounding of the same operations); the parameters to 1e-10
@@ -70,44 +72,8 @@ FLOAT32_REWARDS = 10 * 2**-23
 TRAINED_ON_FLOAT32_REWARDS = 1e-6
 
 
-class OriginalRewardNormalizer:
-    """
-    The original code's ``RewardNormalizer`` (``reward_normalizer.py:66-104``), as the replay puts it back test-side:
-    each rollout's discounted returns (gamma 0.99, reset where an episode starts) update one running mean and variance
-    at once, then every reward of the rollout is divided by the standard deviation after that update and clipped.
-
-    :param n_envs: number of envs
-    """
-
-    def __init__(self, n_envs: int, gamma: float = 0.99, clip: float = 10.0, epsilon: float = 1e-8) -> None:
-        self.running_return = np.zeros(n_envs)
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
-        self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
-
-    def __call__(self, rewards: np.ndarray, episode_starts: np.ndarray) -> np.ndarray:
-        """:param rewards: (step, env) raw rewards; :param episode_starts: (step, env); :return: normalized rewards"""
-        returns = np.zeros_like(rewards)
-        for step in range(len(rewards)):
-            self.running_return = rewards[step] + (1.0 - episode_starts[step]) * self.gamma * self.running_return
-            returns[step] = self.running_return
-        batch_mean, batch_var, batch_count = returns.mean(), returns.var(), returns.size
-        delta, total = batch_mean - self.mean, self.count + batch_count
-        self.mean = self.mean + delta * batch_count / total
-        self.var = (self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total
-        self.count = total
-        return np.clip(rewards / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
-
-
 class Float64RolloutBuffer(RolloutBuffer):
-    """
-    SB3's rollout buffer in float64 (SB3's is float32), which also keeps the bootstrap values it is given and, with a
-    ``reward_normalizer``, normalizes each rollout's rewards with it before GAE (the original code's rule).
-    """
-
-    def __init__(self, *args: Any, reward_normalizer: OriginalRewardNormalizer | None = None, **kwargs: Any) -> None:
-        self.reward_normalizer = reward_normalizer
-        self.raw_rewards: np.ndarray | None = None
-        super().__init__(*args, **kwargs)
+    """SB3's rollout buffer in float64 (SB3's is float32), which also keeps the bootstrap values it is given."""
 
     def reset(self) -> None:
         super().reset()
@@ -117,9 +83,6 @@ class Float64RolloutBuffer(RolloutBuffer):
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
         self.last_values = last_values.detach().cpu().numpy().reshape(-1).copy()
         self.last_dones = np.asarray(dones).copy()
-        if self.reward_normalizer is not None:
-            self.raw_rewards = self.rewards.copy()
-            self.rewards = self.reward_normalizer(self.rewards, self.episode_starts)
         super().compute_returns_and_advantage(last_values, dones)
 
 
@@ -197,14 +160,7 @@ def load_seeded_weights(model: PPG, meta: dict[str, Any], name_map: NameMap, arc
     assert set(meta["weight_scales"]) <= references, "a recorded weight has no PPG parameter"
 
 
-def seeded_float64_model(
-    env: Any,
-    meta: dict[str, Any],
-    name_map: NameMap,
-    arch: str,
-    kwargs: dict[str, Any],
-    reward_normalizer: OriginalRewardNormalizer | None = None,
-) -> PPG:
+def seeded_float64_model(env: Any, meta: dict[str, Any], name_map: NameMap, arch: str, kwargs: dict[str, Any]) -> PPG:
     """PPG in float64 on ``env`` with the reference's seeded initial weights, its rollouts in float64, logging nothing."""
     model = PPG(
         "ProcgenCnn",
@@ -214,7 +170,6 @@ def seeded_float64_model(
         device="cpu",
         seed=meta["rand_seed"],
         rollout_buffer_class=Float64RolloutBuffer,
-        rollout_buffer_kwargs=dict(reward_normalizer=reward_normalizer),
         **kwargs,
     )
     model.policy.to(th.float64)
@@ -376,8 +331,8 @@ def replay_original_trajectory(
     """
     Run ``PPG`` on starpilot with the ``"paper"`` preset and the fixture's settings, as the original code's recorded run.
 
-    :param original_rewards: normalize the rewards with the original code's per-rollout rule (put back test-side, the
-        env's ``VecNormalize`` then passes raw rewards); ``False``: the preset's env, ``VecNormalize``'s per-step rule
+    :param original_rewards: the preset's per-rollout reward normalization (``PPG(normalize_reward=True)``, the env's
+        ``VecNormalize`` passes raw rewards); ``False``: ``VecNormalize``'s per-step rule with the same gamma and clip
     :param n_iterations: stop after this many rollouts (``None``: all of the recorded run)
     :param changes: PPG arguments or ``make_procgen_env`` arguments (``env_*``) that replace the replay's
     :return: the largest differences per quantity (``params_<i>``: after iteration i's policy phase, ``params_aux``,
@@ -388,14 +343,13 @@ def replay_original_trajectory(
     settings = meta["settings"]
     n_envs, n_steps, arch = settings["num_envs"], settings["nstep"], settings["arch"]
     preset = get_procgen_preset("paper")
-    # The original code's env is the preset's: hard, all levels (procgen's defaults), rewards normalized at gamma 0.99
+    # The original code's env is the preset's: hard, all levels (procgen's defaults), raw rewards that PPG normalizes
+    # per rollout at gamma 0.99, clipped at 10 (RewardNormalizer's defaults)
     assert settings["distribution_mode"] == preset.env_kwargs["distribution_mode"]
-    assert (preset.env_kwargs["num_levels"], preset.env_kwargs["start_level"], preset.env_kwargs["reward_gamma"]) == (
-        0,
-        0,
-        0.99,
-    )
+    assert (preset.env_kwargs["num_levels"], preset.env_kwargs["start_level"]) == (0, 0)
+    assert preset.env_kwargs["normalize_reward"] is False
     kwargs = preset.ppg_kwargs(n_envs)
+    assert kwargs["normalize_reward"] is True and kwargs["reward_normalizer_kwargs"] == dict(gamma=0.99, clip_reward=10.0)
     assert (settings["lr"], settings["gamma"], settings["lam"], settings["clip_param"], meta["entcoef"], meta["vfcoef"]) == (
         kwargs["learning_rate"],
         kwargs["gamma"],
@@ -413,11 +367,13 @@ def replay_original_trajectory(
     )
     kwargs.update({key: value for key, value in changes.items() if not key.startswith("env_")})
     env_kwargs = {key[4:]: value for key, value in changes.items() if key.startswith("env_")}
-    if original_rewards:
-        env_kwargs["normalize_reward"] = False
+    if not original_rewards:
+        env_kwargs.update(normalize_reward=True, reward_gamma=0.99, clip_reward=10.0)
+        kwargs["normalize_reward"] = False
     env = make_procgen_env(settings["env_name"], n_envs=n_envs, preset="paper", seed=meta["rand_seed"], **env_kwargs)
-    normalizer = OriginalRewardNormalizer(n_envs) if original_rewards else None
-    model = seeded_float64_model(env, meta, original_name, arch, kwargs, reward_normalizer=normalizer)
+    model = seeded_float64_model(env, meta, original_name, arch, kwargs)
+    normalizer = model.reward_normalizer
+    assert (normalizer is not None) == original_rewards
     sample, uniforms = uniform_sampling(data["uniforms"])
     monkeypatch.setattr(CategoricalDistribution, "sample", sample)
     pairs = np.array(meta["aux_pairs_env_iteration"])
@@ -504,8 +460,8 @@ def replay_original_trajectory(
 def test_original_code_trajectory(monkeypatch):
     """
     Starpilot, hard, 2 envs x 16 steps, 3 iterations, an auxiliary phase and one more iteration: PPG's run with the
-    paper preset is the original code's, step by step, once the original code's per-rollout reward normalization is
-    put back test-side (the one difference; see ``test_original_code_reward_normalization``).
+    paper preset is the original code's, step by step, its per-rollout reward normalization included (PPG's
+    ``normalize_reward``, nothing put back test-side; ``test_original_code_reward_normalization`` shows that it matters).
 
     The policy head after the auxiliary phase: at its first step pi = pi_old, so the cloning loss's gradient on the
     policy head is zero in exact arithmetic and rounding noise in both codes (up to ~1e-14: sums over a minibatch of
@@ -533,10 +489,10 @@ def test_original_code_trajectory(monkeypatch):
 
 def test_original_code_reward_normalization(monkeypatch):
     """
-    The paper preset's env as it is (``VecNormalize``: reward statistics updated at every step) against the original
-    code's ``RewardNormalizer`` (updated once per rollout with all its returns): the same frames, actions, raw rewards
-    and episode ends, other normalized rewards, hence other advantages and updates. This is the one difference of
-    the run (docs/fidelity.md, "Trajectory level").
+    The paper preset's rewards normalized by ``VecNormalize`` instead (the same gamma and clip, statistics updated at
+    every step, as the preset did before) against the original code's ``RewardNormalizer`` (updated once per rollout with
+    all its returns): the same frames, actions, raw rewards and episode ends, other normalized rewards, hence other
+    advantages and updates (docs/fidelity.md, "Trajectory level").
     """
     # The first rollout's one reward comes at its last step, where both rules have seen the same returns
     results = replay_original_trajectory(monkeypatch, original_rewards=False, n_iterations=2)

@@ -79,8 +79,10 @@ def test_packaged_hyperparams_keys():
     assert (entry["n_envs"], entry["n_steps"], entry["batch_size"]) == (256, 256, 8192)
     assert (entry["n_policy_iters"], entry["n_aux_epochs"], entry["aux_batch_rollouts"]) == (32, 6, 16)
     assert entry["n_timesteps"] == 1e8 and entry["max_grad_norm"] is None
-    # Left out on purpose: the zoo would copy it into the reward normalization (paper: 0.99 there, 0.999 for RL)
-    assert "gamma" not in entry
+    # Rewards normalized by PPG per rollout (the original code's rule, gamma 0.99), not by the zoo's VecNormalize;
+    # the RL discount is PPG's default 0.999
+    assert entry["normalize_reward"] is True and "normalize" not in entry and "gamma" not in entry
+    assert entry["reward_normalizer_kwargs"] == {"gamma": 0.99, "clip_reward": 10.0}
     entry = easy["procgen/coinrun-v0"]
     assert entry["env_kwargs"]["distribution_mode"] == "easy"
     assert (entry["n_envs"], entry["batch_size"], entry["aux_batch_rollouts"], entry["n_timesteps"]) == (64, 2048, 4, 25e6)
@@ -101,9 +103,8 @@ def test_procgen_entries_construct(env_id: str, tmp_path: Path):
     assert model.policy.optimizer.defaults["eps"] == 1e-8
     assert isinstance(model.env.unwrapped, ProcgenVecEnv) and model.env.num_envs == 2
     assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "hard"
-    vec_normalize = model.get_vec_normalize_env()
-    assert vec_normalize is not None
-    assert (vec_normalize.norm_obs, vec_normalize.norm_reward, vec_normalize.gamma) == (False, True, 0.99)
+    assert model.get_vec_normalize_env() is None  # PPG normalizes the rewards
+    assert (model.reward_normalizer.gamma, model.reward_normalizer.clip_reward) == (0.99, 10.0)
     assert model.aux_buffer.observations.dtype == np.uint8
     model.env.close()
 
@@ -114,7 +115,7 @@ def test_procgen_entries_construct(env_id: str, tmp_path: Path):
     assert (model.n_policy_iters, model.n_aux_epochs, model.aux_batch_rollouts) == (32, 6, 4)
     assert not model.separate_aux_optimizer and model.policy.arch == "detach"
     assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "easy"
-    assert model.get_vec_normalize_env().gamma == 0.999
+    assert model.get_vec_normalize_env().gamma == 0.999 and model.reward_normalizer is None
     model.env.close()
 
 
@@ -422,11 +423,11 @@ def test_train_procgen_paper_preset(tmp_path: Path):
     run_folder = tmp_path / "ppg" / "procgen-coinrun-v0_1"
     model = PPG.load(run_folder / "procgen-coinrun-v0.zip", device="cpu")
     assert model.policy.arch == "dual" and model.max_grad_norm is None and model.n_aux_phases == 1
-    vec_normalize = VecNormalize.load(
-        str(run_folder / "procgen-coinrun-v0" / "vecnormalize.pkl"), ProcgenVecEnv(1, "coinrun", distribution_mode="hard")
-    )
-    # The paper's reward-normalization discount, while the RL discount stays 0.999
-    assert vec_normalize.gamma == 0.99 and model.gamma == 0.999
+    # The rewards were normalized by PPG, once per rollout (2 rollouts of 2 envs x 16 steps), with the paper's
+    # reward-normalization discount while the RL discount stays 0.999; no VecNormalize
+    assert not (run_folder / "procgen-coinrun-v0" / "vecnormalize.pkl").exists()
+    assert model.reward_normalizer.gamma == 0.99 and model.gamma == 0.999
+    assert model.reward_normalizer.count == pytest.approx(1e-4 + 2 * 2 * 16)
 
 
 def test_optimize_one_trial(tmp_path: Path):

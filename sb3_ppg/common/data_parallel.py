@@ -189,7 +189,10 @@ def check_consistency(fingerprint_of_rank: dict[str, str]) -> None:
 
 
 def broadcast_training_state(model: OnPolicyAlgorithm, optimizers: list[th.optim.Optimizer]) -> dict[str, RunningStats]:
-    """Give every rank rank 0's parameters, optimizer states and VecNormalize statistics (returned)."""
+    """
+    Give every rank rank 0's parameters, optimizer states, VecNormalize statistics (returned) and ``normalize_reward``
+    statistics (not the running returns: those of each rank's own envs).
+    """
     tensors = list(model.policy.state_dict().values())
     for optimizer in optimizers:
         tensors.extend(_optimizer_state_tensors(optimizer))
@@ -197,6 +200,10 @@ def broadcast_training_state(model: OnPolicyAlgorithm, optimizers: list[th.optim
     vec_normalize = model.get_vec_normalize_env()
     stats = broadcast_object(_read_stats(vec_normalize))
     _write_stats(vec_normalize, stats)
+    reward_normalizer = getattr(model, "reward_normalizer", None)
+    if reward_normalizer is not None:
+        statistics = (reward_normalizer.mean, reward_normalizer.var, reward_normalizer.count)
+        reward_normalizer.mean, reward_normalizer.var, reward_normalizer.count = broadcast_object(statistics)
     return stats
 
 
@@ -259,6 +266,10 @@ def collect_rollouts(
     finally:
         new_episodes, new_successes = list(model.ep_info_buffer), list(model.ep_success_buffer)
         model.ep_info_buffer, model.ep_success_buffer = episodes, successes
+    reward_normalizer = getattr(model, "reward_normalizer", None)
+    if not complete and reward_normalizer is not None:
+        # Stopped before the rollout's end, where the other ranks reduce their reward statistics: take part
+        reward_normalizer.skip_rollout()
     return finish_rollout(model, complete, start, new_episodes, new_successes, stats_base)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from sb3_ppg.common.precision import resolve_precision
+from sb3_ppg.common.reward_normalization import reward_normalizer_problems
 
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 #: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
@@ -22,7 +23,8 @@ POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
 #: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``cuda_graphs``,
-#: ``parallel_networks``) take their defaults, which keep the older models' behaviour.
+#: ``parallel_networks``, ``normalize_reward``, ``reward_normalizer_kwargs``) take their defaults, which keep the
+#: older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -58,6 +60,8 @@ CHECKED_HYPERPARAMETERS = (
     "aux_buffer_device",
     "cuda_graphs",
     "parallel_networks",
+    "normalize_reward",
+    "reward_normalizer_kwargs",
 )
 
 #: Options removed from PPG, each with what replaced it: the constructor and ``load()`` refuse them
@@ -215,8 +219,11 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    for name in ("separate_aux_optimizer", "cuda_graphs", "parallel_networks"):
+    for name in ("separate_aux_optimizer", "cuda_graphs", "parallel_networks", "normalize_reward"):
         checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
+    checker.problems.extend(
+        ("reward_normalizer_kwargs", problem) for problem in reward_normalizer_problems(values["reward_normalizer_kwargs"])
+    )
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)
     for name in ("clip_range", "clip_range_vf"):

@@ -116,6 +116,7 @@ class RolloutAlgorithm(OnPolicyAlgorithm):
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
         values = self._last_values(new_obs, dones)
+        self._process_rollout_rewards(rollout_buffer)
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
@@ -123,6 +124,9 @@ class RolloutAlgorithm(OnPolicyAlgorithm):
 
     def _on_rollout_start(self, env: VecEnv, rollout_buffer: RolloutBuffer) -> None:
         """Called once per rollout, after ``rollout_buffer.reset()`` and the callbacks' ``on_rollout_start()``."""
+
+    def _process_rollout_rewards(self, rollout_buffer: RolloutBuffer) -> None:
+        """Called once per complete rollout, before its returns and advantages; may scale its rewards in place."""
 
     def _action_masks(self, env: VecEnv) -> np.ndarray | None:
         """The valid actions of the envs' current states for a rollout step; None: no masks (``MaskablePPG``'s hook)."""

@@ -265,6 +265,17 @@ def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: I
                 "the optimizer of separate value epochs (n_value_epochs != n_epochs)",
             )
         )
+    normalize_reward = values.get("normalize_reward", False)
+    if isinstance(normalize_reward, (bool, np.bool_)):
+        optimizers.append(
+            (
+                "reward_normalizer",
+                bool(normalize_reward),
+                "reward_normalizer.pth" in members,
+                ("normalize_reward",),
+                "the reward normalizer's statistics (normalize_reward=True)",
+            )
+        )
     problems = []
     for name, needed, saved, deciding, purpose in optimizers:
         if needed == saved:
@@ -279,8 +290,8 @@ def check_saved_optimizers(values: dict[str, Any], members: set[str], changed: I
     if problems:
         raise HyperparameterError(
             problems,
-            header=f"Cannot load {where} with these hyperparameters: load() restores the saved optimizers, it cannot "
-            "add or drop one:",
+            header=f"Cannot load {where} with these hyperparameters: load() restores the saved optimizers (and reward "
+            "statistics), it cannot add or drop one:",
             footer=(
                 "Load the file without changing these settings. To train its weights with other settings, build a model "
                 "with them (and the saved policy_kwargs) and copy the policy's weights: model = PPG(policy, env, ...); "

@@ -47,13 +47,9 @@ from sb3_ppg.common.logger import drop_written_values, write_pending_values
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
 from sb3_ppg.common.preprocessing import checked_env
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
+from sb3_ppg.common.reward_normalization import RolloutRewardNormalizer, check_reward_normalization
 from sb3_ppg.common.rollout import RolloutAlgorithm
-from sb3_ppg.common.rollout_buffers import (
-    PPGDictRolloutBuffer,
-    PPGRolloutBuffer,
-    env_minibatches,
-    rollout_explained_variance,
-)
+from sb3_ppg.common.rollout_buffers import PPGDictRolloutBuffer, PPGRolloutBuffer, env_minibatches, rollout_explained_variance
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
     SavedPolicyClass,
@@ -91,6 +87,9 @@ class PPG(RolloutAlgorithm):
     :param clip_range_vf: Clipping parameter of the policy phase's value function; ``None``: no value clipping
     :param value_clipping: The form of the clipped value loss: ``"sb3"`` (SB3's PPO) or ``"max"`` (CleanRL's)
     :param normalize_advantage: ``"batch"`` (the paper's), ``"minibatch"`` (SB3's PPO) or ``"none"``
+    :param normalize_reward: Scale each finished rollout's rewards as the paper's code (``RolloutRewardNormalizer``;
+        the preset "paper" does), instead of a ``VecNormalize`` that normalizes rewards
+    :param reward_normalizer_kwargs: Its ``gamma`` (0.99), ``clip_reward`` (10) and ``epsilon`` (1e-8)
     :param ent_coef: Entropy coefficient of the policy loss
     :param vf_coef: Value function coefficient of the policy phase
     :param max_grad_norm: The maximum value for gradient clipping (both phases); ``None``: no clipping
@@ -150,6 +149,8 @@ class PPG(RolloutAlgorithm):
         clip_range_vf: float | Schedule | None = None,
         value_clipping: str = "sb3",
         normalize_advantage: str | bool = "batch",
+        normalize_reward: bool = False,
+        reward_normalizer_kwargs: dict[str, Any] | None = None,
         ent_coef: float = 0.01,
         vf_coef: float = 0.5,
         max_grad_norm: float | None = None,
@@ -213,6 +214,8 @@ class PPG(RolloutAlgorithm):
         self.clip_range_vf = clip_range_vf
         self.value_clipping = value_clipping
         self.normalize_advantage = resolve_normalize_advantage(normalize_advantage)
+        self.normalize_reward = normalize_reward
+        self.reward_normalizer_kwargs = reward_normalizer_kwargs
         self.kl_coef = kl_coef
         self.target_kl = target_kl
         self.n_policy_iters = n_policy_iters
@@ -239,6 +242,8 @@ class PPG(RolloutAlgorithm):
         self.aux_buffer: AuxiliaryBuffer | None = None
         self.aux_optimizer: th.optim.Optimizer | None = None
         self.value_optimizer: th.optim.Optimizer | None = None
+        # The paper code's reward normalization of each rollout (normalize_reward), saved with the model
+        self.reward_normalizer: RolloutRewardNormalizer | None = None
         self._phase_dtypes: dict[str, th.dtype] = {}
         self._micro_batch_size: int | None = None
         # Where the auxiliary buffer lives (see aux_buffer_device) and why, for the log
@@ -272,6 +277,7 @@ class PPG(RolloutAlgorithm):
             self.policy_class = self.policy_class.policy_class
         self.normalize_advantage = resolve_normalize_advantage(self.normalize_advantage)
         self._check_hyperparameters()
+        check_reward_normalization(self.normalize_reward, self.env)
         if self.rollout_buffer_class is None:
             dict_obs = isinstance(self.observation_space, spaces.Dict)
             self.rollout_buffer_class = PPGDictRolloutBuffer if dict_obs else PPGRolloutBuffer
@@ -294,6 +300,8 @@ class PPG(RolloutAlgorithm):
         # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
         self._configure_optimizers()
+        if self.normalize_reward:
+            self.reward_normalizer = RolloutRewardNormalizer(self.n_envs, **(self.reward_normalizer_kwargs or {}))
 
     # ------------------------------------------------------------------------------------------------------------
     # Training: one iteration of Algorithm 1 per rollout
@@ -773,6 +781,11 @@ class PPG(RolloutAlgorithm):
         )
         return complete
 
+    def _process_rollout_rewards(self, rollout_buffer: RolloutBuffer) -> None:
+        """With ``normalize_reward``: scale the finished rollout's rewards in place, before its returns and advantages."""
+        if self.reward_normalizer is not None:
+            rollout_buffer.rewards[:] = self.reward_normalizer.normalize(rollout_buffer.rewards, rollout_buffer.episode_starts)
+
     def _optimizers(self) -> list[th.optim.Optimizer]:
         """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
         optimizers = (self.policy.optimizer, self.aux_optimizer, self.value_optimizer)
@@ -910,17 +923,8 @@ class PPG(RolloutAlgorithm):
         return model  # type: ignore[return-value]
 
     def _excluded_save_params(self) -> list[str]:
-        excluded = [
-            "aux_buffer",
-            "aux_optimizer",
-            "value_optimizer",
-            "_data_parallel_stats",
-            "_at_rollout_boundary",
-            "_aux_buffer_storage",
-            "_aux_phase_callbacks",
-            "_device_rollout",
-            "_written_logs",
-        ]
+        excluded = ["aux_buffer", "aux_optimizer", "value_optimizer", "reward_normalizer", "_data_parallel_stats"]
+        excluded += ["_at_rollout_boundary", "_aux_buffer_storage", "_aux_phase_callbacks", "_device_rollout", "_written_logs"]
         return [*super()._excluded_save_params(), *excluded]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
@@ -929,6 +933,8 @@ class PPG(RolloutAlgorithm):
             state_dicts.append("aux_optimizer")
         if self.value_optimizer is not None:
             state_dicts.append("value_optimizer")
+        if self.reward_normalizer is not None:
+            state_dicts.append("reward_normalizer")
         return state_dicts, []
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
@@ -947,6 +953,7 @@ class PPG(RolloutAlgorithm):
         :param force_reset: Force call to ``reset()`` before training
         """
         env = self._wrap_env(env, self.verbose)
+        check_reward_normalization(self.normalize_reward, env)
         if env.num_envs == self.n_envs:
             super().set_env(env, force_reset=force_reset)
             return
@@ -964,6 +971,8 @@ class PPG(RolloutAlgorithm):
         super().set_env(env, force_reset=True)
         self.rollout_buffer = self._make_rollout_buffer()
         self.aux_buffer = self._make_aux_buffer(check_memory=False)
+        if self.reward_normalizer is not None:
+            self.reward_normalizer.reset_running_return(self.n_envs)
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
         """

@@ -56,11 +56,17 @@ _COMMON_ALGORITHM_KWARGS = dict(
 )
 
 
-def _env_kwargs(distribution_mode: str, reward_gamma: float) -> Mapping[str, Any]:
-    """A preset's ``make_procgen_env`` arguments: all levels, rewards clipped at 10 after normalization."""
-    return MappingProxyType(
-        dict(distribution_mode=distribution_mode, num_levels=0, start_level=0, reward_gamma=reward_gamma, clip_reward=10.0)
-    )
+def _env_kwargs(distribution_mode: str, reward_gamma: float | None) -> Mapping[str, Any]:
+    """
+    A preset's ``make_procgen_env`` arguments: all levels; with a ``reward_gamma``, rewards normalized by the env
+    (``VecNormalize``, per step) and clipped at 10; ``None``: raw rewards (PPG normalizes them per rollout).
+    """
+    kwargs: dict[str, Any] = dict(distribution_mode=distribution_mode, num_levels=0, start_level=0)
+    if reward_gamma is None:
+        kwargs.update(normalize_reward=False)
+    else:
+        kwargs.update(normalize_reward=True, reward_gamma=reward_gamma, clip_reward=10.0)
+    return MappingProxyType(kwargs)
 
 
 def _algorithm_kwargs(
@@ -71,9 +77,18 @@ def _algorithm_kwargs(
     max_grad_norm: float | None,
     separate_aux_optimizer: bool,
     arch: str,
+    reward_gamma: float | None = None,
 ) -> Mapping[str, Any]:
-    """A preset's PPG arguments: the common ones and those where the paper's code and CleanRL differ."""
+    """
+    A preset's PPG arguments: the common ones and those where the paper's code and CleanRL differ; with a
+    ``reward_gamma``, PPG's own per-rollout reward normalization (the paper's code), clipped at 10.
+    """
     policy_kwargs = dict(arch=arch, detach_value_in_aux=True) if arch == "detach" else dict(arch=arch)
+    reward_normalization: dict[str, Any] = {}
+    if reward_gamma is not None:
+        reward_normalization = dict(
+            normalize_reward=True, reward_normalizer_kwargs=MappingProxyType(dict(gamma=reward_gamma, clip_reward=10.0))
+        )
     return MappingProxyType(
         dict(
             _COMMON_ALGORITHM_KWARGS,
@@ -84,6 +99,7 @@ def _algorithm_kwargs(
             max_grad_norm=max_grad_norm,
             separate_aux_optimizer=separate_aux_optimizer,
             policy_kwargs=MappingProxyType(policy_kwargs),
+            **reward_normalization,
         )
     )
 
@@ -94,13 +110,15 @@ PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
         "paper": ProcgenPreset(
             name="paper",
             description=(
-                "The PPG paper (Cobbe et al. 2021, openai/phasic-policy-gradient train.py): hard mode, rewards scaled by "
-                "the std of a 0.99-discounted return (the original RewardNormalizer's default) while the RL discount is "
-                "0.999, separate policy and value networks, policy-phase minibatches of whole env rollouts, no gradient "
-                "or value clipping, a separate Adam for the auxiliary phase; 4 workers x 64 envs, 100M steps. Its "
-                "updates match the original code's to float64 precision (tests/test_fidelity.py, docs/fidelity.md)"
+                "The PPG paper (Cobbe et al. 2021, openai/phasic-policy-gradient train.py): hard mode, each rollout's "
+                "rewards scaled by PPG (normalize_reward) as the original RewardNormalizer does, by the std of a "
+                "0.99-discounted return (its default) while the RL discount is 0.999, separate policy and value "
+                "networks, policy-phase minibatches of whole env rollouts, no gradient or value clipping, a separate "
+                "Adam for the auxiliary phase; 4 workers x 64 envs, 100M steps. Its "
+                "updates and its runs match the original code's to float64 precision (tests/test_fidelity.py, "
+                "tests/test_trajectory_fidelity.py, docs/fidelity.md)"
             ),
-            env_kwargs=_env_kwargs(distribution_mode="hard", reward_gamma=0.99),
+            env_kwargs=_env_kwargs(distribution_mode="hard", reward_gamma=None),
             algorithm_kwargs=_algorithm_kwargs(
                 policy_minibatches="envs",
                 clip_range_vf=None,
@@ -109,6 +127,7 @@ PROCGEN_PRESETS: Mapping[str, ProcgenPreset] = MappingProxyType(
                 max_grad_norm=None,
                 separate_aux_optimizer=True,
                 arch="dual",
+                reward_gamma=0.99,
             ),
             n_envs=256,
             total_timesteps=100_000_000,

@@ -40,7 +40,7 @@ MAKE_PROCGEN_ENV_OTHER_NAMES = {
 }
 #: What :func:`make_procgen_env` uses without a preset for the arguments left out
 DEFAULT_ENV_KWARGS: dict[str, Any] = dict(
-    distribution_mode="easy", num_levels=0, start_level=0, reward_gamma=0.999, clip_reward=10.0
+    distribution_mode="easy", num_levels=0, start_level=0, normalize_reward=True, reward_gamma=0.999, clip_reward=10.0
 )
 
 
@@ -87,7 +87,7 @@ def make_procgen_env(
     num_levels: int | None = None,
     start_level: int | None = None,
     seed: int | None = None,
-    normalize_reward: bool = True,
+    normalize_reward: bool | None = None,
     reward_gamma: float | None = None,
     clip_reward: float | None = None,
     training: bool = True,
@@ -102,8 +102,9 @@ def make_procgen_env(
     """
     Procgen env with the PPG paper's wrappers: ``VecNormalize(VecMonitor(ProcgenVecEnv), norm_obs=False)`` over a
     channel-first ``ProcgenVecEnv`` (``VecMonitor`` logs the raw rewards; ``VecNormalize`` scales the rewards by the
-    running standard deviation of the discounted return). The chain, the reward-normalization gamma and the presets are
-    explained in docs/procgen.md.
+    running standard deviation of the discounted return, at every step; with ``preset="paper"`` it passes the raw
+    rewards, which the preset's ``PPG(normalize_reward=True)`` scales per rollout as the paper's code). The chain, the
+    reward-normalization gamma and the presets are explained in docs/procgen.md.
 
     :param env_name: Name of the game, one of ``PROCGEN_GAMES``
     :param n_envs: Number of parallel games (the paper uses 64 per process, 4 processes)
@@ -111,7 +112,8 @@ def make_procgen_env(
     :param num_levels: Number of unique levels (0, the default: unlimited, the paper's setting)
     :param start_level: Seed of the first level (default 0)
     :param seed: Seed of the level sampler (mapped into procgen's range); ``None`` for a random one
-    :param normalize_reward: Whether to normalize the rewards (training envs only)
+    :param normalize_reward: Whether ``VecNormalize`` normalizes the rewards (training envs only); default: the
+        preset's (``"paper"``: no, ``PPG(normalize_reward=True)`` does it per rollout as the paper's code), else True
     :param reward_gamma: Discount of the running return used to scale the rewards (default: the preset's, else 0.999)
     :param clip_reward: Normalized rewards are clipped to ``[-clip_reward, clip_reward]`` (default 10)
     :param training: ``False`` for an evaluation env (frozen statistics, raw rewards)
@@ -125,17 +127,20 @@ def make_procgen_env(
     :param vec_normalize_path: Load reward statistics saved with :func:`save_reward_statistics` (plain arrays; any other
         file, a pickled ``VecNormalize`` included, is a ``ValueError``)
     :param preset: ``"paper"`` or ``"cleanrl"`` (``"easy"``): the defaults of ``distribution_mode``, ``num_levels``,
-        ``start_level``, ``reward_gamma`` and ``clip_reward`` (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`);
-        ``None``: the defaults above
+        ``start_level``, ``normalize_reward``, ``reward_gamma`` and ``clip_reward``
+        (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`, with the preset's ``ppg_kwargs``); ``None``: the defaults above
     :param procgen_kwargs: Other procgen options (see :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
     :return: The wrapped env
     """
     check_argument_names("make_procgen_env()", procgen_kwargs, MAKE_PROCGEN_ENV_OTHER_NAMES)
-    settings = dict(DEFAULT_ENV_KWARGS if preset is None else get_procgen_preset(preset).env_kwargs)
+    settings = dict(DEFAULT_ENV_KWARGS)
+    if preset is not None:
+        settings.update(get_procgen_preset(preset).env_kwargs)
     explicit = dict(
         distribution_mode=distribution_mode,
         num_levels=num_levels,
         start_level=start_level,
+        normalize_reward=normalize_reward,
         reward_gamma=reward_gamma,
         clip_reward=clip_reward,
     )
@@ -166,7 +171,7 @@ def make_procgen_env(
         venv,
         training=training,
         norm_obs=False,
-        norm_reward=normalize_reward and training,
+        norm_reward=bool(settings["normalize_reward"]) and training,
         clip_reward=clip_reward,
         gamma=reward_gamma,
         epsilon=1e-8,

@@ -48,6 +48,8 @@ class RunState:
     last_obs: Observations
     last_original_obs: Observations
     last_episode_starts: np.ndarray | None
+    #: The running discounted returns of ``PPG(normalize_reward=True)``'s reward normalizer (per env of this rank)
+    reward_running_return: np.ndarray | None = None
 
     @classmethod
     def of(cls, model: Any) -> "RunState":
@@ -66,6 +68,9 @@ class RunState:
             last_obs=model._last_obs,
             last_original_obs=model._last_original_obs,
             last_episode_starts=model._last_episode_starts,
+            reward_running_return=None
+            if getattr(model, "reward_normalizer", None) is None
+            else model.reward_normalizer.running_return,
         )
 
     def restore(self, model: Any) -> None:
@@ -83,6 +88,8 @@ class RunState:
         model._last_obs = self.last_obs
         model._last_original_obs = self.last_original_obs
         model._last_episode_starts = self.last_episode_starts
+        if getattr(model, "reward_normalizer", None) is not None and self.reward_running_return is not None:
+            model.reward_normalizer.set_running_return(self.reward_running_return)
 
 
 @runtime_checkable
@@ -171,6 +178,8 @@ def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: 
     arrays.update(_obs_arrays("last_original_obs", state.last_original_obs))
     if state.last_episode_starts is not None:
         arrays["last_episode_starts"] = np.asarray(state.last_episode_starts)
+    if state.reward_running_return is not None:
+        arrays["reward_running_return"] = np.asarray(state.reward_running_return, dtype=np.float64)
     pickled_envs = None
     if model.env is not None:
         metadata["env"], env_arrays, pickled_envs = get_vec_env_state(model.env)
@@ -208,6 +217,7 @@ def restore_run_state(
         last_obs=_obs_from_arrays("last_obs", arrays),
         last_original_obs=_obs_from_arrays("last_original_obs", arrays),
         last_episode_starts=arrays.get("last_episode_starts"),
+        reward_running_return=arrays.get("reward_running_return"),
     )
     if model.env is not None and "env" in metadata:
         pickled = pickled_envs.read_bytes() if pickled_envs is not None else None
