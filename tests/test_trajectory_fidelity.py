@@ -6,14 +6,18 @@ seed and the same uniform numbers behind every action sample, ``PPG`` with the m
 rollouts the reference collected with its own, iteration by iteration: observations, actions, raw and normalized
 rewards, dones, values, the bootstrap value, advantages, returns, the reward normalizer's statistics, the parameters
 after each policy phase, pi_old and the parameters after the auxiliary phase, on a real game (starpilot, 2 envs x 16
-steps, 3 iterations and one auxiliary phase, float64).
+steps, 3 iterations and one auxiliary phase, float64). Both replays run PPG's default rollout buffer
+(``PPGRolloutBuffer``, its arrays in float64: ``Float64PPGRolloutBuffer``), its default rollout (the buffer written
+while the envs step) and its default advantage normalization (over the whole rollout, the population std).
 
 The fixtures ``tests/data/fidelity/cleanrl_trajectory.*`` and ``orig_trajectory.*`` were recorded by running each
 reference's own code (``benchmarks/fidelity/record_cleanrl_trajectory.py``, ``record_reference_trajectory.py``). The
-replays put back, test-side, what PPG does not copy: CleanRL's two update-level quirks (its Bessel-corrected advantage
-std and its gradient leak into the first auxiliary step: ``tests/test_fidelity.py``) and the original code's
-per-rollout reward normalization (``OriginalRewardNormalizer``; ``test_original_code_reward_normalization`` shows the
-preset's own), with the recorded minibatch orders and the same inverse-CDF action sampling.
+replays put back, on the reference's side, what PPG does not copy: CleanRL's two update-level quirks (its
+Bessel-corrected advantage std, handed to PPG's own normalization as ``bessel_scaled`` says, and its gradient leak into
+the first auxiliary step: ``tests/test_fidelity.py``) and the original code's per-rollout reward normalization (an env
+wrapper, ``OriginalRewardNormalization``, applies it to the recorded raw rewards;
+``test_original_code_reward_normalization`` shows the preset's own), with the recorded minibatch orders and the same
+inverse-CDF action sampling.
 
 Tolerances: the env side (frames, actions, raw rewards, dones) is compared exactly; the normalized rewards, the reward
 statistics, values, advantages and returns to 1e-12 (float64 rounding of the same operations); the parameters to 1e-10
@@ -31,15 +35,16 @@ import numpy as np
 import pytest
 import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
-from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.distributions import CategoricalDistribution
 from stable_baselines3.common.logger import configure
+from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 from test_fidelity import (
     TOLERANCE,
     CleanRLGradientLeak,
     NameMap,
     RecordedPermutations,
+    bessel_scaled,
     cleanrl_name,
     inject_aux_permutations,
     original_name,
@@ -49,7 +54,7 @@ from test_fidelity import (
 import sb3_ppg.ppg.ppg as ppg_module
 from sb3_ppg import PPG
 from sb3_ppg.common import optim
-from sb3_ppg.common.buffers import env_minibatches
+from sb3_ppg.common.buffers import PPGRolloutBuffer, env_minibatches, writes_while_envs_step
 from sb3_ppg.procgen import get_procgen_preset, make_procgen_env
 
 FIXTURES = Path(__file__).parent / "data" / "fidelity"
@@ -68,6 +73,20 @@ AFTER_AUX = 1e-7
 NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
 FLOAT32_REWARDS = 10 * 2**-23
 TRAINED_ON_FLOAT32_REWARDS = 1e-6
+#: A change is detected when it moves a quantity this many times past test_cleanrl_trajectory's tolerance for it
+DETECTED = 1000
+
+
+def cleanrl_tolerances() -> dict[str, float]:
+    """test_cleanrl_trajectory's tolerance for each quantity (float64 rounding, or numpy 2's float32 rewards: above)."""
+    rewards, summed, trained = (FLOAT32_REWARDS, 16 * FLOAT32_REWARDS, TRAINED_ON_FLOAT32_REWARDS) if NUMPY_2 else (EXACT,) * 3
+    tolerances = dict.fromkeys(("observations", "actions", "raw_rewards", "dones"), 0.0)
+    tolerances.update(reward_statistics=EXACT, rewards=rewards, pi_old=trained if NUMPY_2 else TOLERANCE)
+    tolerances.update(dict.fromkeys(("advantages", "returns", "aux_returns"), summed))
+    tolerances.update(dict.fromkeys(("log_probs", "values", "bootstrap"), trained))
+    for name in ("params_0", "params_1", "params_2", "params_aux"):
+        tolerances[name] = tolerances[f"{name}_policy_head"] = trained if NUMPY_2 else TOLERANCE
+    return tolerances
 
 
 class OriginalRewardNormalizer:
@@ -98,16 +117,11 @@ class OriginalRewardNormalizer:
         return np.clip(rewards / np.sqrt(self.var + self.epsilon), -self.clip, self.clip)
 
 
-class Float64RolloutBuffer(RolloutBuffer):
+class Float64PPGRolloutBuffer(PPGRolloutBuffer):
     """
-    SB3's rollout buffer in float64 (SB3's is float32), which also keeps the bootstrap values it is given and, with a
-    ``reward_normalizer``, normalizes each rollout's rewards with it before GAE (the original code's rule).
+    PPG's default rollout buffer with its arrays in float64 (SB3's are float32), which also keeps the bootstrap values it
+    is given: the same code, the same rollout (written while the envs step), float64 numbers.
     """
-
-    def __init__(self, *args: Any, reward_normalizer: OriginalRewardNormalizer | None = None, **kwargs: Any) -> None:
-        self.reward_normalizer = reward_normalizer
-        self.raw_rewards: np.ndarray | None = None
-        super().__init__(*args, **kwargs)
 
     def reset(self) -> None:
         super().reset()
@@ -117,10 +131,45 @@ class Float64RolloutBuffer(RolloutBuffer):
     def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
         self.last_values = last_values.detach().cpu().numpy().reshape(-1).copy()
         self.last_dones = np.asarray(dones).copy()
-        if self.reward_normalizer is not None:
-            self.raw_rewards = self.rewards.copy()
-            self.rewards = self.reward_normalizer(self.rewards, self.episode_starts)
         super().compute_returns_and_advantage(last_values, dones)
+
+
+class OriginalRewardNormalization(VecEnvWrapper):
+    """
+    The original code's reward normalization on the reference's side: each recorded rollout's raw rewards normalized
+    by ``OriginalRewardNormalizer`` (which needs the whole rollout first), handed to PPG step by step, after checking
+    that the env gave the recorded raw reward.
+
+    :param venv: the env (its rewards raw)
+    :param raw_rewards: the recorded raw rewards of each rollout, (step, env) each
+    :param episode_starts: the recorded episode starts of each rollout, (step, env) each
+    """
+
+    def __init__(self, venv: VecEnv, raw_rewards: list[np.ndarray], episode_starts: list[np.ndarray]) -> None:
+        super().__init__(venv)
+        normalizer = OriginalRewardNormalizer(venv.num_envs)
+        self.raw_rewards, self.normalized, self.statistics = raw_rewards, [], []
+        for rewards, starts in zip(raw_rewards, episode_starts, strict=True):
+            self.normalized.append(normalizer(rewards, starts))
+            statistics = np.array([normalizer.mean, normalizer.var, normalizer.count])
+            self.statistics.append((normalizer.running_return.copy(), statistics))
+        self.n_steps = len(raw_rewards[0])
+        self.n_calls = 0
+
+    def reset(self) -> Any:
+        return self.venv.reset()
+
+    def step_wait(self) -> Any:
+        observations, rewards, dones, infos = self.venv.step_wait()
+        rollout, step = divmod(self.n_calls, self.n_steps)
+        assert np.array_equal(rewards, self.raw_rewards[rollout][step]), "the env left the recorded run"
+        self.n_calls += 1
+        return observations, self.normalized[rollout][step], dones, infos
+
+
+def step_major(buffer: PPGRolloutBuffer, array: np.ndarray, n_envs: int) -> np.ndarray:
+    """A rollout array of the buffer as (step, env), whether SB3's ``get()`` flattened it (env-major) or not."""
+    return array.reshape(n_envs, -1).T if buffer.generator_ready else array
 
 
 class EnvRecorder(BaseCallback):
@@ -203,9 +252,11 @@ def seeded_float64_model(
     name_map: NameMap,
     arch: str,
     kwargs: dict[str, Any],
-    reward_normalizer: OriginalRewardNormalizer | None = None,
 ) -> PPG:
-    """PPG in float64 on ``env`` with the reference's seeded initial weights, its rollouts in float64, logging nothing."""
+    """
+    PPG in float64 on ``env`` with the reference's seeded initial weights, its rollouts in float64 in PPG's default
+    buffer, written while the envs step (PPG's default rollout), logging nothing.
+    """
     model = PPG(
         "ProcgenCnn",
         env,
@@ -213,10 +264,10 @@ def seeded_float64_model(
         micro_batch_size=None,
         device="cpu",
         seed=meta["rand_seed"],
-        rollout_buffer_class=Float64RolloutBuffer,
-        rollout_buffer_kwargs=dict(reward_normalizer=reward_normalizer),
+        rollout_buffer_class=Float64PPGRolloutBuffer,
         **kwargs,
     )
+    assert writes_while_envs_step(model.env, model.rollout_buffer), "not PPG's default rollout"
     model.policy.to(th.float64)
     model.set_logger(configure(None, []))
     load_seeded_weights(model, meta, name_map, arch)
@@ -252,8 +303,8 @@ def replay_cleanrl_trajectory(
         n_policy_iters=args["n_iteration"],
         n_aux_epochs=args["e_auxiliary"],
         aux_batch_rollouts=args["num_aux_rollouts"],
-        normalize_advantage="none",  # CleanRL's Bessel-corrected normalization is put back below
     )
+    assert kwargs["normalize_advantage"] == "batch"  # PPG's default; CleanRL's Bessel-corrected std: bessel_scaled
     kwargs.update({key: value for key, value in changes.items() if not key.startswith("env_")})
     model = seeded_float64_model(env, meta, cleanrl_name, "detach", kwargs)
     sample, uniforms = uniform_sampling(data["uniforms"])
@@ -299,14 +350,15 @@ def replay_cleanrl_trajectory(
         worst("bootstrap", (buffer.last_dones != data[f"{it}/next_done"]).sum())
         worst("advantages", np.abs(buffer.advantages - data[f"{it}/advantages"]).max())
         worst("returns", np.abs(buffer.returns - data[f"{it}/returns"]).max())
-        advantages = buffer.advantages
-        buffer.advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
-        worst("advantages", np.abs(buffer.advantages.reshape(-1) - data[f"{it}/b_advantages"]).max())
+        buffer.advantages = bessel_scaled(buffer.advantages)
         epochs = deque((order % n_envs) * n_steps + order // n_envs for order in data[f"{it}/b_inds"])
         buffer.get = partial(recorded_minibatches, buffer, epochs)
         iteration += 1
         policy_phase()
         assert not epochs, "the policy phase drew fewer minibatch orders than CleanRL"
+        # PPG's normalization of the scaled advantages is CleanRL's (its flat index is step * n_envs + env)
+        normalized = step_major(buffer, buffer.advantages, n_envs).reshape(-1)
+        worst("advantages", np.abs(normalized - data[f"{it}/b_advantages"]).max())
 
     train_aux_phase = model._train_aux_phase
 
@@ -338,20 +390,10 @@ def test_cleanrl_trajectory(monkeypatch):
     CleanRL's, step by step (an episode ends in the recorded run, rewards are normalized and clipped as gym 0.23.1 does).
     """
     results = replay_cleanrl_trajectory(monkeypatch)
-    rewards, summed, trained = (FLOAT32_REWARDS, 16 * FLOAT32_REWARDS, TRAINED_ON_FLOAT32_REWARDS) if NUMPY_2 else (EXACT,) * 3
-    for name in ("observations", "actions", "raw_rewards", "dones"):
-        assert results[name] == 0, (name, results)
-    assert results["reward_statistics"] <= EXACT, results
-    assert results["rewards"] <= rewards, results
-    for name in ("advantages", "returns", "aux_returns"):
-        assert results[name] <= summed, (name, results)
-    for name in ("log_probs", "values", "bootstrap"):
-        assert results[name] <= trained, (name, results)
-    trained = trained if NUMPY_2 else TOLERANCE
-    for name in ("params_0", "params_1", "params_2", "params_aux"):
-        assert results[name] <= trained, (name, results)
-        assert results[f"{name}_policy_head"] <= trained, (name, results)
-    assert results["pi_old"] <= trained, results
+    tolerances = cleanrl_tolerances()
+    assert set(results) == set(tolerances), set(results) ^ set(tolerances)
+    for name, tolerance in tolerances.items():
+        assert results[name] <= tolerance, (name, results)
 
 
 @pytest.mark.parametrize(
@@ -365,9 +407,12 @@ def test_cleanrl_trajectory(monkeypatch):
     ],
 )
 def test_cleanrl_trajectory_detects_a_change(changes, name, monkeypatch):
-    """One setting of the env stack or of PPG changed: the same replay leaves CleanRL's run within two iterations."""
+    """
+    One setting of the env stack or of PPG changed: the same replay leaves CleanRL's run within two iterations, by more
+    than ``DETECTED`` times test_cleanrl_trajectory's tolerance.
+    """
     results = replay_cleanrl_trajectory(monkeypatch, n_iterations=2, **changes)
-    assert results[name] > 1e-7, results
+    assert results[name] > DETECTED * cleanrl_tolerances()[name], results
 
 
 def replay_original_trajectory(
@@ -376,8 +421,9 @@ def replay_original_trajectory(
     """
     Run ``PPG`` on starpilot with the ``"paper"`` preset and the fixture's settings, as the original code's recorded run.
 
-    :param original_rewards: normalize the rewards with the original code's per-rollout rule (put back test-side, the
-        env's ``VecNormalize`` then passes raw rewards); ``False``: the preset's env, ``VecNormalize``'s per-step rule
+    :param original_rewards: normalize the rewards with the original code's per-rollout rule (on the reference's side:
+        ``OriginalRewardNormalization``; the env's ``VecNormalize`` then passes raw rewards); ``False``: the preset's
+        env, ``VecNormalize``'s per-step rule
     :param n_iterations: stop after this many rollouts (``None``: all of the recorded run)
     :param changes: PPG arguments or ``make_procgen_env`` arguments (``env_*``) that replace the replay's
     :return: the largest differences per quantity (``params_<i>``: after iteration i's policy phase, ``params_aux``,
@@ -416,8 +462,13 @@ def replay_original_trajectory(
     if original_rewards:
         env_kwargs["normalize_reward"] = False
     env = make_procgen_env(settings["env_name"], n_envs=n_envs, preset="paper", seed=meta["rand_seed"], **env_kwargs)
-    normalizer = OriginalRewardNormalizer(n_envs) if original_rewards else None
-    model = seeded_float64_model(env, meta, original_name, arch, kwargs, reward_normalizer=normalizer)
+    normalizer = None
+    if original_rewards:
+        recorded_runs = [data[f"it{i}/reward_raw"].swapaxes(0, 1) for i in range(meta["n_iterations"])]
+        recorded_starts = [data[f"it{i}/first"].swapaxes(0, 1) for i in range(meta["n_iterations"])]
+        env = normalizer = OriginalRewardNormalization(env, recorded_runs, recorded_starts)
+    assert kwargs["normalize_advantage"] == "batch"  # PPG's default, the original code's normalization
+    model = seeded_float64_model(env, meta, original_name, arch, kwargs)
     sample, uniforms = uniform_sampling(data["uniforms"])
     monkeypatch.setattr(CategoricalDistribution, "sample", sample)
     pairs = np.array(meta["aux_pairs_env_iteration"])
@@ -457,8 +508,8 @@ def replay_original_trajectory(
         worst("dones", (buffer.episode_starts != recorded("first")).sum())
         worst("rewards", np.abs(buffer.rewards - recorded("reward")).max())
         if normalizer is not None:
-            statistics = np.array([normalizer.mean, normalizer.var, normalizer.count])
-            worst("reward_statistics", np.abs(normalizer.running_return - data[f"{it}/reward_running_return"]).max())
+            running_return, statistics = normalizer.statistics[iteration]
+            worst("reward_statistics", np.abs(running_return - data[f"{it}/reward_running_return"]).max())
             worst("reward_statistics", np.abs(statistics - data[f"{it}/reward_statistics"]).max())
         worst("log_probs", np.abs(buffer.log_probs - recorded("logp")).max())
         worst("values", np.abs(buffer.values - recorded("vpred")).max())
@@ -470,9 +521,8 @@ def replay_original_trajectory(
         monkeypatch.setattr(ppg_module, "env_minibatches", partial(env_minibatches, generator=generator))
         iteration += 1
         policy_phase()
-        # PPG normalized the advantages over the rollout with the population std, as the original code; the buffer is
-        # now flat, env-major (SB3's swap_and_flatten): the original code's (env, step) order
-        normalized = buffer.advantages.reshape(n_envs, n_steps)
+        # PPG normalized the advantages over the rollout with the population std, as the original code
+        normalized = step_major(buffer, buffer.advantages, n_envs).T  # the original code's (env, step) order
         worst("advantages", np.abs(normalized - data[f"{it}/adv"]).max())
         assert not generator.queue, "the policy phase drew fewer minibatch orders than the original code"
         if iteration == meta["n_iterations"]:
