@@ -232,3 +232,20 @@ def test_default_advantage_normalization_is_the_original_codes():
     assert model.normalize_advantage == "batch"
     samples = buffer._get_samples(np.arange(8))
     assert model._normalize_minibatch_advantages(samples) is samples
+
+
+def test_default_aux_phase_schedule_is_the_original_codes():
+    """
+    With the defaults, the auxiliary phase follows ORIG's ``ppg.py learn``: after ``n_pi`` = 32 rollouts, ``n_aux_epochs``
+    = 6 epochs over the 32 x n_envs buffered rollouts in minibatches of ``aux_mbsize`` = 4 rollouts, one Adam step each
+    (``aux_train``).
+    """
+    n_envs, n_steps = 2, 8  # short rollouts: n_steps does not set the schedule
+    env = DummyVecEnv([lambda: gym.make("CartPole-v1")] * n_envs)
+    model = PPG("MlpPolicy", env, n_steps=n_steps, device="cpu", seed=0)
+    with pytest.warns(UserWarning, match="auxiliary"):
+        model.learn(31 * n_envs * n_steps)
+    assert model.n_aux_phases == 0
+    model.learn(n_envs * n_steps, reset_num_timesteps=False)
+    n_pi, n_aux_epochs, aux_mbsize = 32, 6, 4
+    assert model.n_aux_phases == 1 and model._n_aux_updates == n_aux_epochs * (n_pi * n_envs // aux_mbsize)
