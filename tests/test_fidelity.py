@@ -197,11 +197,13 @@ def inject_aux_permutations(model: PPG, permutations: list[np.ndarray]) -> None:
     aux_buffer.get = partial(AuxiliaryBuffer.get, aux_buffer, generator=RecordedPermutations(permutations))
 
 
-def replay_original(name: str, monkeypatch: pytest.MonkeyPatch, **changes: Any) -> dict[str, float]:
+def replay_original(name: str, monkeypatch: pytest.MonkeyPatch, defaults: bool = False, **changes: Any) -> dict[str, float]:
     """
     Replay a case of the original code through ``PPG`` with the paper's preset and ``policy_minibatches="envs"``.
 
     :param name: the case
+    :param defaults: the constructor's defaults instead of the preset, and only the case's sizes (a case of the original
+        code's defaults) and ``policy_minibatches="envs"`` given
     :param changes: PPG arguments that replace the replay's (the negative cases)
     :return: the largest differences: value targets (``"returns"``), ``"policy"``, ``"pi_old"``, ``"aux"``, and
         ``"final"`` (after one more policy phase, which checks that the policy phase's Adam survives the aux phase);
@@ -226,13 +228,20 @@ def replay_original(name: str, monkeypatch: pytest.MonkeyPatch, **changes: Any) 
         kwargs["vf_true_coef"],
     )
     assert kwargs["policy_minibatches"] == "envs" and kwargs["clip_range_vf"] is None and kwargs["max_grad_norm"] is None
-    kwargs.update(
-        n_steps=n_steps,
-        batch_size=n_envs * n_steps // settings["nminibatch"],
+    objective = dict(
         n_epochs=meta["n_epoch_pi"],
         n_value_epochs=meta["n_epoch_vf"],
         clip_range=meta["clip_param"] or None,  # ppgkl: clip_param 0 is no clipping
         kl_coef=meta["kl_penalty"],
+    )
+    if defaults:
+        # The original code's train_fn defaults (n_epoch_pi = n_epoch_vf = 1, clip_param 0.2, kl_penalty 0): PPG's own
+        assert objective == dict(n_epochs=1, n_value_epochs=1, clip_range=0.2, kl_coef=0.0), objective
+        kwargs, objective = dict(policy_minibatches="envs"), {}
+    kwargs.update(
+        objective,
+        n_steps=n_steps,
+        batch_size=n_envs * n_steps // settings["nminibatch"],
         n_policy_iters=settings["n_pi"],
         n_aux_epochs=settings["n_aux_epochs"],
         aux_batch_rollouts=settings["aux_mbsize"],
@@ -278,6 +287,19 @@ def replay_original(name: str, monkeypatch: pytest.MonkeyPatch, **changes: Any) 
     return results
 
 
+def bessel_scaled(advantages: np.ndarray) -> np.ndarray:
+    """
+    CleanRL's advantage normalization, ``(A - mean) / (std + 1e-8)`` with torch's Bessel-corrected std
+    (``ppg_procgen.py``, ``adv_norm_fullbatch``), reproduced through PPG's own (the population std, as the original
+    code): the advantages times ``k = 1e-8 / (std_bessel + 1e-8 - std_population)``, which PPG's normalization
+    ``(kA - mean(kA)) / (k std_population + 1e-8)`` turns into CleanRL's ``(A - mean) / (std_bessel + 1e-8)``. The
+    difference of the two stds is ~std / (2 n): k is exact to ~2n float64 roundings, the normalized advantages to a
+    few (the replays check them against CleanRL's at 1e-12).
+    """
+    std_population, std_bessel = advantages.std(), advantages.std(ddof=1)
+    return advantages * (1e-8 / (std_bessel + 1e-8 - std_population))
+
+
 class CleanRLGradientLeak:
     """
     CleanRL's aux phase zeroes the gradients only after each step (``ppg_procgen.py:462-467``), so the last policy
@@ -305,11 +327,13 @@ def replay_cleanrl(
     monkeypatch: pytest.MonkeyPatch, bessel_std: bool = True, gradient_leak: bool = True, **changes: Any
 ) -> dict[str, float]:
     """
-    Replay CleanRL's case through ``PPG`` with the ``"cleanrl"`` preset (``value_clipping="max"``), with CleanRL's two
-    documented differences put back test-side: the advantages normalized with torch's Bessel-corrected std (PPG uses
-    the population std, as the original code), and the policy phase's gradient leaking into the first auxiliary step.
+    Replay CleanRL's case through ``PPG`` with the ``"cleanrl"`` preset (``value_clipping="max"``, the value clipping
+    active: its values move past the clip range), PPG's default rollout buffer and advantage normalization, with
+    CleanRL's two documented differences put back on CleanRL's side: the advantages normalized with torch's
+    Bessel-corrected std (PPG uses the population std, as the original code: ``bessel_scaled``), and the policy
+    phase's gradient leaking into the first auxiliary step.
 
-    :param bessel_std: normalize the advantages as CleanRL (else PPG's own ``normalize_advantage="batch"``)
+    :param bessel_std: hand PPG's normalization the advantages that make it CleanRL's (else PPG's own, unchanged)
     :param gradient_leak: add CleanRL's leaked gradient to the first auxiliary step
     :param changes: PPG arguments that replace the replay's (the negative cases)
     :return: the largest differences: ``"returns"`` (value targets), ``"advantages"`` (normalized, with
@@ -343,8 +367,8 @@ def replay_cleanrl(
         n_policy_iters=args["n_iteration"],
         n_aux_epochs=args["e_auxiliary"],
         aux_batch_rollouts=args["num_aux_rollouts"],
-        normalize_advantage="none" if bessel_std else "batch",
     )
+    assert kwargs["normalize_advantage"] == "batch"  # PPG's default
     kwargs.update(changes)
     model = float64_model(n_envs, meta["image_size"], kwargs)
     load_parameters(model, data, "init", cleanrl_name, "detach")
@@ -368,11 +392,7 @@ def replay_cleanrl(
         buffer = model.rollout_buffer
         results["returns"] = max(results["returns"], float(np.abs(buffer.returns - data[f"it{iteration}/returns"]).max()))
         if bessel_std:
-            advantages = buffer.advantages
-            buffer.advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
-            # CleanRL's flat index is step * n_envs + env, as numpy's reshape of (step, env)
-            difference = np.abs(buffer.advantages.reshape(-1) - data[f"it{iteration}/b_advantages"]).max()
-            results["advantages"] = max(results["advantages"], float(difference))
+            buffer.advantages = bessel_scaled(buffer.advantages)
         # The policy phase's minibatches: CleanRL's shuffled flat indices, consecutive slices of minibatch_size
         epochs = deque(
             (order % n_envs) * n_steps + order // n_envs  # CleanRL's step * n_envs + env -> SB3's env * n_steps + step
@@ -381,6 +401,10 @@ def replay_cleanrl(
         buffer.get = partial(recorded_minibatches, buffer, epochs)
         model.train()
         assert not epochs, "the policy phase drew fewer minibatch orders than CleanRL"
+        # PPG's normalized advantages; the buffer is now flat, env-major; CleanRL's flat index is step * n_envs + env
+        normalized = buffer.advantages.reshape(n_envs, n_steps).T.reshape(-1)
+        difference = np.abs(normalized - data[f"it{iteration}/b_advantages"]).max()
+        results["advantages"] = max(results["advantages"], float(difference))
     return results
 
 
@@ -415,6 +439,19 @@ def test_cleanrl(monkeypatch):
     results = replay_cleanrl(monkeypatch)
     assert results["returns"] <= 1e-12 and results["advantages"] <= 1e-12, results
     for phase in ("policy", "pi_old", "aux"):
+        assert results[phase] <= TOLERANCE, (phase, results)
+
+
+def test_original_code_with_the_defaults(monkeypatch):
+    """
+    The original code's default case, replayed with ``PPG``'s constructor defaults rather than the paper preset (only
+    the case's sizes and ``policy_minibatches="envs"`` given): the defaults that change what is computed (learning
+    rates, gamma, lambda, clip range, coefficients, beta_clone, the advantage normalization, the optimizers, no gradient
+    or value clipping) make the original code's updates, on every CPU (float64, ``TOLERANCE``).
+    """
+    results = replay_original("orig_dual_clip", monkeypatch, defaults=True)
+    assert results["unused_orders"] == 0 and results["returns"] <= 1e-12, results
+    for phase in ("policy", "pi_old", "aux", "final"):
         assert results[phase] <= TOLERANCE, (phase, results)
 
 

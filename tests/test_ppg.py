@@ -12,6 +12,7 @@ from double_precision import run_in_float64
 from stable_baselines3 import PPO
 from stable_baselines3.common.envs import FakeImageEnv
 from stable_baselines3.common.logger import configure
+from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG
 from sb3_ppg.common.distributions import kl_divergence_from_params
@@ -527,29 +528,101 @@ def test_channels_last_and_nchw_train_to_the_same_parameters(make_model):
         th.testing.assert_close(a, b, rtol=0, atol=1e-8)
 
 
+class RecordingLinearExtractor(BaseFeaturesExtractor):
+    """
+    A features extractor with a layer (an MLP policy's ``FlattenExtractor`` has none, so that bf16 autocast changes
+    nothing there), which records whether it ran in training mode and the dtype its layer computed in.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, features_dim: int = 32) -> None:
+        super().__init__(observation_space, features_dim)
+        self.linear = th.nn.Linear(observation_space.shape[0], features_dim)
+        self.computed: list[tuple[bool, th.dtype]] = []
+
+    def forward(self, observations: th.Tensor) -> th.Tensor:
+        hidden = self.linear(observations)
+        self.computed.append((self.training, hidden.dtype))
+        return th.relu(hidden)
+
+
+def computed_dtypes(model: PPG, training: bool) -> set[th.dtype]:
+    """The dtypes the model's features extractors computed in, in training mode (the two phases) or not (rollouts)."""
+    extractors = {model.policy.pi_features_extractor, model.policy.vf_features_extractor}
+    return {dtype for extractor in extractors for mode, dtype in extractor.computed if mode == training}
+
+
+def clear_computed(model: PPG) -> None:
+    for extractor in (model.policy.pi_features_extractor, model.policy.vf_features_extractor):
+        extractor.computed.clear()
+
+
+#: bf16 keeps 8 significant bits, a rounding error of at most u = 2**-8 of a value: autocast rounds the layer's inputs,
+#: weights and bias to it (each product then off by at most (2u + u**2) of its magnitude, the sums stay in float32)
+#: and its output (u more). Each feature is then within 4u * (sum(|w| |x|) + |b|) of float32's
+BF16_FEATURES = 4 * 2**-8
+
+
 @pytest.mark.parametrize(
     "precision", ["bf16", {"rollout": "bf16"}, {"aux": "bf16", "policy": "fp32"}, {"policy": "bf16", "aux": "bf16"}]
 )
 def test_bf16_precision_trains_and_stays_close(make_model, precision):
-    """bf16 autocast runs the features extractor only: outputs stay float32 and close to fp32's."""
-    reference = make_model(n_aux_epochs=1)
-    model = make_model(n_aux_epochs=1, precision=precision)
-    obs = th.as_tensor(np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32))
+    """
+    bf16 autocast runs the features extractors, in the phases asked for and only those: their layer computes in bf16,
+    which changes the features (a bf16 path that silently ran float32 would not) within bf16's rounding of the layer's
+    products; the outputs stay float32, and training in bf16 changes the parameters but stays close to float32's.
+    """
+    policy_kwargs = dict(net_arch=[16], features_extractor_class=RecordingLinearExtractor)
+    reference = make_model(n_aux_epochs=1, policy_kwargs=policy_kwargs)
+    model = make_model(n_aux_epochs=1, policy_kwargs=policy_kwargs, precision=precision)
+    for name, parameter in reference.policy.state_dict().items():
+        assert th.equal(parameter, model.policy.state_dict()[name])  # the same seed, the same network
+    # The features: bf16 changes them, by no more than its rounding of the layer's products
+    obs = th.as_tensor(np.random.default_rng(0).uniform(-1, 1, (64, 4)).astype(np.float32))
     model.policy.compute_dtype = th.bfloat16
     with th.no_grad():
+        features = model.policy.extract_features(obs)[0]
+        expected = reference.policy.extract_features(obs)[0]
+        linear = reference.policy.pi_features_extractor.linear
+        bound = BF16_FEATURES * (obs.abs() @ linear.weight.abs().T + linear.bias.abs())
         values = model.policy.predict_values(obs)
         distribution = model.policy.get_distribution(obs)
-        expected = reference.policy.predict_values(obs)
-    assert values.dtype == th.float32 and distribution.distribution.logits.dtype == th.float32
-    th.testing.assert_close(values, expected, rtol=0.05, atol=0.05)
-    # Between train() calls (rollouts, predict) the policy runs at the rollout precision, after an iteration without
-    # an aux phase too (regression: the policy phase's precision used to stay on for the next rollout)
-    expected_dtype = th.bfloat16 if precision == "bf16" or precision.get("rollout") == "bf16" else th.float32
-    model.learn(16)
-    assert model.n_aux_phases == 0 and model.policy.compute_dtype == expected_dtype
-    model.learn(16, reset_num_timesteps=False)
-    assert model.n_aux_phases == 1 and model.policy.compute_dtype == expected_dtype
+    assert features.dtype == th.float32 and values.dtype == th.float32
+    assert distribution.distribution.logits.dtype == th.float32
+    assert (features - expected).abs().max() > 0, "bf16 did not change the features: it did not run"
+    assert ((features - expected).abs() <= bound).all(), ((features - expected).abs() - bound).max()
+    # Training (the same random numbers on both sides: the same actions and minibatches): each phase computes in its
+    # precision, the rollouts (and predict) in the rollout precision, after an iteration without an aux phase too
+    # (regression: the policy phase's precision used to stay on for the next rollout)
+    dtypes = {phase: th.bfloat16 if name == "bf16" else th.float32 for phase, name in model.phase_precision.items()}
+    assert th.bfloat16 in dtypes.values()
+    model.policy.compute_dtype = dtypes["rollout"]
+    initial = [parameter.detach().clone() for parameter in model.policy.parameters()]
+    for learner in (reference, model):
+        clear_computed(learner)
+        learner.set_random_seed(0)
+        learner.learn(16)
+    assert model.n_aux_phases == 0 and model.policy.compute_dtype == dtypes["rollout"]
+    assert computed_dtypes(model, training=False) == {dtypes["rollout"]}
+    assert computed_dtypes(model, training=True) == {dtypes["policy"]}
+    for learner in (reference, model):
+        clear_computed(learner)
+        learner.set_random_seed(1)
+        learner.learn(16, reset_num_timesteps=False)
+    assert model.n_aux_phases == 1 and model.policy.compute_dtype == dtypes["rollout"]
+    assert computed_dtypes(model, training=False) == {dtypes["rollout"]}
+    assert computed_dtypes(model, training=True) == {dtypes["policy"], dtypes["aux"]}
+    assert computed_dtypes(reference, training=True) | computed_dtypes(reference, training=False) == {th.float32}
+    # bf16 changed the updates, not their direction: Adam's first steps are about lr * sign(gradient) for each
+    # parameter, so the cosine of the two updates is about the share of signs bf16 kept minus the share it flipped
+    # (unrelated updates: about 0); bf16's rounding flips the signs of the gradients within its rounding of zero only
+    updates, bf16_updates = [
+        th.cat([(p.detach() - start).flatten() for p, start in zip(learner.policy.parameters(), initial, strict=True)])
+        for learner in (reference, model)
+    ]
     assert all(th.isfinite(p).all() for p in model.policy.parameters())
+    assert (bf16_updates - updates).abs().max() > 0, "bf16 did not change the training: it did not run"
+    cosine = th.nn.functional.cosine_similarity(bf16_updates, updates, dim=0)
+    assert cosine > 0.9, cosine  # at most ~5% of the update flipped (0.997 on an AMX Xeon)
 
 
 @pytest.mark.parametrize("amx", [True, False])

@@ -7,15 +7,17 @@ preset's rewards normalized per rollout by ``PPG(normalize_reward=True)``) colle
 with its own, iteration by iteration: observations, actions, raw and normalized
 rewards, dones, values, the bootstrap value, advantages, returns, the reward normalizer's statistics, the parameters
 after each policy phase, pi_old and the parameters after the auxiliary phase, on a real game (starpilot, 2 envs x 16
-steps, 3 iterations and one auxiliary phase, float64).
+steps, 3 iterations and one auxiliary phase, float64). Both replays run PPG's default rollout buffer
+(``PPGRolloutBuffer``, its arrays in float64: ``Float64PPGRolloutBuffer``), its default rollout (the buffer written
+while the envs step) and its default advantage normalization (over the whole rollout, the population std).
 
 The fixtures ``tests/data/fidelity/cleanrl_trajectory.*`` and ``orig_trajectory.*`` were recorded by running each
 reference's own code (``benchmarks/fidelity/record_cleanrl_trajectory.py``, ``record_reference_trajectory.py``). The
-replays put back, test-side, what PPG does not copy: CleanRL's two update-level quirks (its Bessel-corrected advantage
-std and its gradient leak into the first auxiliary step: ``tests/test_fidelity.py``), with the recorded minibatch
-orders and the same inverse-CDF action sampling. The original code's run needs nothing put back: the paper preset
-normalizes the rewards per rollout as it does (``test_original_code_reward_normalization`` shows ``VecNormalize``'s
-per-step rule leaving it).
+replays put back, on the reference's side, what PPG does not copy: CleanRL's two update-level quirks (its
+Bessel-corrected advantage std, handed to PPG's own normalization as ``bessel_scaled`` says, and its gradient leak into
+the first auxiliary step: ``tests/test_fidelity.py``), with the recorded minibatch orders and the same inverse-CDF
+action sampling. The original code's run needs nothing put back: the paper preset normalizes the rewards per
+rollout as it does (``test_original_code_reward_normalization`` shows ``VecNormalize``'s per-step rule leaving it).
 
 Tolerances: the env side (frames, actions, raw rewards, dones) is compared exactly; the normalized rewards, the reward
 statistics, values, advantages and returns to 1e-12 (float64 rounding of the same operations); the parameters to 1e-10
@@ -33,7 +35,6 @@ import numpy as np
 import pytest
 import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
-from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.distributions import CategoricalDistribution
 from stable_baselines3.common.logger import configure
@@ -42,6 +43,7 @@ from test_fidelity import (
     CleanRLGradientLeak,
     NameMap,
     RecordedPermutations,
+    bessel_scaled,
     cleanrl_name,
     inject_aux_permutations,
     original_name,
@@ -51,7 +53,8 @@ from test_fidelity import (
 import sb3_ppg.ppg.ppg as ppg_module
 from sb3_ppg import PPG
 from sb3_ppg.common import optim
-from sb3_ppg.common.rollout_buffers import env_minibatches
+from sb3_ppg.common.rollout import writes_while_envs_step
+from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer, env_minibatches
 from sb3_ppg.procgen import get_procgen_preset, make_procgen_env
 
 FIXTURES = Path(__file__).parent / "data" / "fidelity"
@@ -70,10 +73,27 @@ AFTER_AUX = 1e-7
 NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
 FLOAT32_REWARDS = 10 * 2**-23
 TRAINED_ON_FLOAT32_REWARDS = 1e-6
+#: A change is detected when it moves a quantity this many times past test_cleanrl_trajectory's tolerance for it
+DETECTED = 1000
 
 
-class Float64RolloutBuffer(RolloutBuffer):
-    """SB3's rollout buffer in float64 (SB3's is float32), which also keeps the bootstrap values it is given."""
+def cleanrl_tolerances() -> dict[str, float]:
+    """test_cleanrl_trajectory's tolerance for each quantity (float64 rounding, or numpy 2's float32 rewards: above)."""
+    rewards, summed, trained = (FLOAT32_REWARDS, 16 * FLOAT32_REWARDS, TRAINED_ON_FLOAT32_REWARDS) if NUMPY_2 else (EXACT,) * 3
+    tolerances = dict.fromkeys(("observations", "actions", "raw_rewards", "dones"), 0.0)
+    tolerances.update(reward_statistics=EXACT, rewards=rewards, pi_old=trained if NUMPY_2 else TOLERANCE)
+    tolerances.update(dict.fromkeys(("advantages", "returns", "aux_returns"), summed))
+    tolerances.update(dict.fromkeys(("log_probs", "values", "bootstrap"), trained))
+    for name in ("params_0", "params_1", "params_2", "params_aux"):
+        tolerances[name] = tolerances[f"{name}_policy_head"] = trained if NUMPY_2 else TOLERANCE
+    return tolerances
+
+
+class Float64PPGRolloutBuffer(PPGRolloutBuffer):
+    """
+    PPG's default rollout buffer with its arrays in float64 (SB3's are float32), which also keeps the bootstrap values it
+    is given: the same code, the same rollout (written while the envs step), float64 numbers.
+    """
 
     def reset(self) -> None:
         super().reset()
@@ -84,6 +104,11 @@ class Float64RolloutBuffer(RolloutBuffer):
         self.last_values = last_values.detach().cpu().numpy().reshape(-1).copy()
         self.last_dones = np.asarray(dones).copy()
         super().compute_returns_and_advantage(last_values, dones)
+
+
+def step_major(buffer: PPGRolloutBuffer, array: np.ndarray, n_envs: int) -> np.ndarray:
+    """A rollout array of the buffer as (step, env), whether SB3's ``get()`` flattened it (env-major) or not."""
+    return array.reshape(n_envs, -1).T if buffer.generator_ready else array
 
 
 class EnvRecorder(BaseCallback):
@@ -160,8 +185,17 @@ def load_seeded_weights(model: PPG, meta: dict[str, Any], name_map: NameMap, arc
     assert set(meta["weight_scales"]) <= references, "a recorded weight has no PPG parameter"
 
 
-def seeded_float64_model(env: Any, meta: dict[str, Any], name_map: NameMap, arch: str, kwargs: dict[str, Any]) -> PPG:
-    """PPG in float64 on ``env`` with the reference's seeded initial weights, its rollouts in float64, logging nothing."""
+def seeded_float64_model(
+    env: Any,
+    meta: dict[str, Any],
+    name_map: NameMap,
+    arch: str,
+    kwargs: dict[str, Any],
+) -> PPG:
+    """
+    PPG in float64 on ``env`` with the reference's seeded initial weights, its rollouts in float64 in PPG's default
+    buffer, written while the envs step (PPG's default rollout), logging nothing.
+    """
     model = PPG(
         "ProcgenCnn",
         env,
@@ -169,9 +203,10 @@ def seeded_float64_model(env: Any, meta: dict[str, Any], name_map: NameMap, arch
         micro_batch_size=None,
         device="cpu",
         seed=meta["rand_seed"],
-        rollout_buffer_class=Float64RolloutBuffer,
+        rollout_buffer_class=Float64PPGRolloutBuffer,
         **kwargs,
     )
+    assert writes_while_envs_step(model.env, model.rollout_buffer), "not PPG's default rollout"
     model.policy.to(th.float64)
     model.set_logger(configure(None, []))
     load_seeded_weights(model, meta, name_map, arch)
@@ -207,8 +242,8 @@ def replay_cleanrl_trajectory(
         n_policy_iters=args["n_iteration"],
         n_aux_epochs=args["e_auxiliary"],
         aux_batch_rollouts=args["num_aux_rollouts"],
-        normalize_advantage="none",  # CleanRL's Bessel-corrected normalization is put back below
     )
+    assert kwargs["normalize_advantage"] == "batch"  # PPG's default; CleanRL's Bessel-corrected std: bessel_scaled
     kwargs.update({key: value for key, value in changes.items() if not key.startswith("env_")})
     model = seeded_float64_model(env, meta, cleanrl_name, "detach", kwargs)
     sample, uniforms = uniform_sampling(data["uniforms"])
@@ -254,14 +289,15 @@ def replay_cleanrl_trajectory(
         worst("bootstrap", (buffer.last_dones != data[f"{it}/next_done"]).sum())
         worst("advantages", np.abs(buffer.advantages - data[f"{it}/advantages"]).max())
         worst("returns", np.abs(buffer.returns - data[f"{it}/returns"]).max())
-        advantages = buffer.advantages
-        buffer.advantages = (advantages - advantages.mean()) / (advantages.std(ddof=1) + 1e-8)
-        worst("advantages", np.abs(buffer.advantages.reshape(-1) - data[f"{it}/b_advantages"]).max())
+        buffer.advantages = bessel_scaled(buffer.advantages)
         epochs = deque((order % n_envs) * n_steps + order // n_envs for order in data[f"{it}/b_inds"])
         buffer.get = partial(recorded_minibatches, buffer, epochs)
         iteration += 1
         policy_phase()
         assert not epochs, "the policy phase drew fewer minibatch orders than CleanRL"
+        # PPG's normalization of the scaled advantages is CleanRL's (its flat index is step * n_envs + env)
+        normalized = step_major(buffer, buffer.advantages, n_envs).reshape(-1)
+        worst("advantages", np.abs(normalized - data[f"{it}/b_advantages"]).max())
 
     train_aux_phase = model._train_aux_phase
 
@@ -293,20 +329,10 @@ def test_cleanrl_trajectory(monkeypatch):
     CleanRL's, step by step (an episode ends in the recorded run, rewards are normalized and clipped as gym 0.23.1 does).
     """
     results = replay_cleanrl_trajectory(monkeypatch)
-    rewards, summed, trained = (FLOAT32_REWARDS, 16 * FLOAT32_REWARDS, TRAINED_ON_FLOAT32_REWARDS) if NUMPY_2 else (EXACT,) * 3
-    for name in ("observations", "actions", "raw_rewards", "dones"):
-        assert results[name] == 0, (name, results)
-    assert results["reward_statistics"] <= EXACT, results
-    assert results["rewards"] <= rewards, results
-    for name in ("advantages", "returns", "aux_returns"):
-        assert results[name] <= summed, (name, results)
-    for name in ("log_probs", "values", "bootstrap"):
-        assert results[name] <= trained, (name, results)
-    trained = trained if NUMPY_2 else TOLERANCE
-    for name in ("params_0", "params_1", "params_2", "params_aux"):
-        assert results[name] <= trained, (name, results)
-        assert results[f"{name}_policy_head"] <= trained, (name, results)
-    assert results["pi_old"] <= trained, results
+    tolerances = cleanrl_tolerances()
+    assert set(results) == set(tolerances), set(results) ^ set(tolerances)
+    for name, tolerance in tolerances.items():
+        assert results[name] <= tolerance, (name, results)
 
 
 @pytest.mark.parametrize(
@@ -320,9 +346,12 @@ def test_cleanrl_trajectory(monkeypatch):
     ],
 )
 def test_cleanrl_trajectory_detects_a_change(changes, name, monkeypatch):
-    """One setting of the env stack or of PPG changed: the same replay leaves CleanRL's run within two iterations."""
+    """
+    One setting of the env stack or of PPG changed: the same replay leaves CleanRL's run within two iterations, by more
+    than ``DETECTED`` times test_cleanrl_trajectory's tolerance.
+    """
     results = replay_cleanrl_trajectory(monkeypatch, n_iterations=2, **changes)
-    assert results[name] > 1e-7, results
+    assert results[name] > DETECTED * cleanrl_tolerances()[name], results
 
 
 def replay_original_trajectory(
@@ -371,6 +400,7 @@ def replay_original_trajectory(
         env_kwargs.update(normalize_reward=True, reward_gamma=0.99, clip_reward=10.0)
         kwargs["normalize_reward"] = False
     env = make_procgen_env(settings["env_name"], n_envs=n_envs, preset="paper", seed=meta["rand_seed"], **env_kwargs)
+    assert kwargs["normalize_advantage"] == "batch"  # PPG's default, the original code's normalization
     model = seeded_float64_model(env, meta, original_name, arch, kwargs)
     normalizer = model.reward_normalizer
     assert (normalizer is not None) == original_rewards
@@ -426,9 +456,8 @@ def replay_original_trajectory(
         monkeypatch.setattr(ppg_module, "env_minibatches", partial(env_minibatches, generator=generator))
         iteration += 1
         policy_phase()
-        # PPG normalized the advantages over the rollout with the population std, as the original code; the buffer is
-        # now flat, env-major (SB3's swap_and_flatten): the original code's (env, step) order
-        normalized = buffer.advantages.reshape(n_envs, n_steps)
+        # PPG normalized the advantages over the rollout with the population std, as the original code
+        normalized = step_major(buffer, buffer.advantages, n_envs).T  # the original code's (env, step) order
         worst("advantages", np.abs(normalized - data[f"{it}/adv"]).max())
         assert not generator.queue, "the policy phase drew fewer minibatch orders than the original code"
         if iteration == meta["n_iterations"]:
