@@ -20,6 +20,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppg import PPG
 from sb3_ppg.common.aux_buffer import AuxiliaryBufferSamples
+from sb3_ppg.common.reward_normalization import RolloutRewardNormalizer
 
 #: The constructor's defaults that change what is computed: (value, where the value comes from)
 COMPUTING_DEFAULTS = {
@@ -49,17 +50,19 @@ COMPUTING_DEFAULTS = {
     "n_aux_grad_accum": (1, "ORIG ppg.py aux_train: one step per minibatch (CRL n_aux_grad_accum=1)"),
     "target_kl": (None, "ORIG ppo.py learn: no early stopping"),
     "use_sde": (False, "SB3's PPO"),
+    "normalize_reward": (False, "CleanRL ppg_procgen.py: rewards normalized by env wrappers, not the algorithm"),
+    "reward_normalizer_kwargs": (None, "ORIG reward_normalizer.py RewardNormalizer: see REWARD_NORMALIZER_DEFAULTS"),
 }
+#: ORIG reward_normalizer.py RewardNormalizer(gamma=0.99, cliprew=10.0, epsilon=1e-8): normalize_reward's settings
+REWARD_NORMALIZER_DEFAULTS = {"gamma": 0.99, "clip_reward": 10.0, "epsilon": 1e-8}
 #: The constructor's arguments that do not change what is computed (the same results: docs/ppg.md), or that say what
 #: to run on
 NOT_COMPUTING = {
     "policy",
     "env",
     "aux_buffer_device",
-    "overlap_rollouts",
     "cuda_graphs",
     "parallel_networks",
-    "keep_freed_memory",
     "micro_batch_size",
     "precision",  # bf16 where it is fast; tests/test_ppg.py::test_bf16_precision_trains_and_stays_close
     "sde_sample_freq",
@@ -72,6 +75,7 @@ NOT_COMPUTING = {
     "seed",
     "device",
     "_init_setup_model",
+    "kwargs",  # refused: the options removed from PPG, each with what replaced it
 }
 #: ORIG's Adam: th.optim.Adam(params, lr=lr) in ppo.py learn and ppg.py learn, torch's eps
 ADAM_EPS = 1e-8
@@ -95,6 +99,12 @@ def test_constructor_default_is_the_references(name):
     """Each default that changes what is computed is the reference's value named in ``COMPUTING_DEFAULTS``."""
     expected, source = COMPUTING_DEFAULTS[name]
     assert inspect.signature(PPG.__init__).parameters[name].default == expected, source
+
+
+def test_reward_normalizer_defaults_are_the_original_codes():
+    """``normalize_reward``'s settings without ``reward_normalizer_kwargs``: the original code's ``RewardNormalizer``."""
+    parameters = inspect.signature(RolloutRewardNormalizer.__init__).parameters
+    assert {name: parameters[name].default for name in REWARD_NORMALIZER_DEFAULTS} == REWARD_NORMALIZER_DEFAULTS
 
 
 def test_policy_defaults_are_the_papers():
