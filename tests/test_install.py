@@ -47,6 +47,29 @@ def run_python(code: str, cwd: str) -> str:
     return result.stdout + result.stderr
 
 
+def test_without_procgen(tmp_path):
+    """
+    ``pip install .`` brings no Procgen package (the procgen extra does): sb3_ppg imports and trains on other envs,
+    and every way to a Procgen game (make_procgen_env, ProcgenVecEnv, the gymnasium id) raises an error naming the
+    extra. The missing packages are simulated (None in sys.modules makes their import fail).
+    """
+    code = (
+        "import sys; sys.modules.update(dict.fromkeys(['procgen', 'procgen_gym', 'procgen.env', 'procgen_gym.env']))\n"
+        "import gymnasium, sb3_ppg\n"
+        "sb3_ppg.PPG('MlpPolicy', 'CartPole-v1', n_steps=32, batch_size=32, n_policy_iters=1, aux_batch_rollouts=1, seed=0).learn(32)\n"
+        "for make in (lambda: sb3_ppg.make_procgen_env('coinrun', 1), lambda: sb3_ppg.ProcgenVecEnv(1, 'coinrun'),\n"
+        "             lambda: gymnasium.make('procgen/coinrun-v0')):\n"
+        "    try:\n"
+        "        make()\n"
+        "    except ImportError as error:\n"
+        "        print(error)\n"
+    )
+    lines = run_python(code, str(tmp_path)).splitlines()
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert 'pip install -e ".[procgen]"' in line and "procgen-gym" in line, line
+
+
 @pytest.mark.parametrize("code", ["import stable_baselines3, sb3_ppg", "import rl_zoo3, sb3_ppg", "import sb3_ppg, gym"])
 def test_any_import_order_prints_nothing(tmp_path, code):
     """
