@@ -56,7 +56,8 @@ def test_without_procgen(tmp_path):
     code = (
         "import sys; sys.modules.update(dict.fromkeys(['procgen', 'procgen_gym', 'procgen.env', 'procgen_gym.env']))\n"
         "import gymnasium, sb3_ppg\n"
-        "sb3_ppg.PPG('MlpPolicy', 'CartPole-v1', n_steps=32, batch_size=32, n_policy_iters=1, aux_batch_rollouts=1, seed=0).learn(32)\n"
+        "model = sb3_ppg.PPG('MlpPolicy', 'CartPole-v1', n_steps=32, batch_size=32, n_policy_iters=1, aux_batch_rollouts=1)\n"
+        "model.learn(32)\n"
         "for make in (lambda: sb3_ppg.make_procgen_env('coinrun', 1), lambda: sb3_ppg.ProcgenVecEnv(1, 'coinrun'),\n"
         "             lambda: gymnasium.make('procgen/coinrun-v0')):\n"
         "    try:\n"
