@@ -6,8 +6,10 @@ environment of a subprocess that must run with glibc's own malloc settings.
 """
 
 import os
+import runpy
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
@@ -89,3 +91,16 @@ def environment_with_glibc_defaults() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in host_memory.MALLOC_ENVIRONMENT}
     env.pop("GLIBC_TUNABLES", None)
     return env
+
+
+def setup_arguments() -> dict[str, Any]:
+    """The keyword arguments that setup.py passes to ``setuptools.setup`` (setup.py run with that call recorded)."""
+    root = Path(__file__).resolve().parent.parent
+    cwd = os.getcwd()
+    os.chdir(root)  # setup.py reads its files relative to its folder
+    try:
+        with mock.patch("setuptools.setup") as setup:
+            runpy.run_path(str(root / "setup.py"))
+    finally:
+        os.chdir(cwd)
+    return setup.call_args.kwargs
