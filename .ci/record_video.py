@@ -1,8 +1,8 @@
 """
 Record a short Procgen video with SB3's ``VecVideoRecorder`` (the video path the documentation shows) and check the
 file: ``python .ci/record_video.py [FOLDER]`` exits with an error message when recording fails. CI runs it in a
-fresh environment made by the README's first install command alone (``pip install torch==2.13.0 && pip install -e
-".[zoo]"``); ``tests/test_quickstart.py`` runs it in the test environment.
+fresh environment made by the README's first install command alone (``pip install torch==2.13.0 --extra-index-url
+... && pip install -e ".[zoo]"``); ``tests/test_quickstart.py`` runs it in the test environment.
 """
 
 import os

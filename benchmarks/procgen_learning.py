@@ -13,8 +13,8 @@ different settings, shown for scale only), and a Markdown report.
 - PPG: ``arch="detach"`` (the paper's single-network PPG, as CleanRL), E_pi 1, N_pi 32, E_aux 6.
 - PPO baseline: the same class with ``arch="shared"``, ``n_aux_epochs=0`` and E_pi 3 (the paper's PPO).
 - ``ppg-bf16``: PPG with its features extractor under bfloat16 autocast in every phase (rollouts, policy and auxiliary
-  phases): ``precision="auto"`` on a CPU with AMX (``docs/throughput.md``); on the same seeds as ``ppg``, for learning
-  parity.
+  phases): ``precision="auto"`` on a CPU with AMX or AVX512-BF16 (``docs/throughput.md``); on the same seeds as
+  ``ppg``, for learning parity.
 - Both: CleanRL's Procgen settings otherwise (lr 5e-4, gamma 0.999, lambda 0.95, entropy 0.01, value clipping 0.2
   with weight 0.25, gradient clipping 0.5, reward normalization), ``n_envs`` x ``n_steps`` as given.
 
@@ -39,7 +39,7 @@ from sb3_ppg.common.precision import AUTO_BF16
 ALGOS = ("ppg", "ppo", "ppg-bf16")
 #: The columns of the logs: steps, a return (6 significant digits), a count
 LOG_FORMAT = ("%d", "%.6g", "%d")
-#: Precision of each phase for ``ppg-bf16``: what ``precision="auto"`` resolves to for a CNN on an AMX CPU
+#: Precision of each phase for ``ppg-bf16``: what ``precision="auto"`` resolves to for a CNN on a CPU with AMX or AVX512-BF16
 BF16_PRECISION = dict(AUTO_BF16)
 
 
@@ -421,7 +421,7 @@ def report(args: argparse.Namespace, curves: dict[str, list[np.ndarray]], image:
     if "ppg-bf16" in curves:
         lines.append(
             "- PPG-BF16: the same PPG with its features extractor under bfloat16 autocast in every phase (rollouts, "
-            'policy and auxiliary phases: `precision="auto"` on an AMX CPU), on the same seeds'
+            'policy and auxiliary phases: `precision="auto"` on an AMX or AVX512-BF16 CPU), on the same seeds'
         )
     lines += [
         "",

@@ -8,10 +8,12 @@ SIGINT ignored (``nohup ... &``).
 
 import contextlib
 import os
+import runpy
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch as th
 from stable_baselines3.common.env_util import make_vec_env
@@ -111,3 +113,16 @@ def sigint_raises_keyboard_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def setup_arguments() -> dict[str, Any]:
+    """The keyword arguments that setup.py passes to ``setuptools.setup`` (setup.py run with that call recorded)."""
+    root = Path(__file__).resolve().parent.parent
+    cwd = os.getcwd()
+    os.chdir(root)  # setup.py reads its files relative to its folder
+    try:
+        with mock.patch("setuptools.setup") as setup:
+            runpy.run_path(str(root / "setup.py"))
+    finally:
+        os.chdir(cwd)
+    return setup.call_args.kwargs

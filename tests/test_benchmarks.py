@@ -355,7 +355,7 @@ def test_procgen_learning_resumes_in_chunks(tmp_path):
     report = (tmp_path / "parity.md").read_text()
     assert "| PPG | 1 |" in report and "| PPG-BF16 | 1 |" in report and "bfloat16 autocast" in report
     assert (tmp_path / "parity_starpilot.png").stat().st_size > 0
-    # ppg-bf16 is the same PPG in the precision "auto" gives a CNN on an AMX CPU: bf16 in every phase
+    # ppg-bf16 is the same PPG in the precision "auto" gives a CNN on an AMX or AVX512-BF16 CPU: bf16 in every phase
     ppg, bf16 = (learning.hyperparameters(learning.parse_args(args), algo) for algo in ("ppg", "ppg-bf16"))
     assert bf16.pop("precision") == dict(rollout="bf16", policy="bf16", aux="bf16") and ppg.pop("precision") == "fp32"
     assert ppg == bf16

@@ -20,7 +20,7 @@ from stable_baselines3.common.vec_env import SubprocVecEnv, VecNormalize
 
 from sb3_ppg import PPG, PPGCheckpointCallback
 from sb3_ppg.common.checkpoints import read_torch_threads
-from sb3_ppg.common.precision import cpu_has_amx
+from sb3_ppg.common.precision import cpu_has_native_bf16
 
 # Many tests here train less than one auxiliary phase on purpose (the state they check comes before it): the warning
 # that learn() then trains as plain PPO is meant
@@ -331,7 +331,7 @@ def test_interrupted_aux_phase_leaves_model_usable(tmp_path, make_model, monkeyp
 def test_procgen_resume_bit_identical(tmp_path, make_model, precision):
     """
     make_procgen_env at a tiny size: the games' native states travel in the checkpoint; resuming is exact, with bf16
-    rollouts too (``"auto"`` on an AMX CPU; ``"bf16"`` on any).
+    rollouts too (``"auto"`` on an AMX or AVX512-BF16 CPU; ``"bf16"`` on any).
     """
     from sb3_ppg import make_procgen_env
 
@@ -341,8 +341,8 @@ def test_procgen_resume_bit_identical(tmp_path, make_model, precision):
     policy_kwargs = dict(arch="detach", features_extractor_kwargs=dict(channels=(4, 4, 4), features_dim=16))
     total = 5 * 16
     model = make_model(make(), "ProcgenCnn", policy_kwargs, n_steps=8, batch_size=8, seed=3, device="cpu", precision=precision)
-    # bf16 rollouts: asked for, or "auto" on an AMX CPU (fp32 on others)
-    assert model.policy.compute_dtype == (th.bfloat16 if precision == "bf16" or cpu_has_amx() else th.float32)
+    # bf16 rollouts: asked for, or "auto" on an AMX or AVX512-BF16 CPU (fp32 on others)
+    assert model.policy.compute_dtype == (th.bfloat16 if precision == "bf16" or cpu_has_native_bf16() else th.float32)
     model.learn(total, callback=PPGCheckpointCallback(8, str(tmp_path / "run"), name_prefix="ppg"))
     params = parameters(model)
     # Cut inside an N_pi cycle (3 iterations: one stored) and resume on an env built with another seed

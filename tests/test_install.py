@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import setup_arguments
 
 pytestmark = pytest.mark.slow  # each test imports sb3_ppg in a new interpreter
 
@@ -45,6 +46,46 @@ def run_python(code: str, cwd: str) -> str:
     result = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout + result.stderr
+
+
+def test_procgen_is_an_extra():
+    """
+    The package alone requires no Procgen package and no numpy below 2 (regression: it pulled procgen-mirror, gym 0.26
+    and numpy<2 on Python 3.10-3.12); the procgen extra brings them, and the zoo and tests extras include it.
+    """
+    arguments = setup_arguments()
+    required, extras = arguments["install_requires"], arguments["extras_require"]
+    procgen_or_numpy_1 = [r for r in required if r.startswith(("procgen", "gym-", "gym3", "pandas")) or "numpy>=1.20," in r]
+    assert not procgen_or_numpy_1, required
+    assert any(r.startswith("procgen-mirror==0.10.7;") for r in extras["procgen"])
+    assert any(r.startswith("procgen-gym") and "python_version>='3.13'" in r for r in extras["procgen"])
+    assert "numpy>=1.20,<2.0; python_version<'3.13'" in extras["procgen"]
+    for name in ("zoo", "tests"):
+        assert set(extras["procgen"]) <= set(extras[name]), name
+
+
+def test_without_procgen(tmp_path):
+    """
+    ``pip install .`` brings no Procgen package (the procgen extra does): sb3_ppg imports and trains on other envs,
+    and every way to a Procgen game (make_procgen_env, ProcgenVecEnv, the gymnasium id) raises an error naming the
+    extra. The missing packages are simulated (None in sys.modules makes their import fail).
+    """
+    code = (
+        "import sys; sys.modules.update(dict.fromkeys(['procgen', 'procgen_gym', 'procgen.env', 'procgen_gym.env']))\n"
+        "import gymnasium, sb3_ppg\n"
+        "model = sb3_ppg.PPG('MlpPolicy', 'CartPole-v1', n_steps=32, batch_size=32, n_policy_iters=1, aux_batch_rollouts=1)\n"
+        "model.learn(32)\n"
+        "for make in (lambda: sb3_ppg.make_procgen_env('coinrun', 1), lambda: sb3_ppg.ProcgenVecEnv(1, 'coinrun'),\n"
+        "             lambda: gymnasium.make('procgen/coinrun-v0')):\n"
+        "    try:\n"
+        "        make()\n"
+        "    except ImportError as error:\n"
+        "        print(error)\n"
+    )
+    lines = run_python(code, str(tmp_path)).splitlines()
+    assert len(lines) == 3, lines
+    for line in lines:
+        assert 'pip install -e ".[procgen]"' in line and "procgen-gym" in line, line
 
 
 @pytest.mark.parametrize("code", ["import stable_baselines3, sb3_ppg", "import rl_zoo3, sb3_ppg", "import sb3_ppg, gym"])

@@ -371,3 +371,30 @@ def test_the_paper_plots_subtitle_fits(zoo_logs: Path, tmp_path: Path, monkeypat
     box = axis.title.get_window_extent(renderer)
     assert "400 episodes" in axis.get_title() and "easy mode" in axis.get_title()
     assert 0 <= box.x0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
+
+
+def test_points_after_the_last_episode_are_drawn(tmp_path: Path, monkeypatch):
+    """
+    The quick start's PNG shows every evaluation it reports: its final evaluations come after the last finished
+    training episode, and the x axis reaches them (regression: it ended at the last episode, hiding 2 of 3 points).
+    """
+    from matplotlib.figure import Figure
+
+    saved = []
+    savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *args, **kwargs: (saved.append(self), savefig(self, *args, **kwargs)))
+    write_monitor(tmp_path / "run" / "0.monitor.csv", 40, seed=0)
+    last_episode_end = float(pd.read_csv(tmp_path / "run" / "0.monitor.csv", skiprows=1)["l"].sum())
+    steps = np.array([last_episode_end / 2, last_episode_end + 260, last_episode_end + 260])
+    values, errors = np.array([1.0, 12.0, 30.0]), np.array([0.5, 0.4, 2.0])
+    evaluations = {"evaluations": (steps, values, errors)}
+    plot.plot_learning_curves([str(tmp_path / "run")], output=str(tmp_path / "curve.png"), smoothing=5, points=evaluations)
+    (axis,) = saved[0].axes
+    (left, right), (bottom, top) = axis.get_xlim(), axis.get_ylim()
+    points = next(container for container in axis.containers if container.get_label() == "evaluations")
+    for x, y in points.lines[0].get_xydata():
+        assert left < x < right and bottom < y < top, (x, y, axis.get_xlim(), axis.get_ylim())
+    assert right <= steps.max() * (1 + plot.POINTS_MARGIN)
+    # The training curve's own end stays where it was without points
+    plot.plot_learning_curves([str(tmp_path / "run")], output=str(tmp_path / "curve.png"), smoothing=5)
+    assert saved[1].axes[0].get_xlim() == (0.0, last_episode_end)

@@ -15,6 +15,7 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG
+from sb3_ppg.common import precision
 from sb3_ppg.common.distributions import kl_divergence_from_params
 from sb3_ppg.common.precision import PHASES, resolve_precision
 from sb3_ppg.ppg import losses
@@ -625,31 +626,66 @@ def test_bf16_precision_trains_and_stays_close(make_model, precision):
     assert cosine > 0.9, cosine  # at most ~5% of the update flipped (0.997 on an AMX Xeon)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_auto_precision(monkeypatch, tmp_path, amx):
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_precision(monkeypatch, tmp_path, native_bf16):
     """
     The default, "auto": bf16 in every phase (rollouts, policy and aux phases) for a convolutional extractor on a CPU
-    with AMX; fp32 for an MLP extractor, without AMX, and on CUDA (not measured yet). A saved model resolves it again on
-    load.
+    with native bf16 units; fp32 for an MLP extractor, without them, and on CUDA (not measured yet). A saved model
+    resolves it again on load.
     """
-    monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_amx", lambda: amx)
+    monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_native_bf16", lambda: native_bf16)
     images = FakeImageEnv(screen_height=16, screen_width=16, n_channels=3, discrete=True)
     cnn = PPG("ProcgenCnn", images, n_steps=8, batch_size=8, policy_kwargs=dict(features_extractor_kwargs=dict(channels=(4,))))
     mlp = PPG("MlpPolicy", "CartPole-v1", n_steps=8, batch_size=8)
     assert cnn.precision == mlp.precision == "auto"
     auto_bf16, all_fp32 = dict.fromkeys(PHASES, "bf16"), dict.fromkeys(PHASES, "fp32")
-    assert cnn.phase_precision == (auto_bf16 if amx else all_fp32)
+    assert cnn.phase_precision == (auto_bf16 if native_bf16 else all_fp32)
     assert mlp.phase_precision == all_fp32
-    assert cnn.policy.compute_dtype == (th.bfloat16 if amx else th.float32)  # rollouts and predict()
+    assert cnn.policy.compute_dtype == (th.bfloat16 if native_bf16 else th.float32)  # rollouts and predict()
     assert mlp.policy.compute_dtype == th.float32
     assert resolve_precision("auto", "cuda", convolutional=True) == dict.fromkeys(PHASES, th.float32)
     # An explicit precision is used as given
     assert PPG("ProcgenCnn", images, n_steps=8, precision="fp32").phase_precision == all_fp32
     cnn.save(tmp_path / "cnn")
-    monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_amx", lambda: not amx)
+    monkeypatch.setattr("sb3_ppg.common.precision.cpu_has_native_bf16", lambda: not native_bf16)
     loaded = PPG.load(tmp_path / "cnn", env=images)
     assert loaded.precision == "auto"
-    assert loaded.phase_precision == (all_fp32 if amx else auto_bf16)  # this machine's answer now
+    assert loaded.phase_precision == (all_fp32 if native_bf16 else auto_bf16)  # this machine's answer now
+
+
+#: The start of the ``flags`` line of /proc/cpuinfo on each kind of CPU, the last flags as each reports them
+CPU_FLAGS = {
+    # Intel Xeon (Sapphire Rapids): AMX tiles and AVX512-BF16
+    "intel_amx": "fpu vme de pse tsc msr pae avx2 avx512f avx512bw avx512_bf16 amx_bf16 avx512_fp16 amx_tile amx_int8",
+    # AMD EPYC / Ryzen (Zen 5): AVX512-BF16, no AMX
+    "amd_zen5": "fpu vme de pse tsc msr pae avx2 avx512f avx512bw avx512_vnni avx512_bf16 avx_vnni avx512vp2intersect",
+    # Intel Xeon (Ice Lake): AVX-512 without its bfloat16 instructions
+    "intel_avx512": "fpu vme de pse tsc msr pae avx2 avx512f avx512bw avx512_vnni avx512_vbmi2 avx512_bitalg",
+    # AMD EPYC (Zen 3), or a VM that shows only AVX2
+    "avx2_only": "fpu vme de pse tsc msr pae avx avx2 fma bmi1 bmi2 f16c sha_ni",
+}
+
+
+@pytest.mark.parametrize(
+    "cpu, expected",
+    [("intel_amx", "bf16"), ("amd_zen5", "bf16"), ("intel_avx512", "fp32"), ("avx2_only", "fp32"), (None, "fp32")],
+)
+def test_auto_precision_follows_the_cpu_flags(monkeypatch, tmp_path, cpu, expected):
+    """
+    "auto" takes bf16 for a CNN where the CPU reports native bf16 units (AMX or AVX512-BF16; regression: AVX512-BF16
+    without AMX got fp32, 1.37x slower on a Zen 5), fp32 where bf16 would be emulated (AVX-512 without BF16, AVX2 only)
+    or where the CPU reports no flags (no /proc/cpuinfo: other systems; None here).
+    """
+    cpuinfo = tmp_path / "cpuinfo"
+    if cpu is not None:
+        cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: any\nflags\t\t: {CPU_FLAGS[cpu]}\nbugs\t\t: spectre_v1\n\n")
+    flags = precision.cpu_flags(str(cpuinfo))
+    assert (cpu is None) == (flags == frozenset())
+    assert precision.cpu_has_native_bf16(flags) == (expected == "bf16")
+    assert precision.cpu_has_amx(flags) == (cpu == "intel_amx")
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    assert resolve_precision("auto", "cpu", convolutional=True) == dict.fromkeys(PHASES, precision.PRECISIONS[expected])
+    assert resolve_precision("auto", "cpu", convolutional=False) == dict.fromkeys(PHASES, th.float32)
 
 
 @pytest.mark.parametrize(

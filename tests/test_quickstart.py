@@ -3,7 +3,6 @@ The README's Quick start, first command: ``python -m sb3_ppg.train`` (the quick 
 and what its install gives (video recording).
 """
 
-import ast
 import contextlib
 import importlib
 import importlib.util
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch as th
 import yaml
+from helpers import setup_arguments
 from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecMonitor
 
@@ -242,21 +242,11 @@ def test_video_snippet_prints_no_pkg_resources_notice(tmp_path):
     assert "pkg_resources" not in result.stderr, result.stderr[-3000:]
 
 
-def zoo_extra() -> list[str]:
-    """The ``zoo`` extra's requirements, read from setup.py."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.keyword) and node.arg == "extras_require":
-            extras = ast.literal_eval(node.value)
-            return extras["zoo"]
-    raise AssertionError("no extras_require in setup.py")
-
-
 def test_zoo_extra_installs_the_video_path():
     """
     The README's first command installs the zoo extra: it must bring what recording a video imports (moviepy), and
     setuptools < 81 where gym3 pins imageio-ffmpeg 0.3, which imports pkg_resources.
     """
-    requirements = zoo_extra()
+    requirements = setup_arguments()["extras_require"]["zoo"]
     assert any(requirement.startswith("moviepy") for requirement in requirements)
     assert "setuptools<81; python_version<'3.13'" in requirements

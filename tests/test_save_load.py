@@ -513,7 +513,7 @@ def test_policy_save_load(tmp_path, case, arch, make_model):
     model.policy.save(tmp_path / "policy.pth")
     # With the policy's own class, or with the base class (the saved constructor arguments give the extractor)
     for loaded in (type(model.policy).load(tmp_path / "policy.pth"), PPGPolicy.load(tmp_path / "policy.pth")):
-        assert loaded.compute_dtype == model.policy.compute_dtype  # the rollouts' precision ("auto": bf16 on AMX)
+        assert loaded.compute_dtype == model.policy.compute_dtype  # the rollouts' precision ("auto": bf16 on AMX, AVX512-BF16)
         assert loaded.arch == arch
         assert loaded.share_features_extractor == (arch != "dual")
         assert (loaded.pi_features_extractor is loaded.vf_features_extractor) == (arch != "dual")

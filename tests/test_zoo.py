@@ -5,6 +5,7 @@ import glob
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -19,7 +20,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor, VecNormalize
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.cli import arguments, enjoy, run_folders, train, vec_env, zoo
+from sb3_ppg.cli import arguments, enjoy, experiment_manager, run_folders, train, vec_env, zoo
 from sb3_ppg.common.envs import DICT_CARTPOLE_ID
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenVecEnv
 
@@ -117,6 +118,36 @@ def test_procgen_entries_construct(env_id: str, tmp_path: Path):
     assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "easy"
     assert model.get_vec_normalize_env().gamma == 0.999 and model.reward_normalizer is None
     model.env.close()
+
+
+def test_n_envs_override_that_leaves_one_minibatch_warns(tmp_path: Path):
+    """
+    The docs' smallest Procgen run used -params n_envs:8 with the easy preset's batch_size of 2,048: one minibatch per
+    rollout, approx_kl and clip_fraction 0 in every log table. The command line says so and names the fix; the fix it
+    names (batch_size:None) gives 8 minibatches.
+    """
+    warning = r"n_envs:2 leaves the config's batch_size=2048.*approx_kl and clip_fraction"
+    with pytest.warns(UserWarning, match=warning) as record:
+        _, model = build_entry(EASY_FILE, "procgen/starpilot-v0", {"n_envs": 2}, tmp_path / "one")
+    message = str(next(w.message for w in record if "leaves the config's" in str(w.message)))
+    assert "-params batch_size:64 (8 minibatches)" in message and "-params batch_size:None" in message
+    model.env.close()
+    for overrides in ({"n_envs": 2, "batch_size": None}, {"n_envs": 2, "batch_size": 128}):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*leaves the config's batch_size")
+            _, model = build_entry(EASY_FILE, "procgen/starpilot-v0", overrides, tmp_path / "ok")
+        assert model.batch_size == (overrides["batch_size"] or 64)
+        model.env.close()
+
+
+def test_one_minibatch_warning_names_a_batch_size_for_each_kind_of_minibatch():
+    with pytest.warns(UserWarning, match=r"batch_size:512 \(8 minibatches\)"):
+        experiment_manager.warn_one_minibatch(16, 256, 4096, "envs")
+    with pytest.warns(UserWarning, match=r"Add -params batch_size:None"):  # one env: its rollout is the smallest
+        experiment_manager.warn_one_minibatch(1, 256, 256, "envs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        experiment_manager.warn_one_minibatch(16, 256, 2048, "transitions")  # 2 minibatches: no warning
 
 
 @pytest.mark.parametrize("env_id", CLASSIC_IDS)

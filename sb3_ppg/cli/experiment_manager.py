@@ -149,6 +149,34 @@ def cut_monitor_log(log: pathlib.Path, size: int, checkpoint: pathlib.Path) -> N
         )
 
 
+def warn_one_minibatch(n_envs: int, n_steps: int, batch_size: int, policy_minibatches: str) -> None:
+    """
+    Warn when ``-params n_envs:N`` leaves the config's ``batch_size`` covering the whole rollout: one minibatch per
+    epoch, whose gradient step starts from the policy that collected the rollout (approx_kl and clip_fraction 0 with
+    one epoch), naming a ``batch_size`` that gives 8 minibatches.
+
+    :param n_envs: The envs of this process
+    :param n_steps: Steps per env and rollout
+    :param batch_size: The config's policy-phase minibatch size
+    :param policy_minibatches: ``"transitions"`` or ``"envs"`` (minibatches of whole env rollouts)
+    """
+    rollout_size = n_envs * n_steps
+    if batch_size < rollout_size:
+        return
+    if policy_minibatches == "envs":  # minibatches of whole env rollouts: one env's is the smallest
+        suggested = -(-n_envs // 8) * n_steps if n_envs > 1 else None
+    else:
+        suggested = max(1, rollout_size // 8)
+    fix = "" if suggested is None else f"-params batch_size:{suggested} ({rollout_size // suggested} minibatches) or "
+    warnings.warn(
+        f"-params n_envs:{n_envs} leaves the config's batch_size={batch_size}, which covers the whole rollout (n_steps "
+        f"* n_envs = {n_steps} * {n_envs} = {rollout_size}): each epoch makes one gradient step, from the policy that "
+        f"collected the rollout, so with n_epochs=1 approx_kl and clip_fraction stay 0 in the logs. Add {fix}"
+        "-params batch_size:None (8 minibatches per rollout, following n_envs).",
+        stacklevel=2,
+    )
+
+
 class ResumedRun(NamedTuple):
     """What a run resumed from a checkpoint used: read from its ``config.yml`` and ``args.yml``."""
 
@@ -449,6 +477,8 @@ class PPGExperimentManager(ExperimentManager):
                 f"n_envs must be an integer >= 1 (the number of environments trained on), got {n_envs!r}: fix "
                 f"-params n_envs:... or the n_envs of {self.env_name.gym_id} in {self.config}."
             )
+        n_steps, batch_size = hyperparams.get("n_steps"), hyperparams.get("batch_size")
+        policy_minibatches = hyperparams.get("policy_minibatches", "transitions")
         processed = super()._preprocess_hyperparams(hyperparams)
         # The evaluation env: the training env's settings with --eval-env-kwargs over them (the zoo evaluated with
         # none when the file sets env_kwargs and the command does not: the easy preset in hard mode)
@@ -460,6 +490,9 @@ class PPGExperimentManager(ExperimentManager):
                 raise ValueError(f"--global-n-envs: {error}") from None
             if self.verbose > 0:
                 print(f"--global-n-envs: {self.n_envs} environments on each of the {self.world_size} ranks")
+        overrides = self.custom_hyperparams or {}
+        if "n_envs" in overrides and "batch_size" not in overrides and is_integer(n_steps) and is_integer(batch_size):
+            warn_one_minibatch(self.n_envs, n_steps, batch_size, policy_minibatches)
         return processed
 
     def create_log_folder(self) -> None:

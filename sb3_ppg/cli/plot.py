@@ -103,6 +103,10 @@ def fit_title(figure: "Figure", axis: "Axes", text: str) -> None:
         axis.title.set_text("\n".join(textwrap.wrap(text, width)))
 
 
+#: Room beyond the last point drawn when the points set the right end of the x axis (a fraction of the axis)
+POINTS_MARGIN = 0.03
+
+
 def plot_learning_curves(  # noqa: C901
     paths: list[str],
     output: str = "learning_curves.png",
@@ -136,8 +140,9 @@ def plot_learning_curves(  # noqa: C901
         (they already are 400-episode means).
     :param band: Shaded band over seeds: ``"minmax"`` or ``"std"``
     :param separate: Draw every run on its own instead of aggregating seeds
-    :param x_max: Last environment step shown; None: the end of the longest run (paper curves are cut there,
-        unless the runs end before the second paper point, then the whole paper range is shown)
+    :param x_max: Last environment step shown; None: the end of the longest run, or the last of ``points`` where they
+        go further (paper curves are cut there, unless the runs end before the second paper point, then the whole
+        paper range is shown)
     :param figsize: Figure size in inches (width, height); the PNG is ``figsize * dpi`` pixels
     :param dpi: Dots per inch
     :param title: Figure title
@@ -184,12 +189,19 @@ def plot_learning_curves(  # noqa: C901
                 game, experiment
             )
 
+    right = x_max
     if x_max is None and len(curves) > 0:
         x_max = last_drawn_step(groups)
         first_paper_steps = [group[0][0] for group in paper_groups.values()]
         if any(len(steps) < 2 or steps[1] > x_max for steps in first_paper_steps):
             # The runs are too short to show anything of the paper curves: show their whole range
             x_max = None
+        right = x_max
+        last_point = max((float(np.max(steps)) for steps, _, _ in (points or {}).values() if len(steps) > 0), default=None)
+        if x_max is not None and last_point is not None and last_point >= x_max:
+            # Evaluations after the last finished episode (the quick start's final ones): up to them, with a margin
+            # that shows their markers whole
+            right = last_point * (1 + POINTS_MARGIN)
 
     figure = Figure(figsize=figsize, dpi=dpi, layout="constrained")  # the (wrapped) titles fit
     FigureCanvasAgg(figure)
@@ -219,8 +231,8 @@ def plot_learning_curves(  # noqa: C901
     axis.set_xlabel("environment steps")
     axis.set_ylabel("episode return" if curve_type == "train" else "mean evaluation return")
     axis.xaxis.set_major_formatter(EngFormatter(sep=""))
-    if x_max is not None:
-        axis.set_xlim(left=0, right=x_max)
+    if right is not None:
+        axis.set_xlim(left=0, right=right)
     axis.grid(True, alpha=0.3)
     if len(all_groups) > 0 or reference_lines or points:
         axis.legend(loc="best", fontsize="small")

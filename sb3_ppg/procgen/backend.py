@@ -74,6 +74,26 @@ def backend() -> Backend:
     return Backend(name, env_module, assets_dir, gym3_env_class, procgen_gym)
 
 
+#: What to install for the Procgen games (named by the error of :func:`require_backend`)
+PROCGEN_EXTRA = "procgen"
+
+
+def require_backend() -> Backend:
+    """
+    The installed Procgen package (see :func:`backend`).
+
+    :raises ImportError: where none is installed, naming sb3-ppg's extra that installs it
+    """
+    installed = backend()
+    if installed.name is None:
+        raise ImportError(
+            f"The Procgen games need a Procgen package, which sb3-ppg installs with its {PROCGEN_EXTRA!r} extra (also "
+            f'part of "zoo" and "tests"): pip install -e ".[{PROCGEN_EXTRA}]" in the sb3-ppg folder. It brings '
+            "procgen-mirror (numpy 1) on Python 3.11 and 3.12, procgen on 3.10, procgen-gym (numpy 2) on 3.13."
+        )
+    return installed
+
+
 #: The module attributes of earlier versions (``BACKEND``, ``ENV_MODULE``, ``ASSETS_DIR``, ``ProcgenGym3Env``), read
 #: from :func:`backend` when asked for
 _BACKEND_ATTRIBUTES = {
@@ -165,7 +185,7 @@ class ProcgenGymAdapter:
 
 def make_native_env(num: int, env_name: str, render_mode: str | None = None, **options: Any) -> Any:
     """Build Procgen's C++ vectorized env with the installed package (a ``ProcgenGym3Env`` or a :class:`ProcgenGymAdapter`)."""
-    installed = backend()
+    installed = require_backend()
     if installed.gym3_env_class is not None:
         # gym3 reaches the C library through cffi, which resolves each function on first use under a lock that is not
         # reentrant. A lost env freed by the garbage collector at that moment closes itself through the same lock
@@ -190,7 +210,4 @@ def make_native_env(num: int, env_name: str, render_mode: str | None = None, **o
             return ProcgenGymAdapter(num, env_name, render_mode=render_mode, **options)
         except OSError as error:
             raise missing_library_error(error) from error
-    raise ImportError(
-        "No Procgen package is installed: sb3-ppg installs procgen-mirror (Python 3.11, 3.12), procgen (3.10) or "
-        "procgen-gym (3.13) as a dependency; reinstall sb3-ppg (pip install -e . in its folder)."
-    )
+    raise AssertionError(f"unknown Procgen package {installed.name!r}")

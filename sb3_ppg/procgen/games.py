@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from sb3_ppg.procgen.backend import check_resource_root
+from sb3_ppg.procgen.backend import check_resource_root, require_backend
 
 # The 16 games of the Procgen benchmark, in procgen's order
 PROCGEN_GAMES = (
@@ -89,6 +89,7 @@ def check_procgen_options(
     """
     if env_name not in PROCGEN_GAMES:
         raise ValueError(f"Unknown procgen game {env_name!r}. Valid games: {', '.join(PROCGEN_GAMES)}")
+    require_backend()  # no Procgen package: an error naming the extra that installs one
     if distribution_mode not in DISTRIBUTION_MODES:
         raise ValueError(
             f"Unknown distribution_mode {distribution_mode!r}. Valid modes: {', '.join(DISTRIBUTION_MODES)} "
