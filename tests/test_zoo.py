@@ -13,6 +13,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+import torch as th
 import yaml
 from helpers import run_folder_args
 from stable_baselines3.common.callbacks import EvalCallback
@@ -106,7 +107,7 @@ def test_procgen_entries_construct(env_id: str, tmp_path: Path):
     assert model.env.unwrapped.procgen_kwargs["distribution_mode"] == "hard"
     assert model.get_vec_normalize_env() is None  # PPG normalizes the rewards
     assert (model.reward_normalizer.gamma, model.reward_normalizer.clip_reward) == (0.99, 10.0)
-    assert model.aux_buffer.observations.dtype == np.uint8
+    assert model.aux_buffer.observations.dtype == th.uint8
     model.env.close()
 
     _, model = build_entry(EASY_FILE, env_id, {"n_envs": 2, "batch_size": 64}, tmp_path / "easy")
