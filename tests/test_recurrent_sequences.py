@@ -22,13 +22,18 @@ def _inputs(n_sequences: int, n_steps: int, n_layers: int, starts: list[tuple[in
     return lstm, features, (hidden, cell), episode_starts
 
 
-def _outputs_and_gradients(function, lstm, features, states, episode_starts):
-    output, (hidden, cell) = function(lstm, features, states, episode_starts)
+def _outputs_and_gradients(function, lstm, features, states, episode_starts, final_states=True):
+    output, last_states = function(lstm, features, states, episode_starts, final_states)
+    if final_states:
+        hidden, cell = last_states
+    else:
+        # Padded pieces: no final states (those of the step-by-step reference are left out of the loss)
+        hidden, cell = th.zeros(1, dtype=th.float64), th.zeros(1, dtype=th.float64)
     # A loss that weighs every output and final state differently, so that any misplaced value changes a gradient
     weights = th.linspace(-1, 1, output.numel(), dtype=th.float64).view_as(output)
     loss = (output * weights).sum() + (hidden**2).sum() + (cell * 0.3).sum()
     inputs = [features, *states, *lstm.parameters()]
-    gradients = th.autograd.grad(loss, inputs)
+    gradients = th.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True)
     return output.detach(), hidden.detach(), cell.detach(), gradients
 
 
@@ -41,10 +46,11 @@ def _outputs_and_gradients(function, lstm, features, states, episode_starts):
         (1, [(0, 0), (2, 0)]),  # resets at the first steps only
     ],
 )
-def test_sequences_equal_step_by_step(n_layers: int, starts: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("final_states", [True, False])
+def test_sequences_equal_step_by_step(n_layers: int, starts: list[tuple[int, int]], final_states: bool) -> None:
     lstm, features, states, episode_starts = _inputs(4, 8, n_layers, starts)
-    fast = _outputs_and_gradients(lstm_sequences, lstm, features, states, episode_starts)
-    reference = _outputs_and_gradients(lstm_step_by_step, lstm, features, states, episode_starts)
+    fast = _outputs_and_gradients(lstm_sequences, lstm, features, states, episode_starts, final_states)
+    reference = _outputs_and_gradients(lstm_step_by_step, lstm, features, states, episode_starts, final_states)
     for fast_value, reference_value in zip(fast[:3], reference[:3], strict=True):
         th.testing.assert_close(fast_value, reference_value, rtol=1e-12, atol=1e-12)
     for fast_gradient, reference_gradient in zip(fast[3], reference[3], strict=True):

@@ -19,7 +19,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CallbackList, Conve
 from stable_baselines3.common.distributions import Distribution
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, RolloutBufferSamples, Schedule
 from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, obs_as_tensor, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
@@ -801,7 +801,7 @@ class PPG(OnPolicyAlgorithm):
             masks = {} if action_masks is None else {"action_masks": action_masks}
             with th.no_grad():
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs = self.policy(obs_tensor, **masks)
+                actions, values, log_probs = self._policy_step(obs_tensor, masks)
             actions = actions.cpu().numpy()
             clipped_actions = env_actions(actions, self.policy, self.action_space)  # Box: unscaled or clipped
             if during_step:  # the step's observations, actions, values, masks... copied while the envs step
@@ -831,7 +831,7 @@ class PPG(OnPolicyAlgorithm):
                 ):
                     terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
                     with th.no_grad():
-                        terminal_value = self.policy.predict_values(terminal_obs)[0]  # type: ignore[arg-type]
+                        terminal_value = self._terminal_value(terminal_obs, idx)  # type: ignore[arg-type]
                     rewards[idx] += self.gamma * terminal_value
             if during_step:
                 rollout_buffer.add_after_step(rewards)  # type: ignore[attr-defined]
@@ -848,11 +848,23 @@ class PPG(OnPolicyAlgorithm):
             self._last_obs = new_obs  # type: ignore[assignment]
             self._last_episode_starts = dones
         with th.no_grad():
-            values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))  # type: ignore[arg-type]
+            values = self._bootstrap_values(obs_as_tensor(new_obs, self.device), dones)  # type: ignore[arg-type]
         rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    def _policy_step(self, obs_tensor: PyTorchObs, masks: dict[str, np.ndarray]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """The actions, values and log-probabilities of a rollout step (a subclass's hook: ``RecurrentPPG``'s states)."""
+        return self.policy(obs_tensor, **masks)
+
+    def _terminal_value(self, terminal_obs: PyTorchObs, env_index: int) -> th.Tensor:
+        """The value of env ``env_index``'s truncated episode's last observation (a subclass's hook)."""
+        return self.policy.predict_values(terminal_obs)[0]
+
+    def _bootstrap_values(self, new_obs: PyTorchObs, dones: np.ndarray) -> th.Tensor:
+        """The values of the observations after the rollout's last step (a subclass's hook)."""
+        return self.policy.predict_values(new_obs)
 
     def _action_masks(self, env: VecEnv) -> np.ndarray | None:
         """The valid actions of the envs' current states for a rollout step; None: no masks (``MaskablePPG``'s hook)."""

@@ -1,11 +1,13 @@
 """
 Run an LSTM over whole env sequences with episode starts inside them, in one call per minibatch.
 
-Each sequence is cut at its episode starts into pieces; the pieces are packed (``pack_padded_sequence``) and run
-through ``nn.LSTM`` once, every piece from its own initial state: the sequence's stored state for its first piece
-(unless an episode starts at its first step), zeros for the others. The result equals stepping the LSTM through each
-sequence and zeroing its state at every episode start (see docs/recurrent.md).
+Each sequence is cut at its episode starts into pieces; the pieces are padded (or packed, where the final states are
+needed) and run through ``nn.LSTM`` once, every piece from its own initial state: the sequence's stored state for its
+first piece (unless an episode starts at its first step), zeros for the others. The result equals stepping the LSTM
+through each sequence and zeroing its state at every episode start (see docs/recurrent.md).
 """
+
+from typing import NamedTuple
 
 import torch as th
 from torch import nn
@@ -13,6 +15,13 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 #: An LSTM's (hidden, cell) states, each of shape (n_layers, n_sequences, hidden_size)
 LSTMStates = tuple[th.Tensor, th.Tensor]
+
+
+class RNNStates(NamedTuple):
+    """The states of a recurrent actor-critic: the policy network's and the value network's (sb3-contrib's layout)."""
+
+    pi: LSTMStates
+    vf: LSTMStates
 
 
 def reset_states(states: LSTMStates, episode_starts: th.Tensor) -> LSTMStates:
@@ -43,8 +52,8 @@ def lstm_step(
 
 
 def lstm_sequences(
-    lstm: nn.LSTM, features: th.Tensor, states: LSTMStates, episode_starts: th.Tensor
-) -> tuple[th.Tensor, LSTMStates]:
+    lstm: nn.LSTM, features: th.Tensor, states: LSTMStates, episode_starts: th.Tensor, final_states: bool = True
+) -> tuple[th.Tensor, LSTMStates | None]:
     """
     Run the LSTM over ``n_sequences`` sequences of ``n_steps`` steps, its states reset at every episode start, in one
     call of the LSTM.
@@ -54,16 +63,18 @@ def lstm_sequences(
     :param states: the states before each sequence's first step: (hidden, cell), each (n_layers, n_sequences, hidden)
     :param episode_starts: shape (n_sequences, n_steps), 1 (or True) where an episode starts (the state is reset
         before that step)
+    :param final_states: return the states after each sequence (the pieces are then packed); False: ``None`` instead,
+        the pieces padded (the LSTM's backward pass on a CPU is several times faster padded than packed)
     :return: the outputs, shape (n_sequences * n_steps, hidden_size), sequence-major, and the states after each
-        sequence's last step
+        sequence's last step (``None`` without ``final_states``)
     """
     n_sequences, n_steps = episode_starts.shape
     starts = episode_starts.to(th.bool)
     if not bool(starts[:, 1:].any()):
         # No episode starts inside a sequence: the sequences themselves are the pieces
-        sequences = features.view(n_sequences, n_steps, -1).transpose(0, 1)
-        output, final_states = lstm(sequences, reset_states(states, starts[:, 0]))
-        return output.transpose(0, 1).reshape(n_sequences * n_steps, -1), final_states
+        sequences = features.reshape(n_sequences, n_steps, -1).transpose(0, 1)
+        output, last_states = lstm(sequences, reset_states(states, starts[:, 0]))
+        return output.transpose(0, 1).reshape(n_sequences * n_steps, -1), last_states
     device = features.device
     # Pieces: a new one at each sequence's first step and at each episode start, in sequence-major order
     boundaries = starts.clone()
@@ -83,6 +94,10 @@ def lstm_sequences(
     continues = ((piece_starts % n_steps) == 0) & ~starts.reshape(-1)[piece_starts]
     keep = continues.to(states[0].dtype).view(1, -1, 1)
     initial = (states[0][:, sequence_of_piece] * keep, states[1][:, sequence_of_piece] * keep)
+    if not final_states:
+        # The padding follows each piece's last step: the outputs of its real steps do not depend on it
+        output, _ = lstm(padded, initial)
+        return output[step_in_piece, piece_of_sample], None
     packed = pack_padded_sequence(padded, lengths.cpu(), enforce_sorted=False)
     packed_output, (hidden, cell) = lstm(packed, initial)
     output, _ = pad_packed_sequence(packed_output, total_length=max_length)
@@ -92,7 +107,7 @@ def lstm_sequences(
 
 
 def lstm_step_by_step(
-    lstm: nn.LSTM, features: th.Tensor, states: LSTMStates, episode_starts: th.Tensor
+    lstm: nn.LSTM, features: th.Tensor, states: LSTMStates, episode_starts: th.Tensor, final_states: bool = True
 ) -> tuple[th.Tensor, LSTMStates]:
     """
     The reference of :func:`lstm_sequences`: one LSTM call per step (slow; for tests and for the rollout's loop).
@@ -101,10 +116,11 @@ def lstm_step_by_step(
     :param features: shape (n_sequences * n_steps, input_size), sequence-major
     :param states: (hidden, cell), each (n_layers, n_sequences, hidden_size)
     :param episode_starts: shape (n_sequences, n_steps)
+    :param final_states: unused (the final states are always returned): :func:`lstm_sequences`'s signature
     :return: the outputs, shape (n_sequences * n_steps, hidden_size), and the final states
     """
     n_sequences, n_steps = episode_starts.shape
-    sequences = features.view(n_sequences, n_steps, -1)
+    sequences = features.reshape(n_sequences, n_steps, -1)
     outputs = []
     for step in range(n_steps):
         output, states = lstm_step(lstm, sequences[:, step], states, episode_starts[:, step])
