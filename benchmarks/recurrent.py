@@ -6,7 +6,8 @@ settings (hyperparams/ppo_lstm.yml: 8 envs, n_steps 32, batch 256, 20 epochs, LS
 
 Each round trains each algorithm once for ``--timesteps`` env steps from a fresh model (after ``--warmup`` steps that
 are not timed), in turns A B A B..., so that the load of other processes on a shared machine hits both. RecurrentPPG
-runs its auxiliary phase every ``n_policy_iters`` = 8 rollouts (``--n-policy-iters``). One torch thread by default
+runs its auxiliary phase every ``n_policy_iters`` = 8 rollouts (``--n-policy-iters``), 6 epochs of minibatches of 8
+rollouts (256 steps, the policy minibatch's size; ``--aux-batch-rollouts``). One torch thread by default
 (``--threads``). The report prints env steps/s of every run, the median of each algorithm and the ratio.
 """
 
@@ -52,7 +53,9 @@ def make_cartpole_no_velocity() -> gym.Env:
     return MaskVelocityWrapper(gym.make("CartPole-v1"))
 
 
-def make_model(algorithm: str, seed: int, n_policy_iters: int, aux_start_states: str) -> BaseAlgorithm:
+def make_model(
+    algorithm: str, seed: int, n_policy_iters: int = 8, aux_batch_rollouts: int = 8, aux_start_states: str = "stored"
+) -> BaseAlgorithm:
     """A fresh model at the zoo's settings (``normalize: True``: VecNormalize on observations and rewards)."""
     env = VecNormalize(make_vec_env(make_cartpole_no_velocity, n_envs=ZOO_N_ENVS, seed=seed))
     schedules = dict(learning_rate=LinearSchedule(1e-3, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0))
@@ -66,6 +69,7 @@ def make_model(algorithm: str, seed: int, n_policy_iters: int, aux_start_states:
         **ZOO_SETTINGS,
         **schedules,
         n_policy_iters=n_policy_iters,
+        aux_batch_rollouts=aux_batch_rollouts,
         aux_start_states=aux_start_states,
         policy_kwargs=ZOO_POLICY_KWARGS,
         seed=seed,
@@ -73,9 +77,9 @@ def make_model(algorithm: str, seed: int, n_policy_iters: int, aux_start_states:
     )
 
 
-def timed_run(algorithm: str, seed: int, timesteps: int, warmup: int, n_policy_iters: int, aux_start_states: str) -> dict:
+def timed_run(algorithm: str, seed: int, timesteps: int, warmup: int, **ppg_settings: Any) -> dict:
     """Train a fresh model for ``warmup`` steps (untimed), then ``timesteps`` more: its env steps/s over the latter."""
-    model = make_model(algorithm, seed, n_policy_iters, aux_start_states)
+    model = make_model(algorithm, seed, **ppg_settings)
     if warmup:
         model.learn(warmup)
     start = time.perf_counter()
@@ -120,6 +124,7 @@ def main() -> None:
     parser.add_argument("--timesteps", type=int, default=8192, help="timed env steps per run")
     parser.add_argument("--warmup", type=int, default=512, help="untimed env steps before each timed run")
     parser.add_argument("--n-policy-iters", type=int, default=8, help="RecurrentPPG's N_pi")
+    parser.add_argument("--aux-batch-rollouts", type=int, default=8, help="RecurrentPPG's rollouts per aux minibatch")
     parser.add_argument("--aux-start-states", default="stored", choices=("stored", "recomputed"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the zoo's runs: 1)")
     parser.add_argument("--seed", type=int, default=0)
@@ -129,7 +134,12 @@ def main() -> None:
     results = []
     for _ in range(args.rounds):
         for algorithm in ("RecurrentPPG", "RecurrentPPO"):
-            result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, args.n_policy_iters, args.aux_start_states)
+            ppg_settings = dict(
+                n_policy_iters=args.n_policy_iters,
+                aux_batch_rollouts=args.aux_batch_rollouts,
+                aux_start_states=args.aux_start_states,
+            )
+            result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, **ppg_settings)
             print(f"{algorithm}: {result['steps_per_second']:,.0f} env steps/s", flush=True)
             results.append(result)
     command = "python benchmarks/recurrent.py " + " ".join(

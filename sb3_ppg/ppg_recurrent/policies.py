@@ -259,7 +259,9 @@ class RecurrentPPGPolicy(PPGPolicy):
         :param lstm_states: the states before each sequence
         :param episode_starts: shape (n_seq, n_steps)
         """
-        latent_pi, latent_vf, _ = self._sequence_latents(obs, lstm_states, episode_starts, self._detach_value_in_policy_phase)
+        latent_pi, latent_vf, _ = self._sequence_latents(
+            obs, lstm_states, episode_starts, self._detach_value_in_policy_phase, final_states=False
+        )
         distribution = self._get_action_dist_from_latent(latent_pi)
         return self.value_net(latent_vf), distribution.log_prob(actions), distribution.entropy()
 
