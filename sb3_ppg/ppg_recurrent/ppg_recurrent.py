@@ -12,6 +12,7 @@ from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg.common.buffers import AuxiliaryBuffer, aux_buffer_storage
+from sb3_ppg.common.checkpoints import RunState
 from sb3_ppg.common.recurrent import RNNStates
 from sb3_ppg.common.recurrent.buffers import (
     RecurrentAuxiliaryBuffer,
@@ -21,6 +22,7 @@ from sb3_ppg.common.recurrent.buffers import (
     RecurrentRolloutSamples,
     sequence_minibatches,
     stack_states,
+    unstack_states,
 )
 from sb3_ppg.ppg import losses
 from sb3_ppg.ppg.losses import Diagnostics
@@ -236,6 +238,26 @@ class RecurrentPPG(PPG):
     # ------------------------------------------------------------------------------------------------------------
     # Persistence
     # ------------------------------------------------------------------------------------------------------------
+
+    def get_run_state(self) -> RunState:
+        """PPG's run state with the live LSTM states (the next rollout step's input): checkpoints resume them exactly."""
+        state = super().get_run_state()
+        assert self._last_lstm_states is not None
+        state.last_lstm_states = stack_states(self._last_lstm_states).cpu().numpy()
+        return state
+
+    def set_run_state(self, state: RunState) -> None:
+        """Put back a run state from :meth:`get_run_state`, the live LSTM states included."""
+        expected = (4, self.policy.n_lstm_layers, self.n_envs, self.policy.lstm_hidden_size)
+        if state.last_lstm_states is None or state.last_lstm_states.shape != expected:
+            shape = None if state.last_lstm_states is None else state.last_lstm_states.shape
+            raise ValueError(
+                f"The run state holds LSTM states of shape {shape}, expected {expected} (4 states, n_lstm_layers, "
+                "n_envs, lstm_hidden_size): it was not written by this RecurrentPPG model's run."
+            )
+        super().set_run_state(state)
+        dtype = self.policy.action_net.weight.dtype
+        self._last_lstm_states = unstack_states(th.as_tensor(state.last_lstm_states, dtype=dtype, device=self.device))
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_last_lstm_states"]

@@ -47,6 +47,9 @@ class RunState:
     last_obs: Observations
     last_original_obs: Observations
     last_episode_starts: np.ndarray | None
+    #: A recurrent model's LSTM states after the last rollout step (``RecurrentPPG``'s: its next step's input); None
+    #: for the other models
+    last_lstm_states: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -135,6 +138,8 @@ def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: 
     arrays.update(_obs_arrays("last_original_obs", state.last_original_obs))
     if state.last_episode_starts is not None:
         arrays["last_episode_starts"] = np.asarray(state.last_episode_starts)
+    if state.last_lstm_states is not None:
+        arrays["last_lstm_states"] = np.asarray(state.last_lstm_states)
     pickled_envs = None
     if model.env is not None:
         metadata["env"], env_arrays, pickled_envs = get_vec_env_state(model.env)
@@ -172,6 +177,7 @@ def restore_run_state(
         last_obs=_obs_from_arrays("last_obs", arrays),
         last_original_obs=_obs_from_arrays("last_original_obs", arrays),
         last_episode_starts=arrays.get("last_episode_starts"),
+        last_lstm_states=arrays.get("last_lstm_states"),
     )
     if model.env is not None and "env" in metadata:
         pickled = pickled_envs.read_bytes() if pickled_envs is not None else None
