@@ -14,7 +14,7 @@ from stable_baselines3.common.envs import FakeImageEnv
 
 from sb3_ppg import PPG
 from sb3_ppg.common.array_files import array_digest, read_array_file, write_array_file
-from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.checkpoints.checkpoint import write_checkpoint
 
 

@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procgen_learning  # benchmarks/ is not a package: the sibling script, found through sys.path
 
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 try:
     import fcntl

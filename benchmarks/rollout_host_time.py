@@ -32,9 +32,9 @@ from stable_baselines3.common.buffers import BaseBuffer, RolloutBuffer
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG, make_procgen_env
-from sb3_ppg.common.buffers import PPGRolloutBuffer, gathers_on_device, rollout_to_device
+from sb3_ppg.common.cuda import gathers_on_device, rollout_to_device
+from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer
 from sb3_ppg.ppg import policies as policies_module
-from sb3_ppg.ppg import ppg as ppg_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,7 +102,7 @@ def synchronize(device: th.device) -> None:
 
 
 @contextlib.contextmanager
-def without_host_levers() -> Iterator[None]:
+def without_host_levers(rollout_buffer: Any) -> Iterator[None]:
     """
     The rollout's code before its host levers (2026-11-27): SB3's ``add()`` in ``PPGRolloutBuffer`` after the envs step,
     distributions checked in the rollout, the graph key's walk through ``module.parameters()``, no copy of the rollout
@@ -111,8 +111,8 @@ def without_host_levers() -> Iterator[None]:
     with patched(
         [
             (PPGRolloutBuffer, "add", RolloutBuffer.add),
-            (ppg_module, "writes_while_envs_step", throughput.written_after_step),
-            (policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext()),
+            (rollout_buffer, "write_during_step", False),
+            (policies_module, "unchecked_distributions", lambda distribution, device, enabled=True: contextlib.nullcontext()),
             (policies_module, "parameter_addresses", named_parameter_addresses),
         ]
     ):
@@ -153,9 +153,9 @@ def time_one_rollout(model: PPG, levers: bool = True, during_step: bool = True) 
         model.aux_buffer.reset()
     timings = {}
     if not levers:
-        code = without_host_levers()
+        code = without_host_levers(model.rollout_buffer)
     elif not during_step:
-        code = patched([(ppg_module, "writes_while_envs_step", throughput.written_after_step)])
+        code = patched([(model.rollout_buffer, "write_during_step", False)])
     else:
         code = contextlib.nullcontext()
     with code, timed_buffer_writes(model.rollout_buffer) as writes:

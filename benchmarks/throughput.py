@@ -7,7 +7,7 @@ mode runs in a fresh subprocess (so that peak memory is its own) and reports:
 - rollout env steps/s (time in ``collect_rollouts``: env + policy forward), policy-phase samples/s, auxiliary-phase
   samples/s (old-policy pass included), end-to-end env steps/s, peak resident memory (and peak device memory on
   CUDA);
-- the **env limit**: the ``make_procgen_env`` chain alone (same envs, groups and threads), stepped with random actions
+- the **env limit**: the ``make_procgen_env`` chain alone (same envs and threads), stepped with random actions
   in the same process after training: the env steps/s that no training on this machine can exceed;
 - the **compute bound**: the same network alone, timed on random images at the batch sizes training uses (forward
   at the rollout batch of ``n_envs``; forward + backward + optimizer step at the policy and auxiliary minibatch
@@ -74,9 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--aux-buffer-device", default="auto", help="Optimized mode's aux_buffer_device: cpu, pinned, device or auto"
     )
     parser.add_argument(
-        "--overlap-groups", type=int, default=1, help="Optimized mode: N >= 2 envs groups with overlap_rollouts=True"
-    )
-    parser.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -106,9 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="during-step",
         help="Optimized mode: PPG's rollout buffer written while the envs step (the default) or after, as SB3 does",
     )
-    parser.add_argument(
-        "--num-threads", type=int, default=None, help="Procgen threads per env group (default: make_procgen_env's)"
-    )
+    parser.add_argument("--num-threads", type=int, default=None, help="Procgen threads (default: make_procgen_env's)")
     parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
     parser.add_argument("--torch-threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--bound-repeats", type=int, default=3, help="Timed repeats of each network call")
@@ -161,11 +156,7 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
     from sb3_ppg import PPG
 
     optimized = mode == "optimized"
-    if optimized and args.rollout_writes == "after-step":
-        from sb3_ppg.ppg import ppg as ppg_module
-
-        ppg_module.writes_while_envs_step = written_after_step  # type: ignore[assignment]  # this process's models
-    env = make_env(args, n_groups=args.overlap_groups if optimized else 1)
+    env = make_env(args)
     policy_kwargs: dict[str, Any] = dict(arch=args.arch)
     if args.policy == "ProcgenCnn":
         policy_kwargs["features_extractor_kwargs"] = dict(channels_last=optimized)
@@ -181,7 +172,6 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         precision=_precision(args.precision) if optimized else "fp32",
         micro_batch_size=args.micro_batch_size if optimized else None,
         aux_buffer_device=args.aux_buffer_device if optimized else "cpu",
-        overlap_rollouts=optimized and args.overlap_groups > 1,
         cuda_graphs=optimized and args.cuda_graphs,
         parallel_networks=optimized and args.parallel_networks,
         keep_freed_memory=optimized and args.keep_freed_memory,
@@ -190,6 +180,8 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         device=args.device,
         seed=0,
     )
+    if optimized and args.rollout_writes == "after-step":
+        model.rollout_buffer.write_during_step = False  # written after the envs step, as SB3 does
     if optimized and args.compile:
         compile_extractors(model)
     return model
@@ -259,31 +251,24 @@ def warm_up_steps(args: argparse.Namespace, compiling: bool) -> int:
     return rollout_size * (args.n_policy_iters if compiling else 1)
 
 
-def written_after_step(env: Any, rollout_buffer: Any) -> bool:
-    """In place of PPG's ``writes_while_envs_step`` (``--rollout-writes after-step``): the buffer written after the step."""
-    return False
-
-
-def make_env(args: argparse.Namespace, n_groups: int = 1) -> Any:
-    """The benchmark's ``make_procgen_env`` chain (easy mode, seed 0), in ``n_groups`` groups."""
+def make_env(args: argparse.Namespace) -> Any:
+    """The benchmark's ``make_procgen_env`` chain (easy mode, seed 0)."""
     from sb3_ppg import make_procgen_env
 
     threads = {} if args.num_threads is None else {"num_threads": args.num_threads}
-    groups = {} if n_groups == 1 else {"n_groups": n_groups}
-    return make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode="easy", seed=0, **threads, **groups)
+    return make_procgen_env(args.game, n_envs=args.n_envs, distribution_mode="easy", seed=0, **threads)
 
 
-def env_limit(args: argparse.Namespace, n_groups: int) -> float:
+def env_limit(args: argparse.Namespace) -> float:
     """
     The env steps per second of the benchmark's env chain alone (random actions, after 10 untimed steps).
 
     :param args: The benchmark's arguments (``--env-limit-steps`` timed steps)
-    :param n_groups: the env groups of the mode
     :return: env steps/s
     """
     import numpy as np
 
-    env = make_env(args, n_groups)
+    env = make_env(args)
     env.reset()
     actions = np.random.default_rng(0).integers(0, env.action_space.n, size=(10 + args.env_limit_steps, args.n_envs))
     for step_actions in actions[:10]:
@@ -512,7 +497,6 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["end_to_end_over_bound"] = result["end_to_end_env_steps_per_s"] / result["bound_env_steps_per_s"]
     result["phase_s"] = phase_seconds(timer.seconds, args.n_cycles)
     model.env.close()
-    result["overlap_groups"] = args.overlap_groups if mode == "optimized" else 1
     result["aux_buffer_device"] = model.aux_buffer_device
     result["cuda_graphs"] = bool(model.cuda_graphs and cuda)
     graphs = getattr(model.policy, "_rollout_graphs", None)
@@ -523,7 +507,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["rollout_writes"] = args.rollout_writes if mode == "optimized" else "after-step"
     result["keep_freed_memory"] = model._keeps_freed_memory()
     if args.env_limit_steps > 0:
-        result["env_limit_env_steps_per_s"] = env_limit(args, result["overlap_groups"])
+        result["env_limit_env_steps_per_s"] = env_limit(args)
     return result
 
 
@@ -581,10 +565,10 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.n_minibatches} policy minibatches, N_pi {args.n_policy_iters}, E_aux {args.n_aux_epochs}, "
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
-        f"{args.aux_buffer_device}, env groups (overlap_rollouts): {args.overlap_groups}, cuda_graphs: {args.cuda_graphs}, "
+        f"{args.aux_buffer_device}, cuda_graphs: {args.cuda_graphs}, "
         f"parallel_networks: {args.parallel_networks}, keep_freed_memory: {args.keep_freed_memory}, rollout buffer: "
         f"{args.rollout_buffer}, rollout writes: "
-        f"{args.rollout_writes}, procgen threads per group: "
+        f"{args.rollout_writes}, procgen threads: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "

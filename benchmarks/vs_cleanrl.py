@@ -61,7 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", default="fp32", help="sb3-ppg's precision (CleanRL runs fp32)")
     parser.add_argument("--arch", default="detach", help="sb3-ppg's arch (CleanRL's network is 'detach')")
     parser.add_argument("--aux-buffer-device", default="auto", help="sb3-ppg's aux_buffer_device")
-    parser.add_argument("--overlap-groups", type=int, default=1, help="sb3-ppg: N >= 2 groups with overlap_rollouts")
     parser.add_argument("--order", default="cleanrl,sb3-ppg", help="Comma-separated order of the runs")
     parser.add_argument("--json", default=None, help="Write the results as JSON to this file")
     parser.add_argument("--sb3-child", action="store_true", help=argparse.SUPPRESS)
@@ -101,8 +100,7 @@ def train_sb3(args: argparse.Namespace) -> None:
     from sb3_ppg.procgen import get_procgen_preset
 
     preset = get_procgen_preset("cleanrl")
-    groups = {"n_groups": args.overlap_groups} if args.overlap_groups > 1 else {}
-    env = make_procgen_env(args.game, n_envs=args.n_envs, preset="cleanrl", seed=1, **groups)
+    env = make_procgen_env(args.game, n_envs=args.n_envs, preset="cleanrl", seed=1)
     kwargs = preset.ppg_kwargs(args.n_envs)
     kwargs.update(
         n_steps=args.n_steps,
@@ -111,7 +109,6 @@ def train_sb3(args: argparse.Namespace) -> None:
         aux_batch_rollouts=args.aux_batch_rollouts,
         precision=args.precision,
         aux_buffer_device=args.aux_buffer_device,
-        overlap_rollouts=args.overlap_groups > 1,
         device=args.device,
         seed=1,
     )

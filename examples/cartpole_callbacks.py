@@ -11,7 +11,7 @@ from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewar
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG, PPGCheckpointCallback
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=200_000)

@@ -12,7 +12,7 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.utils import LinearSchedule
 
 from sb3_ppg import PPG
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000)

@@ -15,7 +15,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 
 class DictCartPole(gym.ObservationWrapper):

@@ -18,7 +18,7 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 
 class DeterministicActor(th.nn.Module):

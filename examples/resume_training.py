@@ -5,7 +5,7 @@ import argparse
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=20_000)

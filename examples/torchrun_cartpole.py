@@ -16,8 +16,8 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg import PPG
+from sb3_ppg.cli.threads import choose_torch_threads
 from sb3_ppg.common import distributed
-from sb3_ppg.common.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000, help="env steps of all ranks together")

@@ -6,7 +6,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--timesteps", type=int, default=100_000)

@@ -13,7 +13,7 @@ from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.evaluation import evaluate_policy
 
 from sb3_ppg import PPG, make_procgen_env
-from sb3_ppg.common.threads import choose_torch_threads
+from sb3_ppg.cli.threads import choose_torch_threads
 from sb3_ppg.procgen import get_procgen_preset, save_reward_statistics
 
 parser = argparse.ArgumentParser()

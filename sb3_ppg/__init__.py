@@ -3,7 +3,7 @@
 import os
 
 from sb3_ppg.common import distributed as distributed
-from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.callbacks import PPGEvalCallback
 from sb3_ppg.common.checkpoints import PPGCheckpointCallback
 from sb3_ppg.ppg import PPG, CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy

@@ -21,8 +21,9 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import VecNormalize
 
 from sb3_ppg import PPG, MaskablePPG, PPGCheckpointCallback
-from sb3_ppg.common import distributed, optim
+from sb3_ppg.common import distributed
 from sb3_ppg.common.checkpoints import write_checkpoint
+from sb3_ppg.common.cuda import fused_adam
 
 th.set_num_threads(1)
 
@@ -56,7 +57,7 @@ EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
     ),
     # MaskablePPG: the synthetic rollouts come with masks (SyntheticRollout), the aux phase's KL is the masked one
     "maskable": dict(n_epochs=2, n_aux_epochs=2, aux_batch_rollouts=2, policy_kwargs=dict(net_arch=[16])),
-    # The finite checks on the device (optim.FiniteCheck, forced on the CPU's fused Adam): every step's flag all-reduced
+    # The finite checks on the device (DeviceFiniteCheck, forced on the CPU's fused Adam): every step's flag all-reduced
     "device_check": dict(
         n_epochs=2,
         n_aux_epochs=2,
@@ -65,7 +66,7 @@ EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
         policy_kwargs=dict(net_arch=[16], optimizer_kwargs=dict(fused=True)),
     ),
 }
-# The scenarios whose finite checks run on the device (optim.FINITE_CHECK_ON_DEVICE, set for their run only)
+# The scenarios whose finite checks run on the device (fused_adam.FINITE_CHECK_ON_DEVICE, set for their run only)
 DEVICE_CHECK = ("device_check",)
 
 
@@ -146,11 +147,14 @@ def equality(config_name: str) -> dict[str, Any]:
     # In float64: the ranks' gradients are summed in another order than the single process's
     run_in_float64(model)
     initial = parameters(model)
-    previous, optim.FINITE_CHECK_ON_DEVICE = optim.FINITE_CHECK_ON_DEVICE, (True if config_name in DEVICE_CHECK else None)
+    previous, fused_adam.FINITE_CHECK_ON_DEVICE = (
+        fused_adam.FINITE_CHECK_ON_DEVICE,
+        (True if config_name in DEVICE_CHECK else None),
+    )
     try:
         model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
     finally:
-        optim.FINITE_CHECK_ON_DEVICE = previous
+        fused_adam.FINITE_CHECK_ON_DEVICE = previous
     return dict(
         initial=initial,
         final=parameters(model),
@@ -185,14 +189,14 @@ def nan_loss_on_one_rank() -> dict[str, Any]:
         return loss, diagnostics
 
     model._aux_loss = nan_valued_loss  # type: ignore[method-assign]
-    optim.FINITE_CHECK_ON_DEVICE = True
+    fused_adam.FINITE_CHECK_ON_DEVICE = True
     try:
         model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticRollout())
         error = None
     except FloatingPointError as raised:
         error = str(raised)
     finally:
-        optim.FINITE_CHECK_ON_DEVICE = None
+        fused_adam.FINITE_CHECK_ON_DEVICE = None
     adam = [state[key].clone() for state in model.aux_optimizer.state.values() for key in ("exp_avg", "exp_avg_sq", "step")]
     return dict(error=error, final=parameters(model), adam=adam, n_aux_calls=len(calls))
 
@@ -211,31 +215,7 @@ def end_to_end(out_dir: str) -> dict[str, Any]:
         ret_rms=(float(env.ret_rms.mean), float(env.ret_rms.var), float(env.ret_rms.count)),
         episodes=len(model.ep_info_buffer),
         local_rank=int(os.environ["LOCAL_RANK"]),
-        **overlapped_rollouts(n_envs),
     )
-
-
-def overlapped_rollouts(n_envs: int) -> dict[str, Any]:
-    """
-    overlap_rollouts=True over 2 groups of this rank's envs, and the same run with the groups' steps started only when
-    the whole env steps (sequential): the final parameters of each.
-    """
-    from sb3_ppg.common.rollout_groups import GroupedVecEnv
-
-    def train() -> dict[str, th.Tensor]:
-        groups = [make_vec_env("CartPole-v1", n_envs=1, seed=seed) for seed in range(n_envs)]
-        model = small_ppg(VecNormalize(GroupedVecEnv(groups), norm_obs=False, gamma=0.99), overlap_rollouts=True)
-        model.learn(4 * 16 * GLOBAL_ENVS)
-        return parameters(model)
-
-    overlapped = train()
-    step_group_async = GroupedVecEnv.step_group_async
-    GroupedVecEnv.step_group_async = lambda self, group, actions: None  # type: ignore[method-assign]
-    try:
-        sequential = train()
-    finally:
-        GroupedVecEnv.step_group_async = step_group_async  # type: ignore[method-assign]
-    return dict(overlapped=overlapped, sequential=sequential)
 
 
 def mismatch() -> dict[str, Any]:

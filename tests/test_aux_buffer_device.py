@@ -1,7 +1,7 @@
 """
 ``aux_buffer_device``: where the auxiliary buffer lives (CPU memory, pinned CPU memory, the model's device). The choice
 (a pure function of the device and its free memory), the fallbacks (no CUDA, not enough memory, pinning refused), and
-that every storage gives the same minibatches, files and updates.
+that every storage gives the same minibatches, files and updates. The arrays are torch tensors wherever they live.
 """
 
 import io
@@ -14,13 +14,12 @@ from sb3_contrib.common.envs import InvalidActionEnvDiscrete
 from stable_baselines3.common.env_util import make_vec_env
 from test_buffers import ACTION_SPACE, IMAGE_SPACE, N_ENVS, N_STEPS, filled_rollout_buffer
 
-import sb3_ppg.common.buffers as buffers
 from sb3_ppg import MaskablePPG
 from sb3_ppg.common.array_files import read_array_file
-from sb3_ppg.common.buffers import (
+from sb3_ppg.common.aux_buffer import (
     AUX_BUFFER_DEVICE_MEMORY_SHARE,
+    AUX_BUFFER_FORMAT,
     AuxiliaryBuffer,
-    pinned_zeros,
     resolve_aux_buffer_storage,
 )
 from sb3_ppg.common.hyperparameters import HyperparameterError
@@ -84,31 +83,31 @@ def test_pinned_memory_falls_back_to_pageable_when_pinning_fails(monkeypatch):
         return real_zeros(*args, **kwargs)
 
     monkeypatch.setattr(th, "zeros", zeros_refusing_pins)
-    assert pinned_zeros((2, 3), np.dtype(np.uint8)) is None
     buffer = AuxiliaryBuffer(1, N_STEPS, N_ENVS, IMAGE_SPACE, ACTION_SPACE, device="cpu", storage="pinned")
     assert not buffer.pinned
-    assert isinstance(buffer.observations, np.ndarray) and isinstance(buffer.returns, np.ndarray)
+    assert buffer.observations.device.type == "cpu" and buffer.observations.dtype == th.uint8
+    assert buffer.returns.shape == (N_ENVS, N_STEPS) and buffer.returns.device.type == "cpu"
 
 
-def test_pinned_buffer_uses_pinned_arrays_where_pinning_works(monkeypatch):
-    allocated = []
-
-    def fake_pinned_zeros(shape, dtype):
-        allocated.append(shape)
-        return np.zeros(shape, dtype=dtype)
-
-    monkeypatch.setattr(buffers, "pinned_zeros", fake_pinned_zeros)
+@pytest.mark.skipif(not th.cuda.is_available(), reason="page-locked memory needs CUDA")
+def test_pinned_buffer_uses_pinned_arrays_where_pinning_works():
     buffer = AuxiliaryBuffer(1, N_STEPS, N_ENVS, IMAGE_SPACE, ACTION_SPACE, device="cpu", storage="pinned")
     assert buffer.pinned
-    assert (N_ENVS, N_STEPS, *IMAGE_SPACE.shape) in allocated and (N_ENVS, N_STEPS) in allocated
+    assert buffer.observations.is_pinned() and buffer.returns.is_pinned() and buffer.old_distribution_params.is_pinned()
 
 
-def filled_buffer(storage: str, observation_space: spaces.Space, staged: bool = False) -> AuxiliaryBuffer:
+def test_host_storage_holds_tensors_in_cpu_memory():
+    buffer = AuxiliaryBuffer(1, N_STEPS, N_ENVS, DICT_SPACE, ACTION_SPACE, device="cpu", storage="host")
+    tensors = [*buffer.observations.values(), buffer.returns, buffer.old_distribution_params]
+    assert all(isinstance(tensor, th.Tensor) and tensor.device.type == "cpu" for tensor in tensors)
+    assert buffer.observations["image"].dtype == th.uint8 and buffer.observations["vector"].dtype == th.float32
+
+
+def filled_buffer(storage: str, observation_space: spaces.Space) -> AuxiliaryBuffer:
     """A buffer of 3 policy iterations in ``storage``, with masks and old-policy parameters (the same for any storage)."""
     buffer = AuxiliaryBuffer(
         3, N_STEPS, N_ENVS, observation_space, ACTION_SPACE, device="cpu", storage=storage, mask_dims=int(ACTION_SPACE.n)
     )
-    buffer._staged = staged
     for iteration in range(3):
         rollout_buffer = filled_rollout_buffer(iteration, observation_space)
         rollout_buffer.action_masks = np.random.default_rng(iteration).random((N_STEPS, N_ENVS, 3)) > 0.3
@@ -125,16 +124,13 @@ def as_numpy(values):
 
 
 @pytest.mark.parametrize("observation_space", [IMAGE_SPACE, DICT_SPACE], ids=["image", "dict"])
-@pytest.mark.parametrize(("storage", "staged"), [("pinned", False), ("pinned", True), ("device", False)])
-def test_every_storage_gives_the_same_minibatches_and_files(tmp_path, observation_space, storage, staged):
+@pytest.mark.parametrize("storage", ["pinned", "device"])
+def test_every_storage_gives_the_same_minibatches_and_files(tmp_path, observation_space, storage):
     reference = filled_buffer("host", observation_space)
-    buffer = filled_buffer(storage, observation_space, staged)
-    if storage == "device":
-        assert isinstance(buffer.returns, th.Tensor)
+    buffer = filled_buffer(storage, observation_space)
     # Minibatches of two rollouts (of 9: the last one is shorter), two epochs, the same shuffles
     for epoch in range(2):
         batches = buffer.get(2, np.random.default_rng(epoch))
-        # Compared one by one as they come: a staged buffer reuses its staging arrays two minibatches later
         for expected, batch in zip(reference.get(2, np.random.default_rng(epoch)), batches, strict=True):
             np.testing.assert_array_equal(batch.rollout_indices, expected.rollout_indices)
             for field in ("returns", "old_distribution_params", "action_masks"):
@@ -163,8 +159,8 @@ def test_every_storage_gives_the_same_minibatches_and_files(tmp_path, observatio
             np.testing.assert_array_equal(array, expected_arrays[name])
     buffer.save(tmp_path / "buffer.npz")
     reference.save(tmp_path / "reference.npz")
-    metadata, arrays = read_array_file(tmp_path / "buffer.npz", buffers.AUX_BUFFER_FORMAT)
-    expected_metadata, expected_arrays = read_array_file(tmp_path / "reference.npz", buffers.AUX_BUFFER_FORMAT)
+    metadata, arrays = read_array_file(tmp_path / "buffer.npz", AUX_BUFFER_FORMAT)
+    expected_metadata, expected_arrays = read_array_file(tmp_path / "reference.npz", AUX_BUFFER_FORMAT)
     assert metadata == expected_metadata
     for name, array in arrays.items():
         np.testing.assert_array_equal(array, expected_arrays[name])
@@ -178,7 +174,7 @@ def test_every_storage_gives_the_same_minibatches_and_files(tmp_path, observatio
         np.testing.assert_array_equal(array, reference.iteration_arrays(2, True)[name])
 
 
-def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0, device: str = "auto") -> MaskablePPG:
+def train_masked(aux_buffer_device: str, verbose: int = 0, device: str = "auto") -> MaskablePPG:
     env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=20, n_invalid_actions=10), n_envs=2, seed=0)
     model = MaskablePPG(
         "MlpPolicy",
@@ -194,9 +190,6 @@ def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0,
         seed=0,
         verbose=verbose,
     )
-    if staged:
-        # The page-locked staging of CUDA, exercised on the CPU (pinning falls back to pageable memory here)
-        model.aux_buffer.storage, model.aux_buffer._staged = "pinned", True
     model.learn(128)
     return model
 
@@ -204,12 +197,10 @@ def train_masked(aux_buffer_device: str, staged: bool = False, verbose: int = 0,
 def test_the_updates_are_the_same_whatever_the_storage():
     reference = train_masked("cpu")
     assert reference.n_aux_phases == 2
-    for choice, staged in (("device", False), ("auto", False), ("pinned", False), ("cpu", True)):
-        model = train_masked(choice, staged)
-        if choice == "device":
-            assert isinstance(model.aux_buffer.observations, th.Tensor)
+    for choice in ("device", "auto", "pinned"):
+        model = train_masked(choice)
         for (name, param), expected in zip(model.policy.named_parameters(), reference.policy.parameters(), strict=True):
-            assert th.equal(param, expected), f"{name} differs with aux_buffer_device={choice!r} (staged: {staged})"
+            assert th.equal(param, expected), f"{name} differs with aux_buffer_device={choice!r}"
 
 
 def test_the_log_says_where_the_buffer_lives_and_why(capsys):
@@ -232,12 +223,12 @@ def test_save_and_load_keep_the_choice_and_the_buffer(make_model):
     model.save(file)
     file.seek(0)
     loaded = type(model).load(file, env=model.get_env())
-    assert loaded.aux_buffer_device == "device" and isinstance(loaded.aux_buffer.returns, th.Tensor)
+    assert loaded.aux_buffer_device == "device" and loaded.aux_buffer.storage == "device"
     buffer_file = io.BytesIO()
     model.save_aux_buffer(buffer_file)
     buffer_file.seek(0)
     loaded.load_aux_buffer(buffer_file)
-    assert isinstance(loaded.aux_buffer.returns, th.Tensor)
+    assert loaded.aux_buffer.storage == "device"
     np.testing.assert_array_equal(
         loaded.aux_buffer.iteration_arrays(0)["returns"], model.aux_buffer.iteration_arrays(0)["returns"]
     )

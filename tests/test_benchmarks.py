@@ -12,7 +12,7 @@ import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
 from stable_baselines3.common.buffers import RolloutBuffer
 
-from sb3_ppg.common.buffers import PPGRolloutBuffer, UnflattenedRolloutBuffer
+from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer, UnflattenedRolloutBuffer
 
 # Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
 # is meant
@@ -69,10 +69,9 @@ def test_throughput_runs(tmp_path):
     output, json_path = tmp_path / "throughput.md", tmp_path / "throughput.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--n-policy-iters", "2", "--n-aux-epochs", "1"]
     args += ["--aux-batch-rollouts", "2", "--bound-repeats", "1", "--torch-threads", "1", "--micro-batch-size", "3"]
-    args += ["--overlap-groups", "2", "--aux-buffer-device", "auto", "--num-threads", "1", "--env-limit-steps", "3"]
+    args += ["--aux-buffer-device", "auto", "--num-threads", "1", "--env-limit-steps", "3"]
     results = throughput.main([*args, "--output", str(output), "--json", str(json_path)])
-    # The optimized mode overlaps 2 env groups; both report the env chain's own rate at their groups and threads
-    assert [result["overlap_groups"] for result in results] == [2, 1]
+    # Both modes report the env chain's own rate at their threads
     assert [result["aux_buffer_device"] for result in results] == ["auto", "cpu"]
     assert all(result["env_limit_env_steps_per_s"] > 0 for result in results)
     assert [result["mode"] for result in results] == ["optimized", "reference"]
@@ -107,7 +106,7 @@ def test_throughput_runs(tmp_path):
     )
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
-    assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, env groups (overlap_rollouts): 2" in report
+    assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, cuda_graphs: True" in report
     assert "parallel_networks: True, keep_freed_memory: True, rollout buffer: ppg, rollout writes: during-step" in report
     assert [result["rollout_writes"] for result in results] == ["during-step", "after-step"]
     # Warm-up of one policy iteration without --compile; no rollout graphs on a CPU, so none failed
@@ -223,17 +222,17 @@ def test_throughput_time_call_queues_training_steps():
 
 def test_throughput_rollout_writes_after_step(monkeypatch):
     """--rollout-writes after-step: the optimized model's rollout buffer written after the envs step, as SB3 does."""
-    from sb3_ppg.ppg import ppg as ppg_module
+    from sb3_ppg.common.rollout import writes_while_envs_step
 
     throughput = load_script("throughput")
-    monkeypatch.setattr(ppg_module, "writes_while_envs_step", ppg_module.writes_while_envs_step)  # put back after
     args = throughput.parse_args(["--n-envs", "2", "--n-steps", "8", "--num-threads", "1", "--arch", "dual"])
     assert args.rollout_writes == "during-step"
     model = throughput.build_model(args, "optimized")
-    assert ppg_module.writes_while_envs_step(model.env, model.rollout_buffer)
+    assert writes_while_envs_step(model.env, model.rollout_buffer)
     args = throughput.parse_args(["--n-envs", "2", "--n-steps", "8", "--num-threads", "1", "--rollout-writes", "after-step"])
     model = throughput.build_model(args, "optimized")
-    assert not ppg_module.writes_while_envs_step(model.env, model.rollout_buffer)
+    assert not writes_while_envs_step(model.env, model.rollout_buffer)
+    assert not model.rollout_buffer.write_during_step and PPGRolloutBuffer.write_during_step  # this model's only
     model.env.close()
 
 
@@ -265,15 +264,14 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     # The variant without the host levers swaps in the code before them, and back
     policies = rollout_host_time.policies_module
     levers = (policies.unchecked_distributions, policies.parameter_addresses)
-    ppg_module = rollout_host_time.ppg_module
-    writes_while_envs_step = ppg_module.writes_while_envs_step
-    with rollout_host_time.without_host_levers():
+    buffer = PPGRolloutBuffer(8, rollout_host_time.spaces.Box(0, 1, (2,)), rollout_host_time.spaces.Discrete(2))
+    with rollout_host_time.without_host_levers(buffer):
         assert policies.unchecked_distributions is not levers[0]
         assert policies.parameter_addresses is rollout_host_time.named_parameter_addresses
         assert PPGRolloutBuffer.add is RolloutBuffer.add
-        assert ppg_module.writes_while_envs_step is rollout_host_time.throughput.written_after_step
+        assert not buffer.write_during_step
     assert (policies.unchecked_distributions, policies.parameter_addresses) == levers
-    assert ppg_module.writes_while_envs_step is writes_while_envs_step
+    assert buffer.write_during_step and "write_during_step" not in vars(buffer)
     assert "add" not in vars(PPGRolloutBuffer) and PPGRolloutBuffer.add is UnflattenedRolloutBuffer.add
     model = rollout_host_time.make_model(rollout_host_time.parse_args(args), None)
     model._setup_learn(10**9, callback=None)

@@ -11,8 +11,10 @@ from helpers import assert_same_samples
 from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
 from stable_baselines3.common.utils import ConstantSchedule
 
-from sb3_ppg.common.buffers import AuxiliaryBuffer, device_minibatches, env_minibatches, gathers_on_device
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
+from sb3_ppg.common.cuda.device_data import device_minibatches, gathers_on_device
 from sb3_ppg.common.distributions import get_distribution_params
+from sb3_ppg.common.rollout_buffers import env_minibatches
 from sb3_ppg.ppg.policies import PPGPolicy
 
 N_STEPS, N_ENVS = 8, 3
@@ -61,15 +63,15 @@ def test_rows_are_whole_per_env_rollouts(flattened):
     assert aux_buffer.full() and aux_buffer.n_iterations == 2 and aux_buffer.n_rollouts == 2 * N_ENVS
     for row in range(2 * N_ENVS):
         iteration, env = divmod(row, N_ENVS)
-        obs = aux_buffer.observations[row]
+        obs = aux_buffer.observations[row].numpy()
         np.testing.assert_array_equal(obs[:, 0, 0, 0], np.arange(N_STEPS))
         assert np.all(obs[:, 1, 0, 0] == env) and np.all(obs[:, 2, 0, 0] == iteration)
-        np.testing.assert_array_equal(aux_buffer.returns[row], iteration * 1000 + env * 100 + np.arange(N_STEPS))
+        np.testing.assert_array_equal(aux_buffer.returns[row].numpy(), iteration * 1000 + env * 100 + np.arange(N_STEPS))
 
 
 def test_observations_keep_uint8_and_memory_is_raw_bytes():
     aux_buffer = make_aux_buffer(n_policy_iters=4)
-    assert aux_buffer.observations.dtype == np.uint8
+    assert aux_buffer.observations.dtype == th.uint8
     n_frames = 4 * N_ENVS * N_STEPS
     obs_bytes = n_frames * int(np.prod(IMAGE_SPACE.shape))
     per_step_bytes = n_frames * 4 * (1 + ACTION_SPACE.n)  # float32 return + old logits
@@ -91,7 +93,7 @@ def test_minibatches_are_shuffled_whole_rollouts():
             # Each rollout: one env, one iteration, N_STEPS consecutive steps
             assert th.equal(obs[k, :, 0, 0, 0], th.arange(N_STEPS, dtype=th.uint8))
             assert th.all(obs[k, :, 1, 0, 0] == env) and th.all(obs[k, :, 2, 0, 0] == iteration)
-        expected_returns = np.concatenate([aux_buffer.returns[row] for row in batch.rollout_indices])
+        expected_returns = np.concatenate([aux_buffer.returns[row].numpy() for row in batch.rollout_indices])
         np.testing.assert_array_equal(batch.returns.numpy(), expected_returns)
         assert batch.old_distribution_params.shape == (len(batch.rollout_indices) * N_STEPS, ACTION_SPACE.n)
         seen.extend(batch.rollout_indices.tolist())
@@ -121,15 +123,15 @@ def test_rollout_chunks_and_old_distribution_params():
     chunks = list(aux_buffer.iter_rollout_chunks(batch_rollouts=2))
     assert [rows for rows, _ in chunks] == [slice(0, 2), slice(2, 3)]  # only the filled rows
     for rows, obs in chunks:
-        np.testing.assert_array_equal(obs.numpy(), aux_buffer.observations[rows].reshape(-1, *IMAGE_SPACE.shape))
+        np.testing.assert_array_equal(obs.numpy(), aux_buffer.observations[rows].reshape(-1, *IMAGE_SPACE.shape).numpy())
         with th.no_grad():
             aux_buffer.store_old_distribution_params(rows, get_distribution_params(policy.get_distribution(obs)))
-    obs = th.as_tensor(aux_buffer.observations[:N_ENVS].reshape(-1, *IMAGE_SPACE.shape))
+    obs = aux_buffer.observations[:N_ENVS].reshape(-1, *IMAGE_SPACE.shape)
     with th.no_grad():
         expected = get_distribution_params(policy.get_distribution(obs)).numpy().reshape(N_ENVS, N_STEPS, -1)
-    np.testing.assert_allclose(aux_buffer.old_distribution_params[:N_ENVS], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aux_buffer.old_distribution_params[:N_ENVS].numpy(), expected, rtol=1e-5, atol=1e-6)
     # Rows not filled yet are left alone
-    assert np.all(aux_buffer.old_distribution_params[N_ENVS:] == 0)
+    assert th.all(aux_buffer.old_distribution_params[N_ENVS:] == 0)
 
 
 def test_dict_observations():
@@ -137,13 +139,13 @@ def test_dict_observations():
     aux_buffer = make_aux_buffer(observation_space=dict_space)
     aux_buffer.add(filled_rollout_buffer(0, dict_space))
     aux_buffer.add(filled_rollout_buffer(1, dict_space))
-    assert aux_buffer.observations["image"].dtype == np.uint8
-    assert aux_buffer.observations["vector"].dtype == np.float32
+    assert aux_buffer.observations["image"].dtype == th.uint8
+    assert aux_buffer.observations["vector"].dtype == th.float32
     batch = next(aux_buffer.get(batch_rollouts=2))
     assert set(batch.observations) == {"image", "vector"}
     assert batch.observations["image"].shape == (2 * N_STEPS, *IMAGE_SPACE.shape)
     rows = batch.rollout_indices
-    expected_vector = aux_buffer.observations["vector"][rows].reshape(-1, 3)
+    expected_vector = aux_buffer.observations["vector"][rows].reshape(-1, 3).numpy()
     np.testing.assert_array_equal(batch.observations["vector"].numpy(), expected_vector)
 
 
@@ -162,7 +164,8 @@ def test_save_load_plain_arrays(tmp_path, observation_space, action_space):
     aux_buffer = AuxiliaryBuffer(3, N_STEPS, N_ENVS, observation_space, action_space, device="cpu")
     for iteration in range(2):
         aux_buffer.add(filled_rollout_buffer(iteration, observation_space))
-    aux_buffer.old_distribution_params[:] = np.random.default_rng(0).normal(size=aux_buffer.old_distribution_params.shape)
+    normal = np.random.default_rng(0).normal(size=aux_buffer.old_distribution_params.shape)
+    aux_buffer.old_distribution_params[:] = th.as_tensor(normal)
     aux_buffer.save(tmp_path / "buffer.npz")
     with np.load(tmp_path / "buffer.npz", allow_pickle=False) as archive:
         metadata = json.loads(archive["metadata.json"])
@@ -176,9 +179,9 @@ def test_save_load_plain_arrays(tmp_path, observation_space, action_space):
         original = aux_buffer.observations[key] if key else aux_buffer.observations
         restored = loaded.observations[key] if key else loaded.observations
         assert restored.dtype == original.dtype
-        np.testing.assert_array_equal(restored, original)
-    np.testing.assert_array_equal(loaded.returns, aux_buffer.returns)
-    np.testing.assert_array_equal(loaded.old_distribution_params[:6], aux_buffer.old_distribution_params[:6])
+        assert th.equal(restored, original)
+    assert th.equal(loaded.returns, aux_buffer.returns)
+    assert th.equal(loaded.old_distribution_params[:6], aux_buffer.old_distribution_params[:6])
     loaded.check_compatible(aux_buffer, "test")
     # No temporary file left behind
     assert [path.name for path in tmp_path.iterdir()] == ["buffer.npz"]
@@ -255,7 +258,7 @@ def test_old_distribution_params_and_returns_keep_float64():
     aux_buffer.reset()
     aux_buffer.add(filled_rollout_buffer(0))
     aux_buffer.store_old_distribution_params(slice(0, N_ENVS), params.float())
-    assert aux_buffer.returns.dtype == aux_buffer.old_distribution_params.dtype == np.float32
+    assert aux_buffer.returns.dtype == aux_buffer.old_distribution_params.dtype == th.float32
 
 
 @pytest.mark.parametrize("dict_obs", [False, True])

@@ -357,7 +357,7 @@ def test_stored_rollouts_are_read_once_until_the_buffer_is_reset(tmp_path, make_
     A policy iteration already stored is not read again by the next checkpoint: the checkpoints remember what they
     stored (the buffer holds no bookkeeping of theirs), until the buffer is reset and its rows hold other rollouts.
     """
-    from sb3_ppg.common.buffers import AuxiliaryBuffer
+    from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
     from sb3_ppg.common.checkpoints import write_checkpoint
 
     model = make_model(make_env(), **RUN)

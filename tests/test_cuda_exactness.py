@@ -13,7 +13,7 @@ import torch as th
 from helpers import assert_identical, parameters
 from test_cuda_graphs import image_model
 
-from sb3_ppg.common import buffers
+from sb3_ppg.common.cuda import device_data
 from sb3_ppg.ppg import policies as policies_module
 from sb3_ppg.ppg import ppg as ppg_module
 
@@ -25,12 +25,13 @@ def trained(monkeypatch: pytest.MonkeyPatch, aux_buffer_device: str, device_gath
         if not device_gather:
             patch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device: False)
         if checks:
-            patch.setattr(ppg_module, "unchecked_distributions", lambda device: contextlib.nullcontext())
-            patch.setattr(policies_module, "unchecked_distributions", lambda device, enabled=True: contextlib.nullcontext())
+            unchecked = lambda distribution, device, enabled=True: contextlib.nullcontext()  # noqa: E731
+            patch.setattr(ppg_module, "unchecked_distributions", unchecked)
+            patch.setattr(policies_module, "unchecked_distributions", unchecked)
         model = image_model(True, "cuda", aux_buffer_device=aux_buffer_device)
         model.learn(256)
         assert model.n_aux_phases == 2
-        assert buffers.gathers_on_device(model.rollout_buffer, model.device)
+        assert device_data.gathers_on_device(model.rollout_buffer, model.device)
         return parameters(model)
 
 

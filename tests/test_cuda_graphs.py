@@ -17,8 +17,8 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG, MaskablePPG
-from sb3_ppg.common import cuda_graphs
-from sb3_ppg.common.cuda_graphs import GraphedForward, input_layout, parameter_addresses
+from sb3_ppg.common.cuda import cuda_graphs
+from sb3_ppg.common.cuda.cuda_graphs import GraphedForward, input_layout, parameter_addresses
 
 requires_cuda = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
 

@@ -284,10 +284,6 @@ def test_torchrun_end_to_end(tmp_path, n_nodes):
                 launcher.kill()
     rank0, rank1 = results(tmp_path)
     assert [rank0["local_rank"], rank1["local_rank"]] == ([0, 1] if n_nodes == 1 else [0, 0])
-    # overlap_rollouts over each rank's 2 env groups: the same run as without early starts, the same on both ranks
-    for rank in (rank0, rank1):
-        assert_identical(rank["overlapped"], rank["sequential"])
-    assert_identical(rank0["overlapped"], rank1["overlapped"])
     assert_identical(rank0["final"], rank1["final"])
     assert rank0["num_timesteps"] == rank1["num_timesteps"] == 4 * 16 * 4
     assert rank0["n_aux_phases"] == rank1["n_aux_phases"] == 2

@@ -1,6 +1,5 @@
 """sb3_ppg.common.distributions: stored parameters and KL(pi_old || pi) for each action space, against torch.distributions."""
 
-import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -23,6 +22,7 @@ from sb3_ppg.common.distributions import (
 )
 from sb3_ppg.ppg import policies as policies_module
 from sb3_ppg.ppg.policies import PPGPolicy
+from sb3_ppg.ppg_mask.policies import MaskablePPGPolicy
 
 OBS_SPACE = spaces.Box(-1, 1, (4,), np.float32)
 
@@ -105,48 +105,53 @@ def test_unsupported_action_space() -> None:
         distribution_param_dim(spaces.Tuple([spaces.Discrete(2)]))
 
 
-def test_unchecked_distributions_only_on_cuda():
-    """On a CUDA device distributions skip their argument check inside the context (it reads the device), nowhere else."""
-    bad_logits = th.tensor([[float("nan"), 0.0]])
-    with unchecked_distributions(th.device("cpu")), pytest.raises(ValueError, match="logits"):
-        Categorical(logits=bad_logits)
-    with pytest.raises(RuntimeError, match="stop"), unchecked_distributions(th.device("cuda")):
-        Categorical(logits=bad_logits)  # not checked
-        raise RuntimeError("stop")
-    with pytest.raises(ValueError, match="logits"):
-        Categorical(logits=bad_logits)  # checked again after the context, also after an exception
+#: Policies whose action distributions are checked: (policy class, action space, use_sde)
+CHECKED_POLICIES = {
+    "Discrete": (PPGPolicy, spaces.Discrete(3), False),
+    "MultiDiscrete": (PPGPolicy, spaces.MultiDiscrete([2, 3]), False),
+    "MultiBinary": (PPGPolicy, spaces.MultiBinary(2), False),
+    "Box": (PPGPolicy, spaces.Box(-1, 1, (2,)), False),
+    "Box gSDE": (PPGPolicy, spaces.Box(-1, 1, (2,)), True),
+    "masked Discrete": (MaskablePPGPolicy, spaces.Discrete(3), False),
+    "masked MultiDiscrete": (MaskablePPGPolicy, spaces.MultiDiscrete([2, 3]), False),
+}
 
 
-def test_unchecked_distributions_nest_across_threads():
-    """torch's process-wide default is set back when the last open context exits, whatever the order of the exits."""
-    cuda = th.device("cuda")  # the flag only: nothing runs on the device
+@pytest.mark.parametrize("case", list(CHECKED_POLICIES))
+def test_unchecked_distributions_only_on_cuda_and_only_that_distribution(case):
+    """
+    On a CUDA device the distributions that the policy's action distribution builds inside the context skip their
+    argument check (it reads the device); on a CPU, after the context (also after an exception) and for another
+    policy they check as before; torch's process-wide default is never touched.
+    """
+    policy_class, action_space, use_sde = CHECKED_POLICIES[case]
+    policy, other = (
+        policy_class(OBS_SPACE, action_space, ConstantSchedule(1e-3), net_arch=[8], use_sde=use_sde) for _ in range(2)
+    )
+    nan_latent = th.full((2, 8), float("nan"))
     default = Distribution._validate_args
-    with unchecked_distributions(cuda, enabled=False):
+
+    def build(model: PPGPolicy) -> None:
+        if use_sde:
+            model.reset_noise()
+        model._get_action_dist_from_latent(nan_latent)
+
+    cuda = th.device("cuda")  # the flag only: nothing runs on the device
+    with pytest.raises(ValueError, match="Expected parameter"):
+        build(policy)
+    with unchecked_distributions(policy.action_dist, th.device("cpu")), pytest.raises(ValueError, match="Expected"):
+        build(policy)
+    with unchecked_distributions(policy.action_dist, cuda, enabled=False), pytest.raises(ValueError, match="Expected"):
+        build(policy)
+    with pytest.raises(RuntimeError, match="stop"), unchecked_distributions(policy.action_dist, cuda):
+        build(policy)  # not checked
         assert Distribution._validate_args == default
-    first, second = unchecked_distributions(cuda), unchecked_distributions(cuda)
-    first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)
-    assert Distribution._validate_args is False  # the second is still open
-    second.__exit__(None, None, None)
+        with pytest.raises(ValueError, match="Expected parameter"):
+            build(other)  # another policy's distributions check as before
+        raise RuntimeError("stop")
+    with pytest.raises(ValueError, match="Expected parameter"):
+        build(policy)  # checked again after the context, also after an exception
     assert Distribution._validate_args == default
-    # Two threads, the first to enter exits first
-    entered, first_exited = threading.Event(), threading.Event()
-    during: list[bool] = []
-
-    def long_context() -> None:
-        with unchecked_distributions(cuda):
-            entered.set()
-            first_exited.wait(10)
-            during.append(Distribution._validate_args)
-
-    thread = threading.Thread(target=long_context)
-    with unchecked_distributions(cuda):
-        thread.start()
-        entered.wait(10)
-    first_exited.set()
-    thread.join(10)
-    assert during == [False] and Distribution._validate_args == default
 
 
 #: Rollouts to check: (algorithm, env, whether the sampling skips the argument checks on CUDA)
@@ -161,7 +166,7 @@ ROLLOUT_CASES = {
 @pytest.mark.parametrize("case", list(ROLLOUT_CASES))
 def test_rollout_samples_in_unchecked_distributions(monkeypatch, case):
     """
-    The rollout builds and samples its action distributions inside ``unchecked_distributions(model.device, enabled)``,
+    The rollout builds and samples its action distributions inside ``unchecked_distributions(action_dist, device, enabled)``,
     enabled for the categorical action spaces (whose sampling refuses non-finite probabilities itself), not for a
     Gaussian; the callbacks run outside it.
     """
@@ -169,7 +174,8 @@ def test_rollout_samples_in_unchecked_distributions(monkeypatch, case):
     active: list[tuple[th.device, bool]] = []
 
     @contextmanager
-    def recording(device: th.device, enabled: bool = True):
+    def recording(distribution, device: th.device, enabled: bool = True):
+        assert distribution is model.policy.action_dist
         active.append((device, enabled))
         try:
             yield

@@ -37,8 +37,9 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 import sb3_ppg.ppg.ppg as ppg_module
 from sb3_ppg import PPG
 from sb3_ppg.common import optim
-from sb3_ppg.common.buffers import AuxiliaryBuffer, env_minibatches, flatten_rollout_buffer
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.optim import clip_gradients
+from sb3_ppg.common.rollout_buffers import env_minibatches, flatten_rollout_buffer
 from sb3_ppg.procgen import get_procgen_preset
 
 FIXTURES = Path(__file__).parent / "data" / "fidelity"
@@ -183,7 +184,7 @@ def record_phases(model: PPG, results: dict[str, float], compare: Callable[[str]
 
     def compared_aux_phase() -> None:
         results["policy"] = compare("policy")
-        results["pi_old"] = float(np.abs(model.aux_buffer.old_distribution_params - old_logits).max())
+        results["pi_old"] = float(np.abs(model.aux_buffer.old_distribution_params.numpy() - old_logits).max())
         train_aux_phase()
         results["aux"] = compare("aux")
 

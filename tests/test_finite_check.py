@@ -1,9 +1,9 @@
 """
-Issue 27's finite check on the device (sb3_ppg.common.optim.FiniteCheck): where the fused Adam can skip a step, a
-non-finite loss or gradient sets a flag on the device instead of being read each minibatch, the step is skipped there
-and the error comes at the end of the phase. On a CPU the check stays on the host unless a test forces it; torch's
-fused Adam runs on the CPU too, so both paths are compared here (and on a CUDA device where there is one: those
-tests skip elsewhere).
+Issue 27's finite check on the device (sb3_ppg.common.cuda.fused_adam.DeviceFiniteCheck): where the fused Adam can
+skip a step, a non-finite loss or gradient sets a flag on the device instead of being read each minibatch, the step is
+skipped there and the error comes at the end of the phase. On a CPU the check stays on the host unless a test forces
+it; torch's fused Adam runs on the CPU too, so both paths are compared here (and on a CUDA device where there is one:
+those tests skip elsewhere).
 """
 
 import pathlib
@@ -18,41 +18,47 @@ from stable_baselines3.common.envs import FakeImageEnv
 
 from sb3_ppg import PPG, MaskablePPG
 from sb3_ppg.common import optim
+from sb3_ppg.common.cuda import fused_adam
 
 # The paths on the same fused Adam: the device's check forced on the CPU, or the host's
 PATHS = {"device": True, "host": False}
 FUSED = dict(optimizer_kwargs=dict(fused=True))
 NEEDS_CUDA = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA device")
+# The device's check uses torch's private APIs: on other torch versions than those checked, the host's runs instead
+CHECKED_TORCH = pytest.mark.skipif(
+    not fused_adam.private_apis_checked(), reason=f"torch {th.__version__} is not among {fused_adam.CHECKED_TORCH_VERSIONS}"
+)
 
 
-def fused_adam(**kwargs) -> th.optim.Adam:
+def adam(**kwargs) -> th.optim.Adam:
     return th.optim.Adam([th.nn.Parameter(th.zeros(3))], **kwargs)
 
 
+@CHECKED_TORCH
 def test_the_check_runs_on_the_device_for_a_fused_adam_on_cuda(monkeypatch):
     class SteppedOtherwise(th.optim.Adam):
         def step(self, closure=None):
             return super().step(closure)
 
-    on_cuda = fused_adam(fused=True)
+    on_cuda = adam(fused=True)
     # (no CUDA here: a stand-in for the parameter, of which only the device is read)
     on_cuda.param_groups[0]["params"] = [types.SimpleNamespace(device=th.device("cuda"))]
-    assert optim.checks_finite_on_device(on_cuda)
+    assert fused_adam.checks_finite_on_device(on_cuda)
     adamw = th.optim.AdamW([th.nn.Parameter(th.zeros(3))], fused=True)
-    for optimizer in (fused_adam(fused=True), adamw, fused_adam(), fused_adam(foreach=True)):
-        assert not optim.checks_finite_on_device(optimizer)
+    for optimizer in (adam(fused=True), adamw, adam(), adam(foreach=True)):
+        assert not fused_adam.checks_finite_on_device(optimizer)
     # Forced on the device (tests): where the optimizer can skip a step there, and only there
-    monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", True)
-    assert optim.checks_finite_on_device(fused_adam(fused=True)) and optim.checks_finite_on_device(adamw)
+    monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", True)
+    assert fused_adam.checks_finite_on_device(adam(fused=True)) and fused_adam.checks_finite_on_device(adamw)
     others = (
-        fused_adam(),
+        adam(),
         SteppedOtherwise([th.nn.Parameter(th.zeros(3))], fused=True),
         th.optim.SGD([th.nn.Parameter(th.zeros(3))]),
     )
     for optimizer in others:
-        assert not optim.checks_finite_on_device(optimizer)
-    monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", False)
-    assert not optim.checks_finite_on_device(on_cuda)
+        assert not fused_adam.checks_finite_on_device(optimizer)
+    monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", False)
+    assert not fused_adam.checks_finite_on_device(on_cuda)
 
 
 def optimizer_states(model: PPG) -> list[dict[str, th.Tensor]]:
@@ -108,13 +114,14 @@ CONFIGS = {
 }
 
 
+@CHECKED_TORCH
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_finite_training_is_bit_identical_on_both_paths(make_model, monkeypatch, config):
     """Without a non-finite value, the device's check changes nothing: the same parameters and Adam state, bit for bit."""
     settings = dict(n_steps=16, n_policy_iters=2, aux_batch_rollouts=1, seed=0, device="cpu", **CONFIGS[config])
     models = {}
     for path, on_device in PATHS.items():
-        monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", on_device)
+        monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", on_device)
         where = count_device_checks(monkeypatch)
         if config == "cnn":
             model = cnn_model(**settings)
@@ -131,13 +138,14 @@ def test_finite_training_is_bit_identical_on_both_paths(make_model, monkeypatch,
     assert_same_training_state(models["device"], models["host"])
 
 
+@CHECKED_TORCH
 @NEEDS_CUDA
 def test_on_cuda_the_default_adam_checks_on_the_device_with_the_same_updates(make_model, monkeypatch):
     """On a CUDA device PPG's default Adam (fused there) checks on the device, and trains as with the host's checks."""
     settings = dict(n_steps=16, n_policy_iters=2, n_epochs=2, batch_size=8, max_grad_norm=0.5, device="cuda")
     models = {}
     for path, switch in (("device", None), ("host", False)):
-        monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", switch)
+        monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", switch)
         where = count_device_checks(monkeypatch)
         model = make_model(**settings)
         model.learn(2 * 16)
@@ -194,6 +202,7 @@ def skip_step(monkeypatch, phase: str, at_step: int) -> None:
     monkeypatch.setattr(optim, "step", skipping_step)
 
 
+@CHECKED_TORCH
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=NEEDS_CUDA)])
 @pytest.mark.parametrize("kind", ["loss", "gradients"])
 @pytest.mark.parametrize("phase", ["policy", "auxiliary"])
@@ -212,7 +221,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_reported_at_the_end_of_t
     models = []
     for on_device in (True, False):
         with monkeypatch.context() as patch:
-            patch.setattr(optim, "FINITE_CHECK_ON_DEVICE", on_device)
+            patch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", on_device)
             model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), device=device, **settings)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # learn() ends before the first auxiliary phase (the policy case)
@@ -259,16 +268,18 @@ def host_reads(monkeypatch, package: str | None = None) -> list[str]:
     return reads
 
 
+@CHECKED_TORCH
 @pytest.mark.parametrize("max_grad_norm", [0.5, None])
 def test_clipping_and_the_gradient_check_read_nothing(monkeypatch, max_grad_norm):
     """
     The device path's clipping and check, torch's included, copy nothing to the host; the clipped gradients stay
     finite (clipping scales by a finite factor of at most 1) and the flag stays 0.
     """
-    monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", True)
+    monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", True)
     module = th.nn.Linear(3, 2)
     module(th.full((4, 3), 1e3)).sum().backward()
-    check = optim.FiniteCheck("policy", 0, [th.optim.Adam(module.parameters(), fused=True)])
+    check = fused_adam.finite_check("policy", 0, [th.optim.Adam(module.parameters(), fused=True)])
+    assert check.on_device
     with monkeypatch.context() as patch:
         reads = host_reads(patch, package="")
         check.clip_and_check_gradients(module, max_grad_norm)
@@ -279,13 +290,14 @@ def test_clipping_and_the_gradient_check_read_nothing(monkeypatch, max_grad_norm
         assert optim.gradient_norm(module.parameters()).item() == pytest.approx(max_grad_norm, rel=1e-5)
 
 
+@CHECKED_TORCH
 @pytest.mark.parametrize("path", list(PATHS))
 def test_the_device_check_reads_nothing_per_minibatch(make_model, monkeypatch, path):
     """
     On the device, training reads from the device as often with 8 minibatches per phase as with 1 (a read per phase):
     the checks cost no host synchronization per minibatch. On the host each minibatch reads its loss and gradient norm.
     """
-    monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", PATHS[path])
+    monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", PATHS[path])
     counts = []
     for batch_size in (16, 2):
         model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), batch_size=batch_size, max_grad_norm=0.5, device="cpu")
@@ -301,12 +313,13 @@ def test_the_device_check_reads_nothing_per_minibatch(make_model, monkeypatch, p
         assert counts[1] - counts[0] == 2 * (8 - 1)
 
 
+@CHECKED_TORCH
 def test_a_non_finite_minibatch_that_target_kl_stops_at_is_reported(make_model, monkeypatch):
     """
     A NaN loss and approx KL at the first minibatch of a policy phase with target_kl: the KL stop leaves it without a
     step, and its flag still stops training at the end of the phase, the weights and Adam state untouched.
     """
-    monkeypatch.setattr(optim, "FINITE_CHECK_ON_DEVICE", True)
+    monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", True)
     model = make_model(policy_kwargs=dict(net_arch=[16], **FUSED), n_policy_iters=4, target_kl=0.01, device="cpu")
     with pytest.warns(UserWarning, match="before PPG's first auxiliary phase"):
         model.learn(16)
@@ -327,3 +340,36 @@ def test_a_non_finite_minibatch_that_target_kl_stops_at_is_reported(make_model, 
         assert th.equal(tensor, parameters[name]), name
     for state, saved in zip(optimizer_states(model), states, strict=True):
         assert all(th.equal(state[key], saved[key]) for key in saved)
+
+
+def test_the_private_apis_are_used_on_the_checked_torch_versions_only(monkeypatch):
+    """
+    The fused Adam's ``found_inf`` contract was checked on torch 2.11 (CUDA) and 2.13 (CPU and CUDA); on any other
+    version a phase's checks run on the host, as for an optimizer that cannot skip a step on the device.
+    """
+    assert fused_adam.CHECKED_TORCH_VERSIONS == ("2.11", "2.13")
+    assert fused_adam.private_apis_checked("2.13.0+cpu") and fused_adam.private_apis_checked("2.11.0+cu130")
+    for version in ("2.12.1", "2.14.0", "3.0.0", "2.1.0"):
+        assert not fused_adam.private_apis_checked(version)
+    monkeypatch.setattr(fused_adam, "FINITE_CHECK_ON_DEVICE", True)
+    assert fused_adam.checks_finite_on_device(adam(fused=True), torch_version="2.13.0")
+    assert not fused_adam.checks_finite_on_device(adam(fused=True), torch_version="2.14.0")
+    check = fused_adam.finite_check("policy", 0, [adam(fused=True)])
+    assert type(check) is (fused_adam.DeviceFiniteCheck if fused_adam.private_apis_checked() else optim.FiniteCheck)
+
+
+@CHECKED_TORCH
+def test_the_fused_adam_skips_a_step_flagged_found_inf():
+    """torch's contract that the device's check relies on: a fused Adam step with ``found_inf`` 1.0 changes nothing."""
+    parameter = th.nn.Parameter(th.ones(3))
+    optimizer = th.optim.Adam([parameter], lr=0.1, fused=True)
+    parameter.grad = th.ones(3)
+    check = fused_adam.DeviceFiniteCheck("policy", 0, parameter.device)
+    check.check_loss(th.tensor(float("nan")))
+    check.step(optimizer)
+    assert th.equal(parameter.detach(), th.ones(3)) and optimizer.state[parameter]["step"].item() == 0
+    check.check_loss(th.tensor(1.0))
+    check.step(optimizer)
+    assert not th.equal(parameter.detach(), th.ones(3)) and optimizer.state[parameter]["step"].item() == 1
+    with pytest.raises(FloatingPointError, match="1 of the phase's 2 optimizer steps"):
+        check.raise_if_skipped()

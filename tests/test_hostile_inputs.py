@@ -316,14 +316,14 @@ def test_non_finite_gradients_of_a_finite_loss_never_reach_the_weights(make_mode
     ],
 )
 def test_aux_buffer_memory_estimate_is_exact(observation_space, action_space):
-    from sb3_ppg.common.buffers import AuxiliaryBuffer
+    from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 
     buffer = AuxiliaryBuffer(3, 5, 2, observation_space, action_space, device="cpu")
     assert AuxiliaryBuffer.estimate_nbytes(3, 5, 2, observation_space, action_space) == buffer.nbytes
 
 
 def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
-    from sb3_ppg.common.buffers import memory_info
+    from sb3_ppg.common.aux_buffer import memory_info
 
     if memory_info()[1] is None:
         pytest.skip("the machine's memory is unknown here (no /proc/meminfo)")
@@ -337,19 +337,19 @@ def test_aux_buffer_larger_than_the_machine_is_refused_up_front(make_model):
 
 
 def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
-    from sb3_ppg.common import buffers
+    from sb3_ppg.common import aux_buffer
 
     # CartPole, 16 steps, N_pi 2: 2 * 16 * 28 = 896 bytes
-    monkeypatch.setattr(buffers, "memory_info", lambda: (800, 10_000))
+    monkeypatch.setattr(aux_buffer, "memory_info", lambda: (800, 10_000))
     with pytest.warns(UserWarning, match="more than the .* GiB of memory available now"):
         make_model()
-    monkeypatch.setattr(buffers, "memory_info", lambda: (800, 800))
+    monkeypatch.setattr(aux_buffer, "memory_info", lambda: (800, 800))
     with pytest.raises(ValueError, match="more than this machine's"):
         make_model()
-    monkeypatch.setattr(buffers, "memory_info", lambda: (None, None))
+    monkeypatch.setattr(aux_buffer, "memory_info", lambda: (None, None))
     make_model()
     # set_env with more envs is checked before anything changes
-    monkeypatch.setattr(buffers, "memory_info", lambda: (None, 1000))
+    monkeypatch.setattr(aux_buffer, "memory_info", lambda: (None, 1000))
     model = make_model()
     from stable_baselines3.common.env_util import make_vec_env
 
@@ -359,7 +359,7 @@ def test_aux_buffer_memory_against_available_and_total(monkeypatch, make_model):
 
 
 def test_memory_info_reads_this_machine():
-    from sb3_ppg.common.buffers import memory_info
+    from sb3_ppg.common.aux_buffer import memory_info
 
     if not os.path.isfile("/proc/meminfo"):
         pytest.skip("no /proc/meminfo here: memory_info() knows nothing")

@@ -1,9 +1,11 @@
 """
 The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) or ppg_recurrent (RecurrentPPG) ->
 ppg (the algorithm) -> common`` and ``cli -> procgen -> common``, no import cycle; inside ``common``, checkpointing has
-one front door and the building blocks import no run management. Every module is parsed (nothing is imported) and
-every import counts: ``import``, ``from ... import`` (relative ones too), inside functions and under
-``if TYPE_CHECKING:``. Each check is also run on a synthetic package that breaks it, so that it is shown to fail.
+one front door, the building blocks import no run management, the plain modules of ``common`` (``common/*.py``) import
+neither the GPU levers (``common/cuda/``) nor checkpointing, and only the algorithm and its policies (``ppg/``) import
+the GPU levers. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
+(relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
+that breaks it, so that it is shown to fail.
 """
 
 import ast
@@ -36,9 +38,18 @@ ALLOWED = {
     "facade": {"facade", "cli", "maskable", "recurrent", "algorithm", "procgen", "common"},
 }
 #: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
-BUILDING_BLOCKS = ("buffers", "distributions", "torch_layers", "optim", "preprocessing", "precision")
+BUILDING_BLOCKS = (
+    "rollout",
+    "rollout_buffers",
+    "aux_buffer",
+    "distributions",
+    "torch_layers",
+    "optim",
+    "preprocessing",
+    "precision",
+)
 #: The modules of ``common`` that run, save, resume and scale a training run (checkpoints: the package and its modules)
-RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "rollout_groups", "save_util")
+RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "save_util")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
@@ -130,6 +141,41 @@ def building_block_violations(graph: dict[str, set[str]], package: str) -> list[
     return violations
 
 
+def is_package(graph: dict[str, set[str]], module: str) -> bool:
+    """Whether a module of the graph is a package (other modules are in it)."""
+    return any(other.startswith(module + ".") for other in graph)
+
+
+def plain_common_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """
+    Each import of the GPU levers (``common/cuda/``) or of checkpointing (``common/checkpoints/``) by a plain module of
+    ``common`` (a file ``common/*.py``, not a module of those packages).
+    """
+    common = f"{package}.common"
+    forbidden = (f"{common}.cuda", f"{common}.checkpoints")
+    violations = []
+    for module, imported in sorted(graph.items()):
+        if module.rpartition(".")[0] != common or module in forbidden or is_package(graph, module):
+            continue
+        for target in sorted(imported):
+            if any(target == name or target.startswith(name + ".") for name in forbidden):
+                violations.append(f"{module} -> {target}")
+    return violations
+
+
+def cuda_importer_violations(graph: dict[str, set[str]], package: str) -> list[str]:
+    """Each import of the GPU levers (``common/cuda/``) from outside them and outside the algorithm (``ppg/``)."""
+    cuda, algorithm = f"{package}.common.cuda", f"{package}.ppg"
+    violations = []
+    for module, imported in sorted(graph.items()):
+        if any(module == name or module.startswith(name + ".") for name in (cuda, algorithm)):
+            continue
+        violations += [
+            f"{module} -> {target}" for target in sorted(imported) if target == cuda or target.startswith(cuda + ".")
+        ]
+    return violations
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles: one per strongly connected group of modules (Tarjan's algorithm), as a closed path."""
     index: dict[str, int] = {}
@@ -212,6 +258,16 @@ def test_building_blocks_import_no_run_management(graph):
     assert all(f"sb3_ppg.common.{name}" in graph for name in BUILDING_BLOCKS)
 
 
+def test_plain_common_modules_import_neither_the_gpu_levers_nor_checkpoints(graph):
+    assert plain_common_violations(graph, "sb3_ppg") == []
+
+
+def test_only_the_algorithm_imports_the_gpu_levers(graph):
+    assert cuda_importer_violations(graph, "sb3_ppg") == []
+    assert "sb3_ppg.common.cuda" in graph["sb3_ppg.ppg.ppg"]  # the rule's subject is there
+    assert "sb3_ppg.common.cuda.cuda_graphs" in graph["sb3_ppg.ppg.policies"]
+
+
 def test_callbacks_do_not_import_checkpoints(graph):
     """The rollout-boundary protocol and the eval callback stand alone: data-parallel training needs no checkpoints."""
     assert not any(target.startswith("sb3_ppg.common.checkpoints") for target in graph["sb3_ppg.common.callbacks"])
@@ -226,7 +282,7 @@ def test_train_and_the_quick_start_share_their_argument_helpers(graph):
 
 def test_the_graph_sees_every_layer(graph):
     """The parser finds the package's real imports (a graph without edges would pass the checks above)."""
-    assert "sb3_ppg.common.buffers" in graph["sb3_ppg.ppg.ppg"]
+    assert "sb3_ppg.common.aux_buffer" in graph["sb3_ppg.ppg.ppg"]
     assert "sb3_ppg.ppg" in graph["sb3_ppg.cli.quickstart"]  # from sb3_ppg.ppg import PPG: the package
     assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
     assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
@@ -316,14 +372,14 @@ def test_front_door_check_fails_on_an_import_of_a_checkpoints_module(tmp_path, s
     [
         # the buffer imports checkpoint bookkeeping, under TYPE_CHECKING
         (
-            {"common/buffers.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.common import checkpoints\n"},
-            "pkg.common.buffers -> pkg.common.checkpoints",
+            {"common/aux_buffer.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.common import checkpoints\n"},
+            "pkg.common.aux_buffer -> pkg.common.checkpoints",
         ),
         # the optimizer step imports the callbacks; a module of a checkpoints' format; the data-parallel hooks
         ({"common/optim.py": "from pkg.common.callbacks import x\n"}, "pkg.common.optim -> pkg.common.callbacks"),
         (
-            {"common/buffers.py": "from .checkpoints.manifest import x\n"},
-            "pkg.common.buffers -> pkg.common.checkpoints.manifest",
+            {"common/rollout_buffers.py": "from .checkpoints.manifest import x\n"},
+            "pkg.common.rollout_buffers -> pkg.common.checkpoints.manifest",
         ),
         ({"common/precision.py": "import pkg.common.data_parallel\n"}, "pkg.common.precision -> pkg.common.data_parallel"),
     ],
@@ -333,9 +389,65 @@ def test_building_block_check_fails_on_an_import_of_run_management(tmp_path, sou
     others = {f"common/{name}.py": "" for name in ("array_files", "distributed", "hyperparameters", *RUN_MANAGEMENT)}
     del others["common/checkpoints.py"]  # a package
     sources = {**blocks, **others, "common/checkpoints/__init__.py": "", "common/checkpoints/manifest.py": "", **sources}
-    sources["common/optim.py"] = sources["common/optim.py"] + "from pkg.common import distributed, buffers\n"
+    sources["common/optim.py"] = sources["common/optim.py"] + "from pkg.common import distributed, aux_buffer\n"
     graph = synthetic_graph(tmp_path, sources)
     assert building_block_violations(graph, "pkg") == [violation]
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # a building block imports a GPU lever, relatively
+        ({"common/optim.py": "from .cuda import fused_adam\n"}, "pkg.common.optim -> pkg.common.cuda.fused_adam"),
+        # the auxiliary buffer imports the GPU levers' package, under TYPE_CHECKING
+        (
+            {"common/aux_buffer.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.common.cuda\n"},
+            "pkg.common.aux_buffer -> pkg.common.cuda",
+        ),
+        # any plain module of common imports checkpointing, inside a function
+        (
+            {"common/envs.py": "def f():\n    from pkg.common import checkpoints\n"},
+            "pkg.common.envs -> pkg.common.checkpoints",
+        ),
+    ],
+)
+def test_plain_common_check_fails_on_an_import_of_the_gpu_levers_or_checkpoints(tmp_path, sources, violation):
+    # The packages themselves may import each other and plain modules
+    cuda = {"common/cuda/__init__.py": "from pkg.common.cuda import fused_adam\n", "common/cuda/fused_adam.py": ""}
+    checkpoints = {"common/checkpoints/__init__.py": "from pkg.common.cuda import fused_adam\n"}
+    plain = {f"common/{name}.py": "from pkg.common import distributions\n" for name in ("optim", "aux_buffer", "envs")}
+    graph = synthetic_graph(tmp_path, {"common/distributions.py": "", **cuda, **checkpoints, **plain, **sources})
+    assert plain_common_violations(graph, "pkg") == [violation]
+
+
+@pytest.mark.parametrize(
+    "sources, violation",
+    [
+        # MaskablePPG (a layer above the algorithm, allowed to import common) imports a GPU lever
+        (
+            {"ppg_mask/ppg_mask.py": "from pkg.common.cuda.cuda_graphs import x\n"},
+            "pkg.ppg_mask.ppg_mask -> pkg.common.cuda.cuda_graphs",
+        ),
+        # the command line imports the folder, inside a function
+        ({"cli/train.py": "def f():\n    import pkg.common.cuda\n"}, "pkg.cli.train -> pkg.common.cuda"),
+        # checkpointing imports it, relatively
+        (
+            {"common/checkpoints/run_state.py": "from ..cuda import fused_adam\n"},
+            "pkg.common.checkpoints.run_state -> pkg.common.cuda.fused_adam",
+        ),
+    ],
+)
+def test_gpu_lever_check_fails_on_an_import_from_outside_the_algorithm(tmp_path, sources, violation):
+    allowed = {
+        "ppg/ppg.py": "from pkg.common.cuda import fused_adam\n",
+        "ppg/policies.py": "from pkg.common.cuda.cuda_graphs import x\n",
+        "common/cuda/__init__.py": "from pkg.common.cuda import fused_adam\n",
+        "common/cuda/fused_adam.py": "",
+        "common/cuda/cuda_graphs.py": "from . import fused_adam\n",
+        "ppg_mask/ppg_mask.py": "from pkg.ppg import ppg\n",
+    }
+    graph = synthetic_graph(tmp_path, {**allowed, **sources})
+    assert cuda_importer_violations(graph, "pkg") == [violation]
 
 
 def test_cycle_check_fails_on_a_cycle_closed_by_a_type_only_import(tmp_path):

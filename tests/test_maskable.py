@@ -263,8 +263,8 @@ def test_masks_in_the_aux_buffer_and_the_masked_aux_phase():
     model = small_maskable(env, n_policy_iters=3)
     model.learn(32)  # one iteration: stored, no aux phase yet
     buffer = model.aux_buffer
-    assert buffer.action_masks.dtype == bool and buffer.action_masks.shape == (6, 16, 10)
-    stored = buffer.action_masks[:2]
+    assert buffer.action_masks.dtype == th.bool and buffer.action_masks.shape == (6, 16, 10)
+    stored = buffer.action_masks[:2].numpy()
     assert (stored.sum(axis=2) == 3).all()  # 7 of 10 actions invalid in every state
     # The rollout buffer's masks, env by env (MaskablePPG's rollout buffer keeps its arrays (n_steps, n_envs, ...))
     assert not model.rollout_buffer.generator_ready
@@ -288,7 +288,7 @@ def test_save_load_and_aux_buffer_file(tmp_path):
     model.save_aux_buffer(str(tmp_path / "buffer"))
     loaded = MaskablePPG.load(tmp_path / "model", env=env)
     loaded.load_aux_buffer(tmp_path / "buffer.npz")
-    np.testing.assert_array_equal(loaded.aux_buffer.action_masks, model.aux_buffer.action_masks)
+    assert th.equal(loaded.aux_buffer.action_masks, model.aux_buffer.action_masks)
     obs, _ = env.reset(seed=0)
     masks = np.asarray(env.action_masks())
     for deterministic in (True, False):

@@ -12,7 +12,7 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.type_aliases import RolloutBufferSamples
 
 from sb3_ppg import PPG
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples
+from sb3_ppg.common.aux_buffer import AuxiliaryBufferSamples
 from sb3_ppg.common.optim import split_minibatch, split_observations
 from sb3_ppg.common.precision import AUTO_CPU_MICRO_BATCH_SIZE, resolve_micro_batch_size
 

@@ -8,9 +8,11 @@ so moving a module must leave an importable path behind for them.
 import base64
 import hashlib
 import json
+import re
 import shutil
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +32,6 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def saved_module_paths(path: Path) -> bytes:
     """The zip's ``data`` with its pickled objects decoded (where the module paths of pickled classes are)."""
-    import zipfile
-
     data = json.loads(zipfile.ZipFile(path).read("data"))
     pickled = [item[":serialized:"] for item in data.values() if isinstance(item, dict) and ":serialized:" in item]
     kwargs = data["policy_kwargs"]
@@ -99,3 +99,57 @@ def test_old_checkpoint_resumes_with_its_run_state(tmp_path):
     state = model.get_run_state()
     assert state.num_timesteps == expected["num_timesteps"] + 32 and state.n_aux_phases == expected["n_aux_phases"] + 1
     assert not all(th.equal(a, b) for a, b in zip(before, model.policy.parameters(), strict=True))
+
+
+#: Options that earlier versions stored in every model zip (with their defaults) and that were removed since
+REMOVED_STORED_OPTIONS = {"overlap_rollouts": False}
+
+
+def with_stored_options(source: Path, destination: Path, options: dict) -> None:
+    """A copy of a model zip whose ``data`` also holds ``options``, as the versions that had them stored them."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(destination, "w") as new:
+        for item in old.infolist():
+            content = old.read(item.filename)
+            if item.filename == "data":
+                content = json.dumps({**json.loads(content), **options}, indent=4).encode()
+            new.writestr(item, content)
+
+
+@pytest.mark.parametrize("name", sorted(REMOVED_STORED_OPTIONS))
+def test_removed_option_is_refused_and_zips_that_stored_it_load(tmp_path, name):
+    from sb3_ppg import MaskablePPG
+    from sb3_ppg.common.hyperparameters import REMOVED_OPTIONS
+
+    value = REMOVED_STORED_OPTIONS[name]
+    reason = REMOVED_OPTIONS[name]
+    for algorithm in (PPG, MaskablePPG):
+        with pytest.raises(TypeError) as error:
+            algorithm("MlpPolicy", "CartPole-v1", **{name: value})
+        assert str(error.value) == f"{algorithm.__name__}({name}={value!r}): {reason}."
+    with pytest.raises(TypeError, match=r"PPG.__init__\(\) got an unexpected keyword argument 'not_an_option'"):
+        PPG("MlpPolicy", "CartPole-v1", not_an_option=1)
+    model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=16, seed=0)
+    model.save(tmp_path / "new.zip")
+    with_stored_options(tmp_path / "new.zip", tmp_path / "old.zip", {name: value})
+    loaded = PPG.load(tmp_path / "old.zip", env=make_vec_env("CartPole-v1", n_envs=2, seed=0))
+    assert not hasattr(loaded, name)
+    observations = np.zeros((3, 4), dtype=np.float32)
+    expected = model.predict(observations, deterministic=True)[0]
+    assert np.array_equal(loaded.predict(observations, deterministic=True)[0], expected)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*before PPG's first auxiliary phase")
+        loaded.learn(32)  # trains as any model
+    loaded.save(tmp_path / "again.zip")
+    assert name not in json.loads(zipfile.ZipFile(tmp_path / "again.zip").read("data"))
+    with pytest.raises(TypeError, match=re.escape(f"PPG.load({name}={value!r}): {reason}.")):
+        PPG.load(tmp_path / "old.zip", **{name: value})
+
+
+@pytest.mark.parametrize("name", ["PPGRolloutBuffer", "PPGDictRolloutBuffer"])
+def test_the_rollout_buffer_class_of_a_0_1_0a0_zip_unpickles(name):
+    """A zip saved by 0.1.0a0 pickles its ``rollout_buffer_class`` as ``sb3_ppg.common.buffers.<name>`` (moved since)."""
+    import pickle
+
+    from sb3_ppg.common import rollout_buffers
+
+    assert pickle.loads(f"csb3_ppg.common.buffers\n{name}\n.".encode()) is getattr(rollout_buffers, name)

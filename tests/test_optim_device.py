@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch as th
 
-from sb3_ppg.common import optim
+from sb3_ppg.common.cuda import fused_adam
 from sb3_ppg.ppg.losses import PhaseStats
 
 CUDA, CPU = th.device("cuda"), th.device("cpu")
 
 
 def test_fused_adam_is_chosen_on_cuda_only_and_never_over_the_users_choice():
-    assert optim.uses_fused_adam(th.optim.Adam, {}, CUDA)
-    assert optim.uses_fused_adam(th.optim.AdamW, {"eps": 1e-5}, CUDA)
-    assert not optim.uses_fused_adam(th.optim.Adam, {}, CPU)
-    assert not optim.uses_fused_adam(th.optim.SGD, {}, CUDA)
+    assert fused_adam.uses_fused_adam(th.optim.Adam, {}, CUDA)
+    assert fused_adam.uses_fused_adam(th.optim.AdamW, {"eps": 1e-5}, CUDA)
+    assert not fused_adam.uses_fused_adam(th.optim.Adam, {}, CPU)
+    assert not fused_adam.uses_fused_adam(th.optim.SGD, {}, CUDA)
     for choice in ({"fused": False}, {"foreach": True}, {"capturable": True}, {"differentiable": True}):
-        assert not optim.uses_fused_adam(th.optim.Adam, choice, CUDA), choice
+        assert not fused_adam.uses_fused_adam(th.optim.Adam, choice, CUDA), choice
 
 
 def adam_steps(fused: bool, n_steps: int = 5) -> tuple[th.Tensor, th.optim.Adam]:
@@ -32,7 +32,7 @@ def adam_steps(fused: bool, n_steps: int = 5) -> tuple[th.Tensor, th.optim.Adam]
     for step in range(n_steps):
         if step == 2:
             # Switched after two steps: the state (moments, step count) carries over
-            optim.configure_adam_implementation(optimizer, fused)
+            fused_adam.configure_adam_implementation(optimizer, fused)
         parameter.grad = th.randn(1000, generator=generator)
         optimizer.step()
     return parameter.detach(), optimizer
@@ -70,7 +70,7 @@ def test_a_model_saved_with_fused_steps_trains_on_the_cpu_as_one_saved_without(m
     plain, fused = io.BytesIO(), io.BytesIO()
     model.save(plain)
     for optimizer in model._optimizers():
-        optim.configure_adam_implementation(optimizer, fused=True)
+        fused_adam.configure_adam_implementation(optimizer, fused=True)
     model.save(fused)
     models = []
     for file in (plain, fused):

@@ -23,7 +23,7 @@ from test_cuda_graphs import (
 )
 
 from sb3_ppg import PPG, MaskablePPG
-from sb3_ppg.common import cuda_streams
+from sb3_ppg.common.cuda import cuda_streams
 from sb3_ppg.ppg.policies import PPGPolicy
 
 

@@ -44,7 +44,7 @@ def test_smoke_procgen_cnn_like_cleanrl():
     model.learn(128)
     assert model.num_timesteps == 128
     assert model.n_aux_phases == 2
-    assert model.aux_buffer.observations.dtype == np.uint8
+    assert model.aux_buffer.observations.dtype == th.uint8
     assert model.aux_buffer.observations.shape == (1, 64, 3, 64, 64)
 
 
@@ -598,13 +598,13 @@ def test_float64_policy_trains_in_float64(make_model):
     model.learn(16 * 2)  # one iteration: the auxiliary buffer holds it, the phase waits for a second one
     model._compute_old_distributions()
     stored = model.aux_buffer.old_distribution_params[: model.n_envs]
-    assert stored.dtype == np.float64
-    observations = th.as_tensor(model.aux_buffer.observations[: model.n_envs].reshape(-1, 4))
+    assert stored.dtype == th.float64
+    observations = model.aux_buffer.observations[: model.n_envs].reshape(-1, 4)
     with th.no_grad():
         logits = model.policy.get_distribution(observations).distribution.logits
     assert logits.dtype == th.float64
-    np.testing.assert_array_equal(stored.reshape(-1, 2), logits.numpy())
-    assert np.any(stored != stored.astype(np.float32))  # float64 values, not float32 ones stored in float64
+    assert th.equal(stored.reshape(-1, 2), logits)
+    assert th.any(stored != stored.float())  # float64 values, not float32 ones stored in float64
     initial = params_of(model.policy)
     model.learn(16 * 2, reset_num_timesteps=False)
     assert model.n_aux_phases == 1

@@ -76,6 +76,9 @@ def test_bad_options(kwargs, match):
             r"always gives channel-first .*channels_first=False",
         ),
         (lambda: make_monitored_procgen_env(2, GAME, num_envs=2), r"got num_envs=2: pass the number of games as n_envs"),
+        # removed with overlap_rollouts: refused with the reason, not passed on to procgen
+        (lambda: make_procgen_env(GAME, n_envs=2, n_groups=2), r"got n_groups=2: env groups were removed .*not to pay"),
+        (lambda: make_monitored_procgen_env(2, GAME, n_groups=2), r"got n_groups=2: env groups were removed"),
         (lambda: ProcgenVecEnv(2, GAME, seed=1), r"ProcgenVecEnv got seed=1: pass the seed .* as rand_seed"),
         (lambda: ProcgenVecEnv(2, GAME, num=2), r"ProcgenVecEnv got num=2: pass the number of games as num_envs"),
         (lambda: ProcgenGymnasiumEnv(GAME, rand_seed=0), r"got rand_seed=0: seed the level sampler with env.reset\(seed="),
@@ -87,6 +90,8 @@ def test_bad_options(kwargs, match):
         "num",
         "channels_first",
         "monitored-num_envs",
+        "n_groups",
+        "monitored-n_groups",
         "vec-seed",
         "vec-num",
         "gym-rand_seed",

@@ -5,6 +5,7 @@ import pickle
 
 import numpy as np
 import pytest
+import torch as th
 from stable_baselines3 import PPO
 from stable_baselines3.common.callbacks import EvalCallback
 from stable_baselines3.common.vec_env import (
@@ -154,7 +155,7 @@ def test_ppg_procgen_cnn_trains_with_aux_phase():
     )
     model.learn(n_envs * n_steps * n_policy_iters * 2)
     assert model.n_aux_phases == 2
-    assert model.aux_buffer.observations.dtype == np.uint8
+    assert model.aux_buffer.observations.dtype == th.uint8
     env.close()
 
 

@@ -19,20 +19,23 @@ from stable_baselines3.common.utils import explained_variance
 from test_cuda_graphs import requires_cuda
 
 from sb3_ppg import MaskablePPG
-from sb3_ppg.common import buffers as buffers_module
-from sb3_ppg.common.buffers import (
-    AuxiliaryBuffer,
-    DeviceRollout,
-    PPGDictRolloutBuffer,
-    PPGRolloutBuffer,
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
+from sb3_ppg.common.cuda import device_data
+from sb3_ppg.common.cuda.device_data import (
+    device_env_minibatches,
     device_minibatches,
-    env_minibatches,
-    flatten_rollout_buffer,
     gathers_on_device,
-    rollout_explained_variance,
     rollout_to_device,
 )
 from sb3_ppg.common.envs import make_dict_cartpole
+from sb3_ppg.common.rollout_buffers import (
+    DeviceRollout,
+    PPGDictRolloutBuffer,
+    PPGRolloutBuffer,
+    env_minibatches,
+    flatten_rollout_buffer,
+    rollout_explained_variance,
+)
 from sb3_ppg.ppg import ppg as ppg_module
 from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 
@@ -112,7 +115,7 @@ def test_env_minibatches_are_the_same_from_ppgs_buffer_and_on_the_device(dict_ob
     assert not ppg.generator_ready  # gathered without flattening
     if masks:
         return  # MaskablePPG gathers on the host (device_minibatches makes SB3's samples, without masks)
-    on_device = env_minibatches(ppg, batch_size, generator=np.random.default_rng(5), device=th.device("cpu"))
+    on_device = device_env_minibatches(ppg, batch_size, th.device("cpu"), generator=np.random.default_rng(5))
     assert_same_samples(list(on_device), expected)
 
 
@@ -179,8 +182,9 @@ def test_scalar_observations_are_sampled_as_sb3s(dict_obs):
         np.random.seed(0)
         assert_same_samples(list(gathered()), expected)
     expected = list(env_minibatches(sb3, N_STEPS, generator=np.random.default_rng(1)))
-    for device in (None, th.device("cpu")):
-        assert_same_samples(list(env_minibatches(ppg, N_STEPS, generator=np.random.default_rng(1), device=device)), expected)
+    assert_same_samples(list(env_minibatches(ppg, N_STEPS, generator=np.random.default_rng(1))), expected)
+    on_device = device_env_minibatches(ppg, N_STEPS, th.device("cpu"), generator=np.random.default_rng(1))
+    assert_same_samples(list(on_device), expected)
 
 
 #: Observation and action spaces whose steps SB3's add() reshapes or casts: (observation space, action space, n_envs)
@@ -364,7 +368,7 @@ def test_device_minibatches_from_one_device_rollout(dict_obs):
     np.random.seed(5)
     assert_same_samples(list(device_minibatches(ppg, 7, th.device("cpu"), device_rollout=device_rollout)), expected)
     expected = list(env_minibatches(ppg, N_STEPS, generator=np.random.default_rng(2)))
-    from_copy = env_minibatches(ppg, N_STEPS, np.random.default_rng(2), th.device("cpu"), device_rollout)
+    from_copy = device_env_minibatches(ppg, N_STEPS, th.device("cpu"), np.random.default_rng(2), device_rollout)
     assert_same_samples(list(from_copy), expected)
 
 
@@ -434,7 +438,7 @@ def test_train_copies_the_rollout_to_the_device_once(monkeypatch, minibatches):
     policy phase's epochs and the auxiliary buffer's add, and drops the copy after: the updates of the host path.
     """
     runs = []
-    copy_rollout = buffers_module.rollout_to_device
+    copy_rollout = device_data.rollout_to_device
     for on_device in (False, True):
         copies, added, at_aux_phase = [], [], []
 
@@ -445,7 +449,7 @@ def test_train_copies_the_rollout_to_the_device_once(monkeypatch, minibatches):
 
         monkeypatch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
         monkeypatch.setattr(ppg_module, "rollout_to_device", recorded_copy)  # train()'s copy
-        monkeypatch.setattr(buffers_module, "rollout_to_device", recorded_copy)  # an epoch's own copy
+        monkeypatch.setattr(device_data, "rollout_to_device", recorded_copy)  # an epoch's own copy
         model = small_ppg(n_envs=4, batch_size=32, n_epochs=2, policy_minibatches=minibatches, aux_buffer_device="device")
         add, aux_phase = model.aux_buffer.add, model._aux_phase
 

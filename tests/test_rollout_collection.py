@@ -17,9 +17,10 @@ from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv, VecEnvWrapper, VecNormalize
 
 from sb3_ppg import PPG, MaskablePPG, make_procgen_env
-from sb3_ppg.common.buffers import UnflattenedRolloutBuffer, writes_while_envs_step
+from sb3_ppg.common import rollout as rollout_module
 from sb3_ppg.common.envs import make_dict_cartpole
-from sb3_ppg.ppg import ppg as ppg_module
+from sb3_ppg.common.rollout import writes_while_envs_step
+from sb3_ppg.common.rollout_buffers import UnflattenedRolloutBuffer
 from sb3_ppg.ppg_mask.buffers import MaskablePPGRolloutBuffer
 
 ROLLOUT_ARRAYS = ("actions", "rewards", "episode_starts", "values", "log_probs", "returns", "advantages")
@@ -173,7 +174,7 @@ def test_maskable_rollouts_are_the_same_written_early():
         model = MaskablePPG("MlpPolicy", env, policy_kwargs=dict(net_arch=[16]), seed=0, n_steps=8, batch_size=12)
         with pytest.MonkeyPatch.context() as patch:
             if not early:
-                patch.setattr(ppg_module, "writes_while_envs_step", lambda env, rollout_buffer: False)
+                patch.setattr(rollout_module, "writes_while_envs_step", lambda env, rollout_buffer: False)
             written_early = count_calls(patch, MaskablePPGRolloutBuffer, "add_before_step")
             added = count_calls(patch, MaskablePPGRolloutBuffer, "add")
             runs.append(collect(model, MaskablePPG.collect_rollouts, stop_at=8 + 5))
@@ -243,3 +244,33 @@ def test_add_in_two_parts_refuses_misuse_and_discards():
     buffer.add_before_step(*step)
     buffer.reset()  # a new rollout: nothing started
     buffer.add_before_step(*step)
+
+
+class HookedPPG(PPG):
+    """A subclass that changes the rollout through RolloutAlgorithm's hooks only (as a recurrent PPG does)."""
+
+    def _on_rollout_start(self, env, rollout_buffer):
+        self.rollout_starts.append((rollout_buffer.pos, self._last_episode_starts.copy()))
+
+    def _policy_step(self, obs_tensor, env):
+        self.n_policy_steps += 1
+        return super()._policy_step(obs_tensor, env)
+
+    def _last_values(self, new_obs, dones):
+        return th.full((len(dones),), 100.0)
+
+
+def test_a_subclass_changes_the_rollout_through_its_hooks():
+    env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
+    model = HookedPPG("MlpPolicy", env, n_steps=8, n_aux_epochs=0, policy_kwargs=dict(net_arch=[8]), seed=0)
+    model.rollout_starts, model.n_policy_steps = [], 0
+    _, callback = model._setup_learn(32, callback=None)
+    for _ in range(2):
+        assert model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+    # Once per rollout, on the emptied buffer, with the episode starts the rollout begins from; once per step
+    assert [pos for pos, _ in model.rollout_starts] == [0, 0] and model.n_policy_steps == 16
+    np.testing.assert_array_equal(model.rollout_starts[0][1], np.ones(2))
+    # The returns of the last step bootstrap from _last_values where the episode goes on (CartPole's reward: 1)
+    ongoing = ~model._last_episode_starts.astype(bool)
+    assert ongoing.any()
+    np.testing.assert_allclose(model.rollout_buffer.returns[-1][ongoing], 1 + model.gamma * 100.0, rtol=1e-6)

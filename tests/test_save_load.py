@@ -16,7 +16,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.envs import FakeImageEnv, SimpleMultiObsEnv
 
 from sb3_ppg import PPG
-from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.distributions import get_distribution_params
 from sb3_ppg.ppg.policies import PPGPolicy
 
@@ -419,7 +419,7 @@ def test_aux_buffer_damage_detected(tmp_path, make_model):
     path = tmp_path / "buffer.npz"
     model.save_aux_buffer(path)
     raw = path.read_bytes()
-    observations, returns = model.aux_buffer.observations.copy(), model.aux_buffer.returns.copy()
+    observations, returns = model.aux_buffer.observations.clone(), model.aux_buffer.returns.clone()
 
     # A flipped byte inside the observations (the zip's own CRC is rewritten: only our checksum can tell)
     (tmp_path / "flipped.npz").write_bytes(raw)

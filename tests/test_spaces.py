@@ -128,7 +128,7 @@ def test_gsde_box(squash_output):
         assert np.isfinite(logged[key]), key
     # Two aux epochs: the policy moved away from pi_old a little (the first minibatch has KL exactly 0)
     assert 0.0 < logged["aux/kl_loss"] < 1.0
-    buffered = model.aux_buffer.old_distribution_params
+    buffered = model.aux_buffer.old_distribution_params.numpy()
     assert buffered.shape == (2, 16, 2) and np.isfinite(buffered).all()
     # The stored log std is the gSDE one, which depends on the state
     assert np.unique(buffered[..., 1]).size > 1
@@ -149,7 +149,7 @@ def test_multi_input_env(arch):
     parameters = [param.detach().clone() for param in model.policy.parameters()]
     model.learn(64)
     assert model.n_aux_phases == 1
-    images = model.aux_buffer.observations["img"]
+    images = model.aux_buffer.observations["img"].numpy()
     assert images.dtype == np.uint8 and images.shape == (4, 16, 1, 64, 64)
     # The buffered images are the channel-first ones of the rollout buffer (SimpleMultiObsEnv rows: random images),
     # whose arrays PPG's rollout buffer keeps as (n_steps, n_envs, ...)
@@ -178,11 +178,11 @@ def test_image_env(policy, discrete):
     parameters = [param.detach().clone() for param in model.policy.parameters()]
     model.learn(64)
     assert model.n_aux_phases == 1
-    assert model.aux_buffer.observations.dtype == np.uint8
+    assert model.aux_buffer.observations.dtype == th.uint8
     assert model.aux_buffer.observations.shape == (4, 16, 3, 36, 36)
     rollout_observations = model.rollout_buffer.observations.swapaxes(0, 1)  # (n_envs, n_steps, ...)
     np.testing.assert_array_equal(
-        model.aux_buffer.observations[2:].reshape(-1, 3, 36, 36), rollout_observations.reshape(-1, 3, 36, 36)
+        model.aux_buffer.observations[2:].reshape(-1, 3, 36, 36).numpy(), rollout_observations.reshape(-1, 3, 36, 36)
     )
     for key in ("aux/kl_loss", "aux/aux_value_loss", "aux/real_value_loss"):
         assert np.isfinite(model.logger.name_to_value[key]), key
@@ -322,7 +322,7 @@ def test_scalar_box_observation_learns_predicts_saves_and_loads(tmp_path, dict_o
     stored = model.aux_buffer.observations["x"] if dict_observation else model.aux_buffer.observations
     last_rollout = model.rollout_buffer.observations["x"] if dict_observation else model.rollout_buffer.observations
     assert stored.shape == (2, 16)
-    np.testing.assert_array_equal(stored[1], last_rollout.reshape(16))
+    np.testing.assert_array_equal(stored[1].numpy(), last_rollout.reshape(16))
 
     rng = np.random.default_rng(0)
     if dict_observation:

@@ -1,10 +1,14 @@
-"""The rule that chooses torch's and procgen's threads (sb3_ppg.common.threads) and where it applies."""
+"""
+The rule that chooses procgen's and the command line's threads (sb3_ppg.common.threads) and where it applies; the
+command line's torch threads (sb3_ppg.cli.threads).
+"""
 
 import os
 
 import pytest
 import torch
 
+from sb3_ppg.cli import threads as cli_threads
 from sb3_ppg.common import threads
 
 
@@ -27,7 +31,7 @@ def machine(monkeypatch):
             monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
         else:
             monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world_size))
-        for name in threads.USER_THREAD_VARIABLES:
+        for name in cli_threads.USER_THREAD_VARIABLES:
             monkeypatch.delenv(name, raising=False)
 
     return set_machine
@@ -59,18 +63,49 @@ def test_user_choices_win(machine, monkeypatch):
         torch.set_num_threads(3)
         # OMP_NUM_THREADS set: torch's threads are left as the user set them
         monkeypatch.setenv("OMP_NUM_THREADS", "3")
-        assert threads.choose_torch_threads() == (3, "OMP_NUM_THREADS")
+        assert cli_threads.choose_torch_threads() == (3, "OMP_NUM_THREADS")
         assert torch.get_num_threads() == 3
         # An explicit number wins over everything
-        assert threads.choose_torch_threads(2) == (2, "as asked")
+        assert cli_threads.choose_torch_threads(2) == (2, "as asked")
         assert torch.get_num_threads() == 2
         # Neither: the rule
         monkeypatch.delenv("OMP_NUM_THREADS")
         machine(16, 16, 14.8)
-        assert threads.choose_torch_threads()[0] == 1 == torch.get_num_threads()
-        assert "16 CPUs, load average 14.8" in threads.choose_torch_threads()[1]
+        assert cli_threads.choose_torch_threads()[0] == 1 == torch.get_num_threads()
+        assert "16 CPUs, load average 14.8" in cli_threads.choose_torch_threads()[1]
+        # A valid MKL_NUM_THREADS is a choice too, named as such
+        monkeypatch.setenv("MKL_NUM_THREADS", "2")
+        assert cli_threads.choose_torch_threads() == (1, "MKL_NUM_THREADS")
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", " ", "1.5", "0,2"])
+def test_invalid_omp_num_threads_is_no_choice(machine, monkeypatch, value):
+    """
+    Issue 51 item 4: an OMP_NUM_THREADS that libgomp ignores ("abc", "0") is not reported as the user's choice: the
+    command line warns that it is invalid and applies its own rule (a blank value is unset: no warning).
+    """
+    machine(2, 2, 6.0)
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        if value.strip():
+            with pytest.warns(UserWarning, match=rf"OMP_NUM_THREADS={value!r} is not a number of threads .* ignored"):
+                chosen = cli_threads.choose_torch_threads()
+        else:
+            chosen = cli_threads.choose_torch_threads()
+        assert chosen == (1, "2 CPUs, load average 6.0") and torch.get_num_threads() == 1
+        # --resume takes the run's own threads: an invalid variable is no choice there either
+        assert cli_threads.threads_for_resume(3) == 3
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("value, valid", [("4", True), (" 3 ", True), ("4,2", True), ("abc", False), ("0", False)])
+def test_is_valid_thread_count(value, valid):
+    assert cli_threads.is_valid_thread_count(value) is valid
 
 
 def test_command_line_threads(machine, capsys):
@@ -92,12 +127,12 @@ def test_command_line_threads(machine, capsys):
 def test_threads_for_resume(machine, monkeypatch):
     """--resume: the run's own threads (exact), unless the user chose (--num-threads, OMP_NUM_THREADS) or unknown."""
     machine(16, 16, 0.0)
-    assert threads.threads_for_resume(3) == 3
-    assert threads.threads_for_resume(3, -1) == 3  # the zoo's --num-threads default
-    assert threads.threads_for_resume(3, 2) is None
-    assert threads.threads_for_resume(None) is None  # a checkpoint of an earlier version
+    assert cli_threads.threads_for_resume(3) == 3
+    assert cli_threads.threads_for_resume(3, -1) == 3  # the zoo's --num-threads default
+    assert cli_threads.threads_for_resume(3, 2) is None
+    assert cli_threads.threads_for_resume(None) is None  # a checkpoint of an earlier version
     monkeypatch.setenv("MKL_NUM_THREADS", "4")
-    assert threads.threads_for_resume(3) is None
+    assert cli_threads.threads_for_resume(3) is None
 
 
 def test_procgen_threads(machine):

@@ -49,7 +49,7 @@ from test_fidelity import (
 import sb3_ppg.ppg.ppg as ppg_module
 from sb3_ppg import PPG
 from sb3_ppg.common import optim
-from sb3_ppg.common.buffers import env_minibatches
+from sb3_ppg.common.rollout_buffers import env_minibatches
 from sb3_ppg.procgen import get_procgen_preset, make_procgen_env
 
 FIXTURES = Path(__file__).parent / "data" / "fidelity"
@@ -314,8 +314,8 @@ def replay_cleanrl_trajectory(
         compare_parameters(
             results, f"params_{iteration - 1}", fingerprint_difference(model, data, f"it{iteration - 1}/params")
         )
-        worst("pi_old", np.abs(model.aux_buffer.old_distribution_params - data["old_logits"].swapaxes(0, 1)).max())
-        worst("aux_returns", np.abs(model.aux_buffer.returns - data["aux_returns"].swapaxes(0, 1)).max())
+        worst("pi_old", np.abs(model.aux_buffer.old_distribution_params.numpy() - data["old_logits"].swapaxes(0, 1)).max())
+        worst("aux_returns", np.abs(model.aux_buffer.returns.numpy() - data["aux_returns"].swapaxes(0, 1)).max())
         train_aux_phase()
         compare_parameters(results, "params_aux", fingerprint_difference(model, data, "aux/params"))
 
@@ -483,7 +483,7 @@ def replay_original_trajectory(
     def compared_aux_phase() -> None:
         compare_parameters(results, f"params_{iteration - 1}", compare("policy/params"))
         old_logits = data["old_logits"].reshape(-1, n_steps, data["old_logits"].shape[-1])  # rows iteration * E + env
-        results["pi_old"] = float(np.abs(model.aux_buffer.old_distribution_params - old_logits).max())
+        results["pi_old"] = float(np.abs(model.aux_buffer.old_distribution_params.numpy() - old_logits).max())
         train_aux_phase()
         compare_parameters(results, "params_aux", compare("aux/params"))
 

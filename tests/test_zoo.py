@@ -510,7 +510,7 @@ def test_enjoy_plays_the_newest_run_that_has_the_model(tmp_path: Path, make_mode
     algo_folder = make_runs(tmp_path, make_model, {1: ("CartPole-v1.zip", "best_model.zip"), 2: ("CartPole-v1.zip",), 3: ()})
     enjoy.main(enjoy_argv(tmp_path))
     lines = capsys.readouterr().out.splitlines()
-    # The first line says how many threads it uses (sb3_ppg.common.threads)
+    # The first line says how many threads it uses (sb3_ppg.cli.threads)
     assert lines[0].startswith("torch and procgen threads: ")
     assert lines[1:3] == [
         f"Playing run {algo_folder / 'CartPole-v1_2'}, model CartPole-v1.zip; skipped the newer CartPole-v1_3: no "

@@ -33,6 +33,7 @@ from sb3_ppg.cli.run_folders import (
     TrainingInterrupted,
     read_run_file,
 )
+from sb3_ppg.cli.threads import threads_for_resume
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory, is_procgen_env_id
 from sb3_ppg.common import distributed
 from sb3_ppg.common.array_files import atomic_write
@@ -51,7 +52,6 @@ from sb3_ppg.common.checkpoints import (
 from sb3_ppg.common.data_parallel import GlobalProgressBarCallback
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.progress_bar import PPGProgressBarCallback
-from sb3_ppg.common.threads import threads_for_resume
 from sb3_ppg.ppg_mask.callbacks import MaskablePPGEvalCallback
 
 #: How long the ranks of a torchrun job wait for rank 0's evaluation (instead of the training collectives' timeout)

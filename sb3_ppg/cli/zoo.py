@@ -22,9 +22,9 @@ from stable_baselines3.common.vec_env import VecEnv
 from torch import nn
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
+from sb3_ppg.cli.threads import choose_torch_threads
 from sb3_ppg.cli.vec_env import ProcgenVecEnvFactory
 from sb3_ppg.common.envs import register_dict_cartpole
-from sb3_ppg.common.threads import choose_torch_threads
 from sb3_ppg.ppg_mask.envs import register_invalid_action_envs
 from sb3_ppg.procgen import register_procgen_envs
 
@@ -76,7 +76,8 @@ def command_line_threads(argv: list[str]) -> Iterator[int]:
     """
     Within the context, torch uses the threads chosen for a command (``train``, ``enjoy``, the quick start), said in
     one line (by rank 0 only under torchrun): the zoo's ``--num-threads N`` where given, else ``OMP_NUM_THREADS``
-    where set, else :func:`sb3_ppg.common.threads.default_num_threads`. Procgen's worker threads follow (see
+    where set (a valid count; an invalid one is warned about), else
+    :func:`sb3_ppg.common.threads.default_num_threads`. Procgen's worker threads follow (see
     :class:`~sb3_ppg.cli.vec_env.ProcgenVecEnvFactory`). On leaving it, torch has its previous number of threads
     (for a caller of ``main()`` in its own process). ``-h`` / ``--help`` change nothing.
 

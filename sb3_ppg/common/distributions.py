@@ -1,13 +1,22 @@
 """Action distributions as stored parameters, and KL(pi_old || pi) from them, for every action space PPG supports."""
 
 import math
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch as th
 from gymnasium import spaces
-from stable_baselines3.common.distributions import Distribution
+from stable_baselines3.common.distributions import (
+    BernoulliDistribution,
+    CategoricalDistribution,
+    DiagGaussianDistribution,
+    Distribution,
+    MultiCategoricalDistribution,
+    StateDependentNoiseDistribution,
+    make_proba_distribution,
+)
+from stable_baselines3.common.preprocessing import get_action_dim
 from torch.distributions import Bernoulli, Categorical, Normal, kl_divergence
 
 
@@ -62,18 +71,89 @@ def kl_divergence_from_params(old_params: th.Tensor, distribution: Distribution)
     raise NotImplementedError(f"PPG cannot compute the KL divergence of {type(distribution).__name__}")
 
 
-#: The contexts of :func:`unchecked_distributions` open now, in all threads, and torch's default before the first
-_unchecked = {"depth": 0, "default": True}
-_unchecked_lock = threading.Lock()
+class PPGCategoricalDistribution(CategoricalDistribution):
+    """SB3's ``CategoricalDistribution`` (Discrete actions), its torch distribution built with ``validate_args``."""
+
+    #: Whether the torch distributions built check their arguments (None: torch's default); see
+    #: :func:`unchecked_distributions`
+    validate_args: bool | None = None
+
+    def proba_distribution(self, action_logits: th.Tensor) -> "PPGCategoricalDistribution":
+        self.distribution = Categorical(logits=action_logits, validate_args=self.validate_args)
+        return self
+
+
+class PPGMultiCategoricalDistribution(MultiCategoricalDistribution):
+    """SB3's ``MultiCategoricalDistribution`` (MultiDiscrete actions), built with ``validate_args``."""
+
+    validate_args: bool | None = None
+
+    def proba_distribution(self, action_logits: th.Tensor) -> "PPGMultiCategoricalDistribution":
+        parts = th.split(action_logits, list(self.action_dims), dim=1)
+        self.distribution = [Categorical(logits=part, validate_args=self.validate_args) for part in parts]
+        return self
+
+
+class PPGBernoulliDistribution(BernoulliDistribution):
+    """SB3's ``BernoulliDistribution`` (MultiBinary actions), built with ``validate_args``."""
+
+    validate_args: bool | None = None
+
+    def proba_distribution(self, action_logits: th.Tensor) -> "PPGBernoulliDistribution":
+        self.distribution = Bernoulli(logits=action_logits, validate_args=self.validate_args)
+        return self
+
+
+class PPGDiagGaussianDistribution(DiagGaussianDistribution):
+    """SB3's ``DiagGaussianDistribution`` (Box actions), built with ``validate_args``."""
+
+    validate_args: bool | None = None
+
+    def proba_distribution(self, mean_actions: th.Tensor, log_std: th.Tensor) -> "PPGDiagGaussianDistribution":
+        action_std = th.ones_like(mean_actions) * log_std.exp()
+        self.distribution = Normal(mean_actions, action_std, validate_args=self.validate_args)
+        return self
+
+
+class PPGStateDependentNoiseDistribution(StateDependentNoiseDistribution):
+    """SB3's ``StateDependentNoiseDistribution`` (Box actions with gSDE), built with ``validate_args``."""
+
+    validate_args: bool | None = None
+
+    def proba_distribution(
+        self, mean_actions: th.Tensor, log_std: th.Tensor, latent_sde: th.Tensor
+    ) -> "PPGStateDependentNoiseDistribution":
+        self._latent_sde = latent_sde if self.learn_features else latent_sde.detach()
+        variance = th.mm(self._latent_sde**2, self.get_std(log_std) ** 2)
+        self.distribution = Normal(mean_actions, th.sqrt(variance + self.epsilon), validate_args=self.validate_args)
+        return self
+
+
+def make_distribution(
+    action_space: spaces.Space, use_sde: bool = False, dist_kwargs: dict[str, Any] | None = None
+) -> Distribution:
+    """SB3's ``make_proba_distribution`` with the distributions above (the same classes but for ``validate_args``)."""
+    dist_kwargs = dist_kwargs or {}
+    if isinstance(action_space, spaces.Box):
+        gaussian = PPGStateDependentNoiseDistribution if use_sde else PPGDiagGaussianDistribution
+        return gaussian(get_action_dim(action_space), **dist_kwargs)
+    if isinstance(action_space, spaces.Discrete):
+        return PPGCategoricalDistribution(int(action_space.n), **dist_kwargs)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return PPGMultiCategoricalDistribution(list(action_space.nvec), **dist_kwargs)
+    if isinstance(action_space, spaces.MultiBinary) and isinstance(action_space.n, int):
+        return PPGBernoulliDistribution(action_space.n, **dist_kwargs)
+    return make_proba_distribution(action_space, use_sde, dist_kwargs)  # SB3's error
 
 
 @contextmanager
-def unchecked_distributions(device: th.device, enabled: bool = True) -> Iterator[None]:
+def unchecked_distributions(distribution: Distribution, device: th.device, enabled: bool = True) -> Iterator[None]:
     """
-    On a CUDA device, torch distributions built inside the context skip the check of their arguments, which reads
-    the device (a host sync); elsewhere, or when not ``enabled``, nothing changes. torch's default is process-wide:
-    it is set back when the last context open in any thread exits.
+    On a CUDA device, the torch distributions that ``distribution`` builds inside the context skip the check of their
+    arguments, which reads the device (a host sync); elsewhere, or when not ``enabled``, nothing changes. Only this
+    object changes (its ``validate_args``), not torch's process-wide default.
 
+    :param distribution: the policy's action distribution (one of the classes above, or a maskable one)
     :param device: the device the distributions are on
     :param enabled: whether to skip the checks (e.g. only for action spaces whose sampling refuses non-finite
         parameters itself, see :func:`sampling_checks_parameters`)
@@ -81,18 +161,12 @@ def unchecked_distributions(device: th.device, enabled: bool = True) -> Iterator
     if device.type != "cuda" or not enabled:
         yield
         return
-    with _unchecked_lock:
-        if _unchecked["depth"] == 0:
-            _unchecked["default"] = th.distributions.Distribution._validate_args
-            th.distributions.Distribution.set_default_validate_args(False)
-        _unchecked["depth"] += 1
+    previous = distribution.validate_args  # type: ignore[attr-defined]
+    distribution.validate_args = False  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        with _unchecked_lock:
-            _unchecked["depth"] -= 1
-            if _unchecked["depth"] == 0:
-                th.distributions.Distribution.set_default_validate_args(_unchecked["default"])
+        distribution.validate_args = previous  # type: ignore[attr-defined]
 
 
 def sampling_checks_parameters(action_space: spaces.Space) -> bool:

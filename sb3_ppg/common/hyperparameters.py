@@ -15,14 +15,14 @@ from sb3_ppg.common.precision import resolve_precision
 ADVANTAGE_NORMALIZATIONS = ("batch", "minibatch", "none")
 #: ``value_clipping``: SB3's clipped value loss, or the larger of the clipped and unclipped errors (baselines, CleanRL)
 VALUE_CLIPPINGS = ("sb3", "max")
-#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.buffers.resolve_aux_buffer_storage``)
+#: ``aux_buffer_device``: where the auxiliary buffer lives (see ``sb3_ppg.common.aux_buffer.resolve_aux_buffer_storage``)
 AUX_BUFFER_DEVICES = ("cpu", "pinned", "device", "auto")
 #: ``policy_minibatches``: shuffled transitions (SB3's PPO, CleanRL), or whole env rollouts (the paper's code)
 POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
-#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``overlap_rollouts``,
-#: ``cuda_graphs``, ``parallel_networks``, ``keep_freed_memory``) take their defaults, which keep the older models' behaviour.
+#: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``cuda_graphs``,
+#: ``parallel_networks``, ``keep_freed_memory``) take their defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -56,11 +56,35 @@ CHECKED_HYPERPARAMETERS = (
     "value_clipping",
     "policy_minibatches",
     "aux_buffer_device",
-    "overlap_rollouts",
     "cuda_graphs",
     "parallel_networks",
     "keep_freed_memory",
 )
+
+#: Options removed from PPG, each with what replaced it: the constructor and ``load()`` refuse them
+#: (:func:`refuse_removed_options`); a model zip of an earlier version that stored one loads without it.
+REMOVED_OPTIONS = {
+    "overlap_rollouts": (
+        "overlapped rollouts (env groups stepped while the network acts on the next group) were measured not to pay "
+        "(docs/throughput.md) and were removed; nothing replaces them: leave the option out"
+    ),
+}
+
+
+def refuse_removed_options(call: str, kwargs: dict[str, Any], unknown: bool = True) -> None:
+    """
+    Refuse a removed option (:data:`REMOVED_OPTIONS`) with what replaced it, and with ``unknown`` any other name as
+    Python does (a ``TypeError``).
+
+    :param call: what was called, for the message (``"PPG"``, ``"PPG.load"``)
+    :param kwargs: the keyword arguments to check
+    :param unknown: whether every name is unknown (the constructor's ``**kwargs``), not only the removed ones
+    """
+    for name, value in kwargs.items():
+        if name in REMOVED_OPTIONS:
+            raise TypeError(f"{call}({name}={value!r}): {REMOVED_OPTIONS[name]}.")
+        if unknown:
+            raise TypeError(f"{call}.__init__() got an unexpected keyword argument {name!r}")
 
 
 def is_integer(value: object) -> bool:
@@ -186,7 +210,7 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    for name in ("separate_aux_optimizer", "overlap_rollouts", "cuda_graphs", "parallel_networks", "keep_freed_memory"):
+    for name in ("separate_aux_optimizer", "cuda_graphs", "parallel_networks", "keep_freed_memory"):
         checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)

@@ -1,7 +1,6 @@
 """
 One optimizer step of either phase: a minibatch cut into micro-batches, their backward passes, the KL stop of the
-policy epochs, the gradients averaged over the ranks, checked, clipped, and the step (skipped on the device when not
-finite: :class:`FiniteCheck`).
+policy epochs, the gradients averaged over the ranks, checked finite (:class:`FiniteCheck`), clipped, and the step.
 """
 
 from collections.abc import Callable, Iterable
@@ -11,7 +10,8 @@ import torch as th
 from stable_baselines3.common.type_aliases import DictRolloutBufferSamples, RolloutBufferSamples
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples, TensorObs
+from sb3_ppg.common.aux_buffer import AuxiliaryBufferSamples
+from sb3_ppg.common.rollout_buffers import TensorObs
 
 #: A minibatch's diagnostics (``sb3_ppg.ppg.losses.Diagnostics``): name -> a 0-d tensor
 Diagnostics = dict[str, th.Tensor]
@@ -115,135 +115,39 @@ def clipped_gradient_norm(module: th.nn.Module, max_grad_norm: float | None) -> 
     return gradient_norm(module.parameters())
 
 
-#: Where the losses and gradients are checked finite: ``None`` lets :func:`checks_finite_on_device` choose, ``True`` or
-#: ``False`` forces the device or the host wherever the optimizer can skip a step on the device (tests set it)
-FINITE_CHECK_ON_DEVICE: bool | None = None
-
-
-def skips_steps_on_device(optimizer: th.optim.Optimizer) -> bool:
-    """Whether an optimizer skips its step on the device when told (``found_inf``): torch's fused Adam and AdamW."""
-    fused = all(group.get("fused") for group in optimizer.param_groups)
-    return fused and type(optimizer).step in (th.optim.Adam.step, th.optim.AdamW.step)
-
-
-def checks_finite_on_device(optimizer: th.optim.Optimizer) -> bool:
-    """
-    Whether the finite checks of the optimizer's steps run on the device (:class:`FiniteCheck`): on CUDA, where
-    reading a value waits for the device, when the optimizer skips steps there (:func:`skips_steps_on_device`);
-    elsewhere, or with another optimizer, on the host. ``FINITE_CHECK_ON_DEVICE`` overrides the device's choice.
-    """
-    if not skips_steps_on_device(optimizer):
-        return False
-    if FINITE_CHECK_ON_DEVICE is not None:
-        return FINITE_CHECK_ON_DEVICE
-    return optimizer.param_groups[0]["params"][0].device.type == "cuda"
-
-
 class FiniteCheck:
     """
-    The checks that keep a phase's non-finite losses and gradients from the weights and the optimizers' state. On the
-    host (:func:`check_finite_loss`, :func:`clip_gradients`) the first one stops training at once. On the device
-    (:func:`checks_finite_on_device`) it sets a flag (``found_inf``, as ``torch.amp.GradScaler``) on which the fused
-    Adam skips the step, and :meth:`raise_if_skipped` stops training at the end of the phase (see docs/throughput.md).
+    The checks that keep a phase's non-finite losses and gradients from the weights and the optimizers' state, on the
+    host (:func:`check_finite_loss`, :func:`clip_gradients`): the first one stops training at once. On CUDA with the
+    fused Adam, ``sb3_ppg.common.cuda.DeviceFiniteCheck`` runs them on the device instead (see docs/throughput.md).
 
     :param phase: ``"policy"`` or ``"auxiliary"``, for the error messages (with ``timestep``)
     :param timestep: the timestep of the phase
-    :param optimizers: the phase's optimizers; checked on the device when all of them can be
     """
 
-    # The kind of the first bad step (``first_kind``)
-    NONE, LOSS, GRADIENTS = 0.0, 1.0, 2.0
+    #: Whether the checks run on the device (a subclass's)
+    on_device = False
 
-    def __init__(self, phase: str, timestep: int, optimizers: Iterable[th.optim.Optimizer]) -> None:
-        optimizers = list(optimizers)
+    def __init__(self, phase: str, timestep: int) -> None:
         self.phase = phase
         self.timestep = timestep
-        self.on_device = bool(optimizers) and all(checks_finite_on_device(optimizer) for optimizer in optimizers)
         self.n_steps = 0
-        if self.on_device:
-            device = optimizers[0].param_groups[0]["params"][0].device
-            # This step's flag (1.0: skip it), the steps skipped, the first bad step's kind, value and index
-            self.found_inf, self.n_skipped, self.first_kind, self.first_value, self.first_step = (
-                th.zeros((), dtype=th.float32, device=device) for _ in range(5)
-            )
 
     def check_loss(self, loss: th.Tensor) -> None:
         """Check a (micro-batch's) loss before its backward pass."""
-        if self.on_device:
-            self._flag(loss, self.LOSS)
-        else:
-            check_finite_loss(loss, self.phase, self.timestep)
+        check_finite_loss(loss, self.phase, self.timestep)
 
     def clip_and_check_gradients(self, module: th.nn.Module, max_grad_norm: float | None) -> None:
         """Clip the gradients of a module's parameters to ``max_grad_norm`` (when set) and check their norm."""
-        if self.on_device:
-            self._flag(clipped_gradient_norm(module, max_grad_norm), self.GRADIENTS)
-        else:
-            clip_gradients(module, max_grad_norm, self.phase, self.timestep)
-
-    def _flag(self, value: th.Tensor, kind: float) -> None:
-        """Set this step's flag when ``value`` is not finite (on the device), remembering the phase's first one."""
-        value = value.detach()
-        bad = ~th.isfinite(value)
-        first = bad & (self.first_kind == self.NONE)
-        self.first_kind = th.where(first, kind, self.first_kind)
-        self.first_value = th.where(first, value.to(th.float32), self.first_value)
-        self.first_step = th.where(first, float(self.n_steps + 1), self.first_step)
-        # Exactly 1.0: the fused kernels skip a step only then, and the step count is put back by subtracting it
-        self.found_inf = th.where(bad, 1.0, self.found_inf)
+        clip_gradients(module, max_grad_norm, self.phase, self.timestep)
 
     def step(self, optimizer: th.optim.Optimizer) -> None:
-        """
-        Step the optimizer; on the device, skipped when this step's loss or gradients were not finite (on any rank in
-        data-parallel training).
-        """
+        """Step the optimizer."""
         self.n_steps += 1
-        if not self.on_device:
-            optimizer.step()
-            return
-        found_inf = distributed.all_reduce_max(self.found_inf) if distributed.is_active() else self.found_inf
-        optimizer.found_inf = found_inf  # type: ignore[attr-defined]
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf  # type: ignore[attr-defined]
-        self.n_skipped += found_inf
-        self.found_inf.zero_()
+        optimizer.step()
 
     def raise_if_skipped(self) -> None:
-        """
-        At the end of the phase, a ``FloatingPointError`` naming the first bad step when the device skipped any (read
-        from the device at once; the host checks have raised already).
-        """
-        if not self.on_device:
-            return
-        # A flag that no step consumed (``pending``): target_kl stopped the epochs at that minibatch
-        any_bad = self.n_skipped + self.found_inf
-        if distributed.is_active():
-            any_bad = distributed.all_reduce_max(any_bad)  # every rank raises together
-        values = th.stack([any_bad, self.n_skipped, self.found_inf, self.first_kind, self.first_value, self.first_step])
-        any_bad, n_skipped, pending, first_kind, first_value, first_step = values.tolist()
-        if any_bad == 0:
-            return
-        skipped = (
-            f"{int(n_skipped + pending)} of the phase's {self.n_steps + int(pending)} optimizer steps had a non-finite "
-            "loss or gradients and were skipped, so the weights and the optimizer's state hold only finite updates; "
-            "training stopped at the end of the phase."
-        )
-        where = f"at timestep {self.timestep} (optimizer step {int(first_step)} of the phase)"
-        if first_kind == self.LOSS:
-            message = f"PPG's {self.phase}-phase loss is {first_value} {where}: {skipped} {LOSS_CAUSES}"
-        elif first_kind == self.GRADIENTS:
-            message = (
-                f"PPG's {self.phase}-phase gradients have a non-finite norm ({first_value}) {where} although the loss "
-                f"is finite: {skipped} {GRADIENT_CAUSES}"
-            )
-        else:
-            message = (
-                f"PPG's {self.phase}-phase loss or gradients were not finite on another rank at timestep "
-                f"{self.timestep}: {skipped} {LOSS_CAUSES}"
-            )
-        raise FloatingPointError(message)
+        """At the end of the phase, raise where a step was skipped (the host checks have raised already)."""
 
 
 def exceeds_target_kl(approx_kl: th.Tensor, target_kl: float) -> bool:
@@ -308,48 +212,3 @@ def step(optimizer: th.optim.Optimizer, module: th.nn.Module, max_grad_norm: flo
     check.clip_and_check_gradients(module, max_grad_norm)
     check.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
-
-
-#: The optimizers whose implementation :func:`configure_adam_implementation` chooses (torch's fused kernels exist)
-FUSABLE_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
-
-
-def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.device) -> bool:
-    """
-    Whether PPG steps the optimizer with torch's fused kernel: an Adam or AdamW on CUDA, unless ``optimizer_kwargs``
-    choose an implementation.
-    """
-    chosen = any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
-    return device.type == "cuda" and issubclass(optimizer_class, FUSABLE_OPTIMIZERS) and not chosen
-
-
-def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) -> None:
-    """
-    Step an Adam (or AdamW) with torch's fused kernel or, ``fused=False``, torch's default (see docs/throughput.md),
-    keeping its state; other classes are left alone.
-    """
-    if not isinstance(optimizer, FUSABLE_OPTIMIZERS):
-        return
-    for group in optimizer.param_groups:
-        group["fused"] = True if fused else None
-        if fused:
-            group["foreach"] = None
-        for parameter in group["params"]:
-            state = optimizer.state.get(parameter)
-            if state and th.is_tensor(state.get("step")):
-                device = parameter.device if fused else th.device("cpu")
-                state["step"] = state["step"].to(device=device, dtype=th.float32)
-    if fused:
-        optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
-
-
-def configure_optimizers(
-    optimizers: Iterable[th.optim.Optimizer], optimizer_class: type, optimizer_kwargs: dict, device: th.device
-) -> None:
-    """Step Adam with torch's fused kernel on CUDA (``uses_fused_adam``); on a CPU, as torch's default."""
-    fused = uses_fused_adam(optimizer_class, optimizer_kwargs, device)
-    for optimizer in optimizers:
-        # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
-        saved_fused = any(group.get("fused") for group in optimizer.param_groups)
-        if fused or (saved_fused and not optimizer_kwargs.get("fused")):
-            configure_adam_implementation(optimizer, fused)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import is_vectorized_observation
@@ -197,3 +198,12 @@ def check_finite_observations(obs: th.Tensor | dict[str, th.Tensor]) -> None:
                 "VecCheckNan(env, raise_exception=True) to find the step that produces them), and scale unbounded "
                 "observations (e.g. VecNormalize, which also clips them)."
             )
+
+
+def env_actions(actions: np.ndarray, policy: BasePolicy, action_space: spaces.Space) -> np.ndarray:
+    """The actions SB3's rollout collection gives the env: Box actions unscaled (squashed policies) or clipped."""
+    if isinstance(action_space, spaces.Box):
+        if policy.squash_output:
+            return policy.unscale_action(actions)
+        return np.clip(actions, action_space.low, action_space.high)
+    return actions

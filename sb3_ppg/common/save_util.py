@@ -18,7 +18,12 @@ from typing import Any, NoReturn
 import numpy as np
 from stable_baselines3.common.save_util import json_to_data, open_path
 
-from sb3_ppg.common.hyperparameters import SAVED_HYPERPARAMETERS, HyperparameterError, is_integer
+from sb3_ppg.common.hyperparameters import (
+    SAVED_HYPERPARAMETERS,
+    HyperparameterError,
+    is_integer,
+    refuse_removed_options,
+)
 
 
 def class_name(cls: Any) -> str:
@@ -151,7 +156,10 @@ def check_model_zip(
             f"{where} holds a {saved_algorithm} model (policy {class_name(policy_class)}), not a {expected} one: "
             f"load it with sb3_ppg.{saved_algorithm}.load(path)."
         )
-    check_load_arguments(kwargs, data, inspect.signature(algorithm.__init__).parameters, where)
+    refuse_removed_options(f"{algorithm.__name__}.load", kwargs, unknown=False)
+    parameters = inspect.signature(algorithm.__init__).parameters.values()
+    named = [parameter.name for parameter in parameters if parameter.kind != inspect.Parameter.VAR_KEYWORD]
+    check_load_arguments(kwargs, data, named, where)
     replaced = {name: value for name, value in (custom_objects or {}).items() if name in data}
     arguments = load_arguments(kwargs, {**data, **replaced})
     check_saved_optimizers({**data, **replaced, **arguments}, members, {*replaced, *kwargs}, where)

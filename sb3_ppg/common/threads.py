@@ -1,5 +1,7 @@
 """
-How many threads torch and procgen use: as many as this process has CPUs to itself, and no more than are idle.
+How many threads this process can use to itself: as many as it has CPUs, and no more than are idle. It computes,
+it sets nothing: procgen's worker threads take it as their default (``ProcgenVecEnv(num_threads=None)``), and the
+command line sets torch's threads from it (:mod:`sb3_ppg.cli.threads`); library code never changes torch's threads.
 
 Threads beyond the idle CPUs fight over them with other jobs (or the other ranks of a torchrun job): on a 2-core
 machine kept busy by other jobs, torch's default threads made training 5 to 24 times slower than one thread
@@ -7,18 +9,11 @@ machine kept busy by other jobs, torch's default threads made training 5 to 24 t
 (``os.sched_getaffinity``) divided among the ranks of this machine under torchrun (``LOCAL_WORLD_SIZE``), capped by the
 CPUs the other jobs leave idle (the machine's CPUs minus its 1-minute load average, rounded to the nearest whole CPU)
 less one, which the Python thread and the env's threads keep for themselves between torch's operations, and at
-least 1. On the project's 2 idle cores one thread trained 1.8 to 1.9 times faster than two. A user's choice wins:
-``OMP_NUM_THREADS`` (which torch reads at start-up), ``--num-threads`` on the command line, ``num_threads=`` of
-``make_procgen_env``; library code never changes torch's threads.
+least 1. On the project's 2 idle cores one thread trained 1.8 to 1.9 times faster than two.
 """
 
 import math
 import os
-
-import torch
-
-#: Environment variables through which a user sets torch's number of threads before it starts
-USER_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def usable_cpus() -> int:
@@ -63,44 +58,6 @@ def default_num_threads() -> int:
     if math.isfinite(idle):
         share = min(share, math.floor(idle + 0.5) - 1)
     return max(share, 1)
-
-
-def user_set_torch_threads() -> bool:
-    """
-    :return: Whether the user chose torch's threads through the environment (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``)
-    """
-    return any(os.environ.get(name, "").strip() for name in USER_THREAD_VARIABLES)
-
-
-def choose_torch_threads(num_threads: int | None = None) -> tuple[int, str]:
-    """
-    Set torch's number of threads, for a program's start (the command line, the quick start, the examples).
-
-    :param num_threads: The user's choice (``None`` or a value <= 0: ``OMP_NUM_THREADS`` where set, else
-        :func:`default_num_threads`)
-    :return: The number of threads torch now uses, and why (for a line of output)
-    """
-    if num_threads is not None and num_threads > 0:
-        reason = "as asked"
-    elif user_set_torch_threads():
-        return torch.get_num_threads(), "OMP_NUM_THREADS"
-    else:
-        num_threads = default_num_threads()
-        reason = describe_default()
-    torch.set_num_threads(num_threads)
-    return torch.get_num_threads(), reason
-
-
-def threads_for_resume(recorded: int | None, num_threads: int | None = None) -> int | None:
-    """
-    The torch threads for the command line's ``--resume``: the run's own, for an exact resume, unless the user chose.
-
-    :param recorded: The threads the checkpoint was written with (None: unknown)
-    :param num_threads: The user's ``--num-threads`` (None or <= 0: none)
-    :return: The number of threads to set, or None to keep torch's
-    """
-    chosen = (num_threads is not None and num_threads > 0) or user_set_torch_threads()
-    return None if chosen or recorded is None or recorded < 1 else recorded
 
 
 def describe_default() -> str:

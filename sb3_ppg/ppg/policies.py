@@ -20,9 +20,9 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from stable_baselines3.common.utils import get_device
 from torch import nn
 
-from sb3_ppg.common.cuda_graphs import GraphedForward, parameter_addresses
-from sb3_ppg.common.cuda_streams import SideStream
-from sb3_ppg.common.distributions import sampling_checks_parameters, unchecked_distributions
+from sb3_ppg.common.cuda.cuda_graphs import GraphedForward, parameter_addresses
+from sb3_ppg.common.cuda.cuda_streams import SideStream
+from sb3_ppg.common.distributions import make_distribution, sampling_checks_parameters, unchecked_distributions
 from sb3_ppg.common.hyperparameters import is_integer
 from sb3_ppg.common.precision import PRECISION_NAMES, PRECISIONS
 from sb3_ppg.common.preprocessing import (
@@ -231,6 +231,7 @@ class PPGPolicy(ActorCriticPolicy):
         Create the networks (the value head on the policy latent for one-network ``arch``, the auxiliary value head),
         initialize them and create the optimizer.
         """
+        self.action_dist = self._make_action_dist()
         super()._build(lr_schedule)
         latent_dim_pi = self.mlp_extractor.latent_dim_pi
         if self.arch != "dual":
@@ -249,6 +250,13 @@ class PPGPolicy(ActorCriticPolicy):
                 normed_init_(head, HEAD_SCALE)
         # The parent built its optimizer before the heads above existed
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)  # type: ignore[call-arg]
+
+    def _make_action_dist(self) -> Distribution:
+        """
+        The action distribution ``_build`` makes the action network for: SB3's, whose argument checks the rollout and
+        ``train()`` can skip (``unchecked_distributions``); a subclass's hook (``MaskablePPGPolicy``).
+        """
+        return make_distribution(self.action_space, self.use_sde, self.dist_kwargs)
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
@@ -400,7 +408,7 @@ class PPGPolicy(ActorCriticPolicy):
         Where the rollout samples its actions: on a CUDA device without the distributions' argument checks (two host
         syncs per step), for the action spaces whose sampling refuses non-finite parameters itself.
         """
-        return unchecked_distributions(self.device, sampling_checks_parameters(self.action_space))
+        return unchecked_distributions(self.action_dist, self.device, sampling_checks_parameters(self.action_space))
 
     def rollout_latent_and_values(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         """

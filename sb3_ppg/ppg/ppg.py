@@ -11,54 +11,64 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, ClassVar, TypeVar
 
-import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList, ConvertCallback
 from stable_baselines3.common.distributions import Distribution
-from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.policies import BasePolicy
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, PyTorchObs, RolloutBufferSamples, Schedule
-from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, obs_as_tensor, update_learning_rate
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
+from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 from sb3_ppg.common import data_parallel, distributed, optim
 from sb3_ppg.common.array_files import atomic_write
-from sb3_ppg.common.buffers import (
+from sb3_ppg.common.aux_buffer import (
     AuxiliaryBuffer,
     AuxiliaryBufferSamples,
-    DeviceRollout,
-    PPGDictRolloutBuffer,
-    PPGRolloutBuffer,
     aux_buffer_storage,
     aux_buffer_summary,
-    device_minibatches,
-    env_minibatches,
-    gathers_on_device,
     make_aux_buffer,
-    rollout_explained_variance,
-    rollout_to_device,
-    writes_while_envs_step,
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
+from sb3_ppg.common.cuda import (
+    DeviceRollout,
+    configure_optimizers,
+    device_env_minibatches,
+    device_minibatches,
+    finite_check,
+    gathers_on_device,
+    rollout_to_device,
+)
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
 from sb3_ppg.common.host_memory import freed_memory_kept
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
+    REMOVED_OPTIONS,
     check_hyperparameters,
+    refuse_removed_options,
     resolve_batch_size,
     resolve_normalize_advantage,
     schedule_value,
     warn_if_no_aux_phase,
 )
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import check_action_space, check_first_observation, check_observation_space
+from sb3_ppg.common.preprocessing import (
+    check_action_space,
+    check_first_observation,
+    check_observation_space,
+)
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
-from sb3_ppg.common.rollout_groups import env_actions, overlapped_rollout
+from sb3_ppg.common.rollout import RolloutAlgorithm
+from sb3_ppg.common.rollout_buffers import (
+    PPGDictRolloutBuffer,
+    PPGRolloutBuffer,
+    env_minibatches,
+    rollout_explained_variance,
+)
 from sb3_ppg.common.save_util import (
     RUN_LAYOUT_HYPERPARAMETERS,
     SavedPolicyClass,
@@ -74,7 +84,7 @@ from sb3_ppg.ppg.policies import CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPoli
 SelfPPG = TypeVar("SelfPPG", bound="PPG")
 
 
-class PPG(OnPolicyAlgorithm):
+class PPG(RolloutAlgorithm):
     """
     Phasic Policy Gradient (PPG)
 
@@ -109,7 +119,6 @@ class PPG(OnPolicyAlgorithm):
     :param separate_aux_optimizer: Whether the auxiliary phase has its own optimizer (the paper's code)
     :param n_aux_grad_accum: Auxiliary minibatches whose gradients are accumulated per optimizer step
     :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
-    :param overlap_rollouts: Step each group of a ``GroupedVecEnv`` while the network acts on the next
     :param cuda_graphs: Replay the rollout's forward pass from CUDA graphs on a CUDA device (the same results)
     :param parallel_networks: Run ``arch="dual"``'s two networks on two CUDA streams on a CUDA device (the same results)
     :param keep_freed_memory: On a CPU device with glibc, keep the memory that ``learn()`` frees in the process until it
@@ -128,6 +137,7 @@ class PPG(OnPolicyAlgorithm):
     :param seed: Seed for the pseudo random generators
     :param device: Device (cpu, cuda, ...) on which the code should be run
     :param _init_setup_model: Whether or not to build the network at the creation of the instance
+    :param kwargs: Refused: an option removed from PPG with what replaced it (``REMOVED_OPTIONS``), another as Python does
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -170,7 +180,6 @@ class PPG(OnPolicyAlgorithm):
         separate_aux_optimizer: bool = True,
         n_aux_grad_accum: int = 1,
         aux_buffer_device: str = "auto",
-        overlap_rollouts: bool = False,
         cuda_graphs: bool = True,
         parallel_networks: bool = True,
         keep_freed_memory: bool = True,
@@ -188,7 +197,9 @@ class PPG(OnPolicyAlgorithm):
         seed: int | None = None,
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
+        **kwargs: Any,
     ):
+        refuse_removed_options(type(self).__name__, kwargs)
         super().__init__(
             policy,
             env,
@@ -231,7 +242,6 @@ class PPG(OnPolicyAlgorithm):
         self.separate_aux_optimizer = separate_aux_optimizer
         self.n_aux_grad_accum = n_aux_grad_accum
         self.aux_buffer_device = aux_buffer_device
-        self.overlap_rollouts = overlap_rollouts
         self.cuda_graphs = cuda_graphs
         self.parallel_networks = parallel_networks
         self.keep_freed_memory = keep_freed_memory
@@ -317,7 +327,7 @@ class PPG(OnPolicyAlgorithm):
         on_device = gathers_on_device(self.rollout_buffer, self.device)
         self._device_rollout = rollout_to_device(self.rollout_buffer, self.device) if on_device else None
         try:
-            with unchecked_distributions(self.device):
+            with unchecked_distributions(self.policy.action_dist, self.device):
                 with self._precision("policy"):
                     self._policy_phase()
                 if self.aux_buffer is not None:
@@ -353,7 +363,7 @@ class PPG(OnPolicyAlgorithm):
         clip_range_vf = self._schedule_value("clip_range_vf", progress)
         stats = PhaseStats()
         optimizers = [optimizer for optimizer in (self.policy.optimizer, self.value_optimizer) if optimizer is not None]
-        check = optim.FiniteCheck("policy", self.num_timesteps, optimizers)
+        check = finite_check("policy", self.num_timesteps, optimizers)
         if self.n_value_epochs == self.n_epochs:
             policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
         else:
@@ -392,14 +402,15 @@ class PPG(OnPolicyAlgorithm):
     def _rollout_minibatches(self) -> Iterator[RolloutBufferSamples]:
         """
         One epoch of the policy phase's minibatches (``policy_minibatches``): shuffled transitions (the rollout
-        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.buffers.env_minibatches`).
+        buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.rollout_buffers.env_minibatches`), gathered on
+        the device on CUDA (``sb3_ppg.common.cuda.device_data``).
         """
         on_device = gathers_on_device(self.rollout_buffer, self.device)
         device_rollout = self._device_rollout  # train()'s copy where it gathers on the device (None: one per epoch)
+        if self.policy_minibatches == "envs" and on_device:
+            return device_env_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
         if self.policy_minibatches == "envs":
-            device = self.device if on_device else None
-            minibatches = env_minibatches(self.rollout_buffer, self.batch_size, device=device, device_rollout=device_rollout)
-            return minibatches  # type: ignore[return-value]
+            return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
         if on_device:
             return device_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
@@ -471,7 +482,7 @@ class PPG(OnPolicyAlgorithm):
         n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
         accum = self.n_aux_grad_accum
         stats = PhaseStats()
-        check = optim.FiniteCheck("auxiliary", self.num_timesteps, [optimizer])
+        check = finite_check("auxiliary", self.num_timesteps, [optimizer])
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
         for epoch in range(self.n_aux_epochs):
@@ -578,8 +589,8 @@ class PPG(OnPolicyAlgorithm):
     # ------------------------------------------------------------------------------------------------------------
 
     def _configure_optimizers(self) -> None:
-        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.optim.uses_fused_adam`); CPU unchanged."""
-        optim.configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.cuda.fused_adam.uses_fused_adam`)."""
+        configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
 
     def set_parameters(self, *args: Any, **kwargs: Any) -> None:
         """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
@@ -760,115 +771,22 @@ class PPG(OnPolicyAlgorithm):
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:
         """
-        SB3's ``collect_rollouts()``, after calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks
-        then share its outcome.
+        SB3's ``collect_rollouts()`` (``_collect_rollout``, :class:`~sb3_ppg.common.rollout.RolloutAlgorithm`'s), after
+        calling the ``RolloutBoundaryCallback`` s; in data-parallel training, the ranks then share its outcome.
         """
         for boundary_callback in rollout_boundary_callbacks(callback):
             boundary_callback.on_rollout_boundary()
         # Told of the auxiliary phase's progress by train() (which is not given the callbacks)
         self._aux_phase_callbacks = [child for child in iter_callbacks(callback) if isinstance(child, AuxPhaseCallback)]
         self._at_rollout_boundary = False  # until train() has consumed this rollout
-        with overlapped_rollout(self.policy, env, self.action_space, self.overlap_rollouts, self.use_sde):
-            if not distributed.is_active():
-                return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
-            complete, self._data_parallel_stats = data_parallel.collect_rollouts(
-                self,
-                partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
-                self._data_parallel_stats,
-            )
+        if not distributed.is_active():
+            return self._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+        complete, self._data_parallel_stats = data_parallel.collect_rollouts(
+            self,
+            partial(self._collect_rollout, env, callback, rollout_buffer, n_rollout_steps),
+            self._data_parallel_stats,
+        )
         return complete
-
-    def _collect_rollout(
-        self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
-    ) -> bool:
-        """
-        Collect one rollout: SB3's ``collect_rollouts()``, with PPG's rollout buffers written while the envs step (the
-        same rollout; see ``writes_while_envs_step``), and the action masks of ``_action_masks`` (``MaskablePPG``'s)
-        given to the policy and stored.
-        """
-        assert self._last_obs is not None, "No previous observation was provided"
-        self.policy.set_training_mode(False)
-        n_steps = 0
-        rollout_buffer.reset()
-        if self.use_sde:
-            self.policy.reset_noise(env.num_envs)  # new weights for the state-dependent exploration
-        callback.on_rollout_start()
-        during_step = writes_while_envs_step(env, rollout_buffer)
-        while n_steps < n_rollout_steps:
-            if self.use_sde and self.sde_sample_freq > 0 and n_steps % self.sde_sample_freq == 0:
-                self.policy.reset_noise(env.num_envs)
-            action_masks = self._action_masks(env)
-            masks = {} if action_masks is None else {"action_masks": action_masks}
-            with th.no_grad():
-                obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
-                actions, values, log_probs = self._policy_step(obs_tensor, masks)
-            actions = actions.cpu().numpy()
-            clipped_actions = env_actions(actions, self.policy, self.action_space)  # Box: unscaled or clipped
-            if during_step:  # the step's observations, actions, values, masks... copied while the envs step
-                env.step_async(clipped_actions)
-                rollout_buffer.add_before_step(  # type: ignore[attr-defined]
-                    self._last_obs, actions, self._last_episode_starts, values, log_probs, **masks
-                )
-                new_obs, rewards, dones, infos = env.step_wait()
-            else:
-                new_obs, rewards, dones, infos = env.step(clipped_actions)
-            self.num_timesteps += env.num_envs
-            callback.update_locals(locals())
-            if not callback.on_step():
-                if during_step:
-                    rollout_buffer.discard_before_step()  # type: ignore[attr-defined]
-                return False
-            self._update_info_buffer(infos, dones)
-            n_steps += 1
-            if isinstance(self.action_space, spaces.Discrete):
-                actions = actions.reshape(-1, 1)
-            # Handle timeouts by bootstrapping with the value function (SB3's, with its local names)
-            for idx, done in enumerate(dones):
-                if (
-                    done
-                    and infos[idx].get("terminal_observation") is not None
-                    and infos[idx].get("TimeLimit.truncated", False)
-                ):
-                    terminal_obs = self.policy.obs_to_tensor(infos[idx]["terminal_observation"])[0]
-                    with th.no_grad():
-                        terminal_value = self._terminal_value(terminal_obs, idx)  # type: ignore[arg-type]
-                    rewards[idx] += self.gamma * terminal_value
-            if during_step:
-                rollout_buffer.add_after_step(rewards)  # type: ignore[attr-defined]
-            else:
-                rollout_buffer.add(
-                    self._last_obs,  # type: ignore[arg-type]
-                    actions,
-                    rewards,
-                    self._last_episode_starts,  # type: ignore[arg-type]
-                    values,
-                    log_probs,
-                    **masks,
-                )
-            self._last_obs = new_obs  # type: ignore[assignment]
-            self._last_episode_starts = dones
-        with th.no_grad():
-            values = self._bootstrap_values(obs_as_tensor(new_obs, self.device), dones)  # type: ignore[arg-type]
-        rollout_buffer.compute_returns_and_advantage(last_values=values, dones=dones)
-        callback.update_locals(locals())
-        callback.on_rollout_end()
-        return True
-
-    def _policy_step(self, obs_tensor: PyTorchObs, masks: dict[str, np.ndarray]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
-        """The actions, values and log-probabilities of a rollout step (a subclass's hook: ``RecurrentPPG``'s states)."""
-        return self.policy(obs_tensor, **masks)
-
-    def _terminal_value(self, terminal_obs: PyTorchObs, env_index: int) -> th.Tensor:
-        """The value of env ``env_index``'s truncated episode's last observation (a subclass's hook)."""
-        return self.policy.predict_values(terminal_obs)[0]
-
-    def _bootstrap_values(self, new_obs: PyTorchObs, dones: np.ndarray) -> th.Tensor:
-        """The values of the observations after the rollout's last step (a subclass's hook)."""
-        return self.policy.predict_values(new_obs)
-
-    def _action_masks(self, env: VecEnv) -> np.ndarray | None:
-        """The valid actions of the envs' current states for a rollout step; None: no masks (``MaskablePPG``'s hook)."""
-        return None
 
     def _optimizers(self) -> list[th.optim.Optimizer]:
         """The model's optimizers: the policy phase's, then the auxiliary phase's and the value epochs' (if any)."""
@@ -994,7 +912,7 @@ class PPG(OnPolicyAlgorithm):
         """
         arguments = check_model_zip(path, cls, PPGPolicy, custom_objects, kwargs)
         with load_errors(path, kwargs, custom_objects):
-            return super().load(
+            model = super().load(
                 path,
                 env=env,
                 device=device,
@@ -1003,6 +921,9 @@ class PPG(OnPolicyAlgorithm):
                 force_reset=force_reset,
                 **arguments,
             )
+        for name in REMOVED_OPTIONS:  # stored by an earlier version
+            vars(model).pop(name, None)
+        return model
 
     @classmethod
     def load_checkpoint(
@@ -1062,7 +983,7 @@ class PPG(OnPolicyAlgorithm):
         check_action_space(env.action_space)
         if not isinstance(env, VecEnv):
             check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
-        return OnPolicyAlgorithm._wrap_env(env, verbose, monitor_wrapper)
+        return RolloutAlgorithm._wrap_env(env, verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """

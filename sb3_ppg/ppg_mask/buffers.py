@@ -1,6 +1,6 @@
 """
 MaskablePPG's rollout buffers: sb3-contrib's maskable buffers with their samples, made faster as
-:class:`~sb3_ppg.common.buffers.UnflattenedRolloutBuffer` says (kept observation arrays, minibatches gathered without
+:class:`~sb3_ppg.common.rollout_buffers.UnflattenedRolloutBuffer` says (kept observation arrays, minibatches gathered without
 flattening).
 """
 
@@ -14,13 +14,14 @@ from sb3_contrib.common.maskable.buffers import (
     MaskableRolloutBufferSamples,
 )
 
-from sb3_ppg.common.buffers import SAMPLED_VALUE_ARRAYS, UnflattenedRolloutBuffer, step_major_samples
+from sb3_ppg.common.rollout_buffers import SAMPLED_VALUE_ARRAYS, UnflattenedRolloutBuffer, step_major_samples
 
 
 class UnflattenedMaskableRolloutBuffer(UnflattenedRolloutBuffer):
     """
     What MaskablePPG's rollout buffers add to sb3-contrib's (it comes first among their bases): PPG's
-    (:class:`~sb3_ppg.common.buffers.UnflattenedRolloutBuffer`), with ``add()`` storing the masks as sb3-contrib's does.
+    (:class:`~sb3_ppg.common.rollout_buffers.UnflattenedRolloutBuffer`), with ``add()`` storing the masks as
+    sb3-contrib's does.
     """
 
     # sb3-contrib's buffer attributes that add() writes

@@ -45,9 +45,13 @@ class PPGMaskableCategorical(MaskableCategorical):
 class PPGMaskableCategoricalDistribution(MaskableCategoricalDistribution):
     """sb3-contrib's ``MaskableCategoricalDistribution`` (Discrete actions) on :class:`PPGMaskableCategorical`."""
 
+    #: Whether the categoricals built check their arguments (None: torch's default; see ``unchecked_distributions``)
+    validate_args: bool | None = None
+
     def proba_distribution(self, action_logits: th.Tensor) -> "PPGMaskableCategoricalDistribution":
         """Set the distribution's parameters from the action network's output, (batch, n)."""
-        self.distribution = PPGMaskableCategorical(logits=action_logits.view(-1, self.action_dim))
+        logits = action_logits.view(-1, self.action_dim)
+        self.distribution = PPGMaskableCategorical(logits=logits, validate_args=self.validate_args)
         return self
 
     @property
@@ -64,10 +68,12 @@ class PPGMaskableCategoricalDistribution(MaskableCategoricalDistribution):
 class PPGMaskableMultiCategoricalDistribution(MaskableMultiCategoricalDistribution):
     """sb3-contrib's ``MaskableMultiCategoricalDistribution`` (MultiDiscrete actions) on :class:`PPGMaskableCategorical`."""
 
+    validate_args: bool | None = None
+
     def proba_distribution(self, action_logits: th.Tensor) -> "PPGMaskableMultiCategoricalDistribution":
         """Set the distribution's parameters from the action network's output, (batch, sum(action_dims))."""
-        logits = action_logits.view(-1, sum(self.action_dims))
-        self.distributions = [PPGMaskableCategorical(logits=part) for part in th.split(logits, list(self.action_dims), dim=1)]
+        parts = th.split(action_logits.view(-1, sum(self.action_dims)), list(self.action_dims), dim=1)
+        self.distributions = [PPGMaskableCategorical(logits=part, validate_args=self.validate_args) for part in parts]
         return self
 
     @property

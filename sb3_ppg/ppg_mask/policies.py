@@ -23,14 +23,13 @@ class MaskablePPGPolicy(PPGPolicy):
     algorithm_name = "MaskablePPG"
 
     def _build(self, lr_schedule: Schedule) -> None:
-        """
-        Build PPG's networks: the action network for an SB3 distribution with the same logits, then the maskable
-        distribution replaces SB3's.
-        """
-        maskable_distribution = make_maskable_distribution(self.action_space)
-        self.action_dist = MultiCategoricalDistribution(maskable_distribution.action_dims)  # type: ignore[assignment,attr-defined]
+        """Build PPG's networks (see ``_make_action_dist``), then the maskable distribution replaces SB3's."""
         super()._build(lr_schedule)
-        self.action_dist = maskable_distribution
+        self.action_dist = make_maskable_distribution(self.action_space)
+
+    def _make_action_dist(self) -> MultiCategoricalDistribution:  # type: ignore[override]
+        """An SB3 distribution with the maskable one's logits, whose action network SB3's ``_build`` makes."""
+        return MultiCategoricalDistribution(make_maskable_distribution(self.action_space).action_dims)  # type: ignore[attr-defined]
 
     def _get_action_dist_from_latent(self, latent_pi: th.Tensor) -> MaskableDistribution:  # type: ignore[override]
         """The (unmasked) action distribution of a policy latent."""

@@ -14,7 +14,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import MaybeCallback, RolloutBufferSamples
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg.common.buffers import AuxiliaryBufferSamples
+from sb3_ppg.common.aux_buffer import AuxiliaryBufferSamples
 from sb3_ppg.ppg.ppg import PPG
 from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 from sb3_ppg.ppg_mask.distributions import (

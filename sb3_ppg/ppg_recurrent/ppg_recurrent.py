@@ -6,12 +6,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch as th
 from gymnasium import spaces
+from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
+from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg.common.buffers import AuxiliaryBuffer, aux_buffer_storage
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer, aux_buffer_storage
 from sb3_ppg.common.checkpoints import RunState
 from sb3_ppg.common.recurrent import RNNStates
 from sb3_ppg.common.recurrent.buffers import (
@@ -52,7 +54,7 @@ class RecurrentPPG(PPG):
         rollout time (the paper's code), or ``"recomputed"``, from the states the current networks reach when the pass
         over the buffer before the auxiliary epochs runs through each env's rollouts in order
     :param kwargs: ``PPG``'s arguments (``n_steps``, ``batch_size`` a multiple of ``n_steps``, ``n_policy_iters``...);
-        ``policy_minibatches`` is ``"envs"``, ``micro_batch_size`` ``None`` and ``overlap_rollouts`` False
+        ``policy_minibatches`` is ``"envs"`` and ``micro_batch_size`` ``None``
     """
 
     policy_aliases: ClassVar[dict[str, type[BasePolicy]]] = {
@@ -72,7 +74,6 @@ class RecurrentPPG(PPG):
         aux_start_states: str = "stored",
         policy_minibatches: str = "envs",
         micro_batch_size: int | str | None = None,
-        overlap_rollouts: bool = False,
         _init_setup_model: bool = True,
         **kwargs: Any,
     ):
@@ -85,8 +86,6 @@ class RecurrentPPG(PPG):
                 f"RecurrentPPG does not cut minibatches into micro-batches (they would cut its sequences): "
                 f"micro_batch_size must be None, got {micro_batch_size!r}."
             )
-        if overlap_rollouts:
-            raise ValueError("overlap_rollouts=True is not supported by RecurrentPPG: its envs' states step together.")
         if aux_start_states not in AUX_START_STATES:
             raise ValueError(f"aux_start_states must be one of {AUX_START_STATES}, got {aux_start_states!r}.")
         self.aux_start_states = aux_start_states
@@ -97,7 +96,6 @@ class RecurrentPPG(PPG):
             env,
             policy_minibatches=policy_minibatches,
             micro_batch_size=micro_batch_size,
-            overlap_rollouts=overlap_rollouts,
             _init_setup_model=False,
             **kwargs,
         )
@@ -144,33 +142,32 @@ class RecurrentPPG(PPG):
     # The rollout: PPG's loop, the LSTM states carried from step to step
     # ------------------------------------------------------------------------------------------------------------
 
-    def _collect_rollout(self, env: VecEnv, callback: BaseCallback, rollout_buffer: Any, n_rollout_steps: int) -> bool:
-        """PPG's rollout, the states at its first step kept in the rollout buffer (one per env)."""
+    def _on_rollout_start(self, env: VecEnv, rollout_buffer: RolloutBuffer) -> None:
+        """Keep the LSTM states at the rollout's first step in the rollout buffer (one per env)."""
         assert self._last_lstm_states is not None
-        rollout_buffer.lstm_start_states = stack_states(self._last_lstm_states).cpu().numpy().copy()
-        return super()._collect_rollout(env, callback, rollout_buffer, n_rollout_steps)
+        rollout_buffer.lstm_start_states = stack_states(self._last_lstm_states).cpu().numpy().copy()  # type: ignore[attr-defined]
 
-    def _policy_step(self, obs_tensor: PyTorchObs, masks: dict[str, np.ndarray]) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+    def _policy_step(self, obs_tensor: PyTorchObs, env: VecEnv) -> tuple[th.Tensor, th.Tensor, th.Tensor, dict[str, Any]]:
         """A rollout step from the last states; the states reset where an episode starts, then advanced."""
         assert self._last_lstm_states is not None
         episode_starts = th.as_tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
-        actions, values, log_probs, self._last_lstm_states = self.policy(
-            obs_tensor, self._last_lstm_states, episode_starts, **masks
-        )
-        return actions, values, log_probs
+        actions, values, log_probs, self._last_lstm_states = self.policy(obs_tensor, self._last_lstm_states, episode_starts)
+        return actions, values, log_probs, {}
 
-    def _terminal_value(self, terminal_obs: PyTorchObs, env_index: int) -> th.Tensor:
+    def _terminal_value(self, env_index: int, terminal_obs: PyTorchObs) -> th.Tensor:
         """The value of a truncated episode's last observation, from its env's states after the step."""
         assert self._last_lstm_states is not None
         hidden, cell = self._last_lstm_states.vf
         states = (hidden[:, env_index : env_index + 1].contiguous(), cell[:, env_index : env_index + 1].contiguous())
-        no_start = th.zeros(1, device=self.device)
-        return self.policy.predict_values(terminal_obs, states, no_start)[0]
+        with th.no_grad():
+            return self.policy.predict_values(terminal_obs, states, th.zeros(1, device=self.device))[0]
 
-    def _bootstrap_values(self, new_obs: PyTorchObs, dones: np.ndarray) -> th.Tensor:
+    def _last_values(self, new_obs: Any, dones: np.ndarray) -> th.Tensor:
+        """The values after the rollout's last step, from the states after it (reset where an episode starts)."""
         assert self._last_lstm_states is not None
         episode_starts = th.as_tensor(dones, dtype=th.float32, device=self.device)
-        return self.policy.predict_values(new_obs, self._last_lstm_states.vf, episode_starts)
+        with th.no_grad():
+            return self.policy.predict_values(obs_as_tensor(new_obs, self.device), self._last_lstm_states.vf, episode_starts)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------------------------------------------------
     # The policy phase: whole env sequences

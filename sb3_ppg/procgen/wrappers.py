@@ -12,7 +12,6 @@ from stable_baselines3.common.running_mean_std import RunningMeanStd
 from stable_baselines3.common.vec_env import VecEnv, VecMonitor, VecNormalize, unwrap_vec_normalize
 
 from sb3_ppg.common.array_files import read_array_file, write_array_file
-from sb3_ppg.common.rollout_groups import GroupedVecEnv
 from sb3_ppg.procgen.games import check_argument_names
 from sb3_ppg.procgen.presets import get_procgen_preset
 from sb3_ppg.procgen.vec_env import ProcgenVecEnv
@@ -20,27 +19,15 @@ from sb3_ppg.procgen.vec_env import ProcgenVecEnv
 NUMBER_OF_GAMES = "pass the number of games as n_envs"
 
 
-def grouped_procgen_vec_env(n_envs: int, env_name: str, n_groups: int, **vec_env_kwargs: Any) -> VecEnv:
-    """
-    One ``ProcgenVecEnv`` of ``n_envs`` games (``n_groups=1``), or a ``GroupedVecEnv`` of ``n_groups`` of them (see
-    :func:`make_monitored_procgen_env`).
-    """
-    if not isinstance(n_groups, int) or isinstance(n_groups, bool) or not 1 <= n_groups <= n_envs:
-        raise ValueError(f"n_groups must be an integer from 1 to n_envs={n_envs}, got {n_groups!r}.")
-    if n_groups == 1:
-        return ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
-    seed = vec_env_kwargs.pop("rand_seed", None)
-    sizes = [len(part) for part in np.array_split(np.arange(n_envs), n_groups)]
-    starts = np.cumsum([0, *sizes[:-1]])
-    return GroupedVecEnv(
-        [
-            ProcgenVecEnv(size, env_name, rand_seed=None if seed is None else seed + int(start), **vec_env_kwargs)
-            for size, start in zip(sizes, starts, strict=True)
-        ]
-    )
-
-
-#: Names that :func:`make_procgen_env` refuses in ``procgen_kwargs``: what it sets itself, under another API's name
+#: Arguments removed from :func:`make_procgen_env` and :func:`make_monitored_procgen_env`, each with what replaced it
+REMOVED_ARGUMENTS = {
+    "n_groups": (
+        "env groups were removed with PPG's overlap_rollouts, which was measured not to pay (docs/throughput.md); "
+        "nothing replaces them: leave the argument out"
+    ),
+}
+#: Names that :func:`make_procgen_env` refuses in ``procgen_kwargs``: what it sets itself, under another API's name, and
+#: the removed arguments
 MAKE_PROCGEN_ENV_OTHER_NAMES = {
     "rand_seed": "procgen's name for the seed of the level sampler, which make_procgen_env() sets itself: pass seed= instead",
     "num_envs": NUMBER_OF_GAMES,
@@ -49,6 +36,7 @@ MAKE_PROCGEN_ENV_OTHER_NAMES = {
         "make_procgen_env() always gives channel-first (3, 64, 64) observations; build "
         "ProcgenVecEnv(n_envs, env_name, channels_first=False) for procgen's (64, 64, 3) frames"
     ),
+    **REMOVED_ARGUMENTS,
 }
 #: What :func:`make_procgen_env` uses without a preset for the arguments left out
 DEFAULT_ENV_KWARGS: dict[str, Any] = dict(
@@ -62,7 +50,6 @@ def make_monitored_procgen_env(
     monitor_filename: str | None = None,
     monitor_info_keywords: tuple[str, ...] = (),
     monitor_override_existing: bool = True,
-    n_groups: int = 1,
     **vec_env_kwargs: Any,
 ) -> VecMonitor:
     """
@@ -76,14 +63,12 @@ def make_monitored_procgen_env(
         folder is created; ``None``: no file)
     :param monitor_info_keywords: Info keys logged by ``VecMonitor`` at episode ends (e.g. ``("is_success",)``)
     :param monitor_override_existing: False: append to an existing log (a resumed run) instead of starting it anew
-    :param n_groups: 1 (default): one ``ProcgenVecEnv``; more: a :class:`~sb3_ppg.common.rollout_groups.GroupedVecEnv`
-        of that many ``ProcgenVecEnv`` (as equal as can be, each with ``num_threads`` threads; the level sampler of the
-        group that starts at env ``i`` seeded with ``rand_seed + i``), for ``PPG(overlap_rollouts=True)``
     :param vec_env_kwargs: Arguments of :class:`~sb3_ppg.procgen.ProcgenVecEnv`
     :return: The monitored env
     """
-    check_argument_names("make_monitored_procgen_env()", vec_env_kwargs, {"num_envs": NUMBER_OF_GAMES, "num": NUMBER_OF_GAMES})
-    venv = grouped_procgen_vec_env(n_envs, env_name, n_groups, **vec_env_kwargs)
+    other_names = {"num_envs": NUMBER_OF_GAMES, "num": NUMBER_OF_GAMES, **REMOVED_ARGUMENTS}
+    check_argument_names("make_monitored_procgen_env()", vec_env_kwargs, other_names)
+    venv = ProcgenVecEnv(n_envs, env_name, **vec_env_kwargs)
     if monitor_filename is not None:
         directory = os.path.dirname(monitor_filename)
         if directory:
@@ -142,8 +127,7 @@ def make_procgen_env(
     :param preset: ``"paper"`` or ``"cleanrl"`` (``"easy"``): the defaults of ``distribution_mode``, ``num_levels``,
         ``start_level``, ``reward_gamma`` and ``clip_reward`` (:data:`sb3_ppg.procgen.presets.PROCGEN_PRESETS`);
         ``None``: the defaults above
-    :param procgen_kwargs: Other procgen options (see :class:`~sb3_ppg.procgen.ProcgenVecEnv`), and ``n_groups`` (see
-        :func:`make_monitored_procgen_env`)
+    :param procgen_kwargs: Other procgen options (see :class:`~sb3_ppg.procgen.ProcgenVecEnv`)
     :return: The wrapped env
     """
     check_argument_names("make_procgen_env()", procgen_kwargs, MAKE_PROCGEN_ENV_OTHER_NAMES)

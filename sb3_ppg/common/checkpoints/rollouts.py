@@ -17,7 +17,7 @@ from sb3_ppg.common.array_files import (
     read_array_file,
     write_array_file,
 )
-from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.checkpoints.manifest import CheckpointDamagedError
 
 ROLLOUT_FORMAT = "sb3_ppg.aux_rollout"

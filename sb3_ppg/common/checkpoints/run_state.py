@@ -18,7 +18,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg.common import distributed
 from sb3_ppg.common.array_files import atomic_write, file_digest, read_array_file, write_array_file
-from sb3_ppg.common.buffers import AuxiliaryBuffer
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.checkpoints.env_state import get_vec_env_state, monitor_log_sizes, set_vec_env_state, unsaved_parts
 from sb3_ppg.common.checkpoints.manifest import CheckpointDamagedError, rank_folder
 from sb3_ppg.common.checkpoints.model_objects import describe_model_objects

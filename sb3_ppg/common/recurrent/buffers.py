@@ -10,8 +10,9 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.buffers import RolloutBuffer
 
-from sb3_ppg.common.buffers import AuxiliaryBuffer, DeviceRollout, PPGDictRolloutBuffer, PPGRolloutBuffer, TensorObs
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.recurrent.sequences import RNNStates
+from sb3_ppg.common.rollout_buffers import DeviceRollout, PPGDictRolloutBuffer, PPGRolloutBuffer, TensorObs
 
 #: The four LSTM states of a model stacked as one array: policy (hidden, cell), value (hidden, cell)
 N_STATE_ARRAYS = 4
@@ -146,11 +147,8 @@ class RecurrentAuxiliaryBuffer(AuxiliaryBuffer):
         episode_starts, states = self.sequence_inputs(rows)
         return RecurrentAuxiliaryBufferSamples(*samples, episode_starts=episode_starts, lstm_states=states)
 
-    def _minibatch(self, rows: np.ndarray, device_rows: th.Tensor | None = None) -> RecurrentAuxiliaryBufferSamples:  # type: ignore[override]
-        return self._with_sequences(super()._minibatch(rows, device_rows), rows)
-
-    def _staged_minibatch(self, rows: np.ndarray, slot: int) -> RecurrentAuxiliaryBufferSamples:  # type: ignore[override]
-        return self._with_sequences(super()._staged_minibatch(rows, slot), rows)
+    def _minibatch(self, rows: np.ndarray, stored_rows: th.Tensor) -> RecurrentAuxiliaryBufferSamples:  # type: ignore[override]
+        return self._with_sequences(super()._minibatch(rows, stored_rows), rows)
 
     def layout_metadata(self) -> dict[str, Any]:
         return {**super().layout_metadata(), "lstm_state_shape": list(self.lstm_state_shape or ())}
