@@ -13,6 +13,7 @@ import torch as th
 from helpers import assert_identical, parameters
 from test_cuda_graphs import image_model
 
+from sb3_ppg.common import cuda
 from sb3_ppg.common.cuda import device_data
 from sb3_ppg.ppg import policies as policies_module
 from sb3_ppg.ppg import ppg as ppg_module
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(not th.cuda.is_available(), reason="needs a CUDA
 def trained(monkeypatch: pytest.MonkeyPatch, aux_buffer_device: str, device_gather: bool, checks: bool) -> dict:
     with monkeypatch.context() as patch:
         if not device_gather:
-            patch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device: False)
+            patch.setattr(cuda, "gathers_on_device", lambda rollout_buffer, device: False)
         if checks:
             unchecked = lambda distribution, device, enabled=True: contextlib.nullcontext()  # noqa: E731
             patch.setattr(ppg_module, "unchecked_distributions", unchecked)

@@ -19,6 +19,7 @@ from stable_baselines3.common.utils import explained_variance
 from test_cuda_graphs import requires_cuda
 
 from sb3_ppg import MaskablePPG
+from sb3_ppg.common import cuda
 from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.cuda import device_data
 from sb3_ppg.common.cuda.device_data import (
@@ -36,7 +37,6 @@ from sb3_ppg.common.rollout_buffers import (
     flatten_rollout_buffer,
     rollout_explained_variance,
 )
-from sb3_ppg.ppg import ppg as ppg_module
 from sb3_ppg.ppg_mask.buffers import MaskablePPGDictRolloutBuffer, MaskablePPGRolloutBuffer
 
 N_STEPS, N_ENVS = 6, 4
@@ -420,7 +420,7 @@ def test_ppg_trains_as_with_sb3s_buffer(device, monkeypatch):
                 n_envs=4, batch_size=32, policy_minibatches=minibatches, rollout_buffer_class=buffer_class, device=device
             )
             on_device = buffer_class is None and device == "cuda"
-            monkeypatch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
+            monkeypatch.setattr(cuda, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
             logged = LoggedValues()
             model.set_logger(Logger(None, [logged]))
             model.learn(4 * 16 * 3, log_interval=1)
@@ -447,8 +447,8 @@ def test_train_copies_the_rollout_to_the_device_once(monkeypatch, minibatches):
             copies.append(snapshot(copy_rollout(*args)))
             return copies[-1]
 
-        monkeypatch.setattr(ppg_module, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
-        monkeypatch.setattr(ppg_module, "rollout_to_device", recorded_copy)  # train()'s copy
+        monkeypatch.setattr(cuda, "gathers_on_device", lambda rollout_buffer, device, on=on_device: on)
+        monkeypatch.setattr(cuda, "rollout_to_device", recorded_copy)  # train()'s copy
         monkeypatch.setattr(device_data, "rollout_to_device", recorded_copy)  # an epoch's own copy
         model = small_ppg(n_envs=4, batch_size=32, n_epochs=2, policy_minibatches=minibatches, aux_buffer_device="device")
         add, aux_phase = model.aux_buffer.add, model._aux_phase

@@ -13,6 +13,8 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.preprocessing import is_image_space, maybe_transpose, preprocess_obs
 from stable_baselines3.common.type_aliases import PyTorchObs
 from stable_baselines3.common.utils import is_vectorized_observation
+from stable_baselines3.common.vec_env import VecEnv
+from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
 # The observation spaces that SB3's preprocessing, buffers and features extractors handle (and a Dict of them)
 OBSERVATION_SPACES = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -118,6 +120,20 @@ def check_first_observation(env: Any) -> None:
     if has_integer_box(env.observation_space):
         observation, _ = env.reset()
         check_observation_dtype(observation, env.observation_space)
+
+
+def checked_env(env: Any) -> Any:
+    """
+    An env checked as PPG takes it: its spaces, and a gymnasium env's first observation where the space holds an
+    integer Box (before ``DummyVecEnv`` casts the observations to the space's dtype); a gym env converted as SB3 does.
+    """
+    if not isinstance(env, VecEnv):
+        env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
+    check_observation_space(env.observation_space)
+    check_action_space(env.action_space)
+    if not isinstance(env, VecEnv):
+        check_first_observation(env)
+    return env
 
 
 def check_observation_keys(observation: Any, observation_space: spaces.Space) -> None:

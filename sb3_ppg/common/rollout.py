@@ -37,6 +37,19 @@ class RolloutAlgorithm(OnPolicyAlgorithm):
     ``_terminal_value`` (a truncated episode's last observation) and ``_last_values`` (the values after the rollout).
     """
 
+    def _make_rollout_buffer(self) -> RolloutBuffer:
+        """A new rollout buffer of ``rollout_buffer_class`` for the current ``n_envs`` (as SB3's ``_setup_model``)."""
+        return self.rollout_buffer_class(  # type: ignore[misc]
+            self.n_steps,
+            self.observation_space,  # type: ignore[arg-type]
+            self.action_space,
+            device=self.device,
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
+            n_envs=self.n_envs,
+            **self.rollout_buffer_kwargs,
+        )
+
     def _collect_rollout(
         self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer, n_rollout_steps: int
     ) -> bool:

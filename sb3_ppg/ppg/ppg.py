@@ -5,7 +5,6 @@ import os
 import pathlib
 import time
 import warnings
-from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -20,9 +19,8 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, RolloutBufferSamples, Schedule
 from stable_baselines3.common.utils import FloatSchedule, check_for_correct_spaces, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
-from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
-from sb3_ppg.common import data_parallel, distributed, optim
+from sb3_ppg.common import cuda, data_parallel, distributed, optim
 from sb3_ppg.common.array_files import atomic_write
 from sb3_ppg.common.aux_buffer import (
     AuxiliaryBuffer,
@@ -33,15 +31,6 @@ from sb3_ppg.common.aux_buffer import (
 )
 from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
-from sb3_ppg.common.cuda import (
-    DeviceRollout,
-    configure_optimizers,
-    device_env_minibatches,
-    device_minibatches,
-    finite_check,
-    gathers_on_device,
-    rollout_to_device,
-)
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
 from sb3_ppg.common.host_memory import freed_memory_kept
@@ -56,11 +45,7 @@ from sb3_ppg.common.hyperparameters import (
     warn_if_no_aux_phase,
 )
 from sb3_ppg.common.precision import PRECISION_NAMES, has_convolutions, resolve_micro_batch_size, resolve_precision
-from sb3_ppg.common.preprocessing import (
-    check_action_space,
-    check_first_observation,
-    check_observation_space,
-)
+from sb3_ppg.common.preprocessing import checked_env
 from sb3_ppg.common.progress_bar import AuxPhaseCallback, PPGProgressBarCallback
 from sb3_ppg.common.rollout import RolloutAlgorithm
 from sb3_ppg.common.rollout_buffers import (
@@ -267,7 +252,7 @@ class PPG(RolloutAlgorithm):
         # Data-parallel training: the VecNormalize statistics every rank started the current rollout from
         self._data_parallel_stats: dict[str, RunningStats] = {}
         # During train() on CUDA, the rollout copied to the device (see train())
-        self._device_rollout: DeviceRollout | None = None
+        self._device_rollout: cuda.DeviceRollout | None = None
         self._check_hyperparameters()
 
         if _init_setup_model:
@@ -324,8 +309,8 @@ class PPG(RolloutAlgorithm):
             self._normalize_advantages()
         # On CUDA the rollout is copied to the device once: the policy phase's epochs gather their minibatches there
         # and the auxiliary buffer stores it from there (its arrays as they are now: after the advantages' update)
-        on_device = gathers_on_device(self.rollout_buffer, self.device)
-        self._device_rollout = rollout_to_device(self.rollout_buffer, self.device) if on_device else None
+        on_device = cuda.gathers_on_device(self.rollout_buffer, self.device)
+        self._device_rollout = cuda.rollout_to_device(self.rollout_buffer, self.device) if on_device else None
         try:
             with unchecked_distributions(self.policy.action_dist, self.device):
                 with self._precision("policy"):
@@ -363,7 +348,7 @@ class PPG(RolloutAlgorithm):
         clip_range_vf = self._schedule_value("clip_range_vf", progress)
         stats = PhaseStats()
         optimizers = [optimizer for optimizer in (self.policy.optimizer, self.value_optimizer) if optimizer is not None]
-        check = finite_check("policy", self.num_timesteps, optimizers)
+        check = cuda.finite_check("policy", self.num_timesteps, optimizers)
         if self.n_value_epochs == self.n_epochs:
             policy_epoch_loss = partial(self._joint_loss, clip_range=clip_range, clip_range_vf=clip_range_vf)
         else:
@@ -405,14 +390,16 @@ class PPG(RolloutAlgorithm):
         buffer's ``get``) or whole env rollouts (:func:`~sb3_ppg.common.rollout_buffers.env_minibatches`), gathered on
         the device on CUDA (``sb3_ppg.common.cuda.device_data``).
         """
-        on_device = gathers_on_device(self.rollout_buffer, self.device)
+        on_device = cuda.gathers_on_device(self.rollout_buffer, self.device)
         device_rollout = self._device_rollout  # train()'s copy where it gathers on the device (None: one per epoch)
         if self.policy_minibatches == "envs" and on_device:
-            return device_env_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
+            return cuda.device_env_minibatches(
+                self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout
+            )  # type: ignore[return-value]
         if self.policy_minibatches == "envs":
             return env_minibatches(self.rollout_buffer, self.batch_size)  # type: ignore[return-value]
         if on_device:
-            return device_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
+            return cuda.device_minibatches(self.rollout_buffer, self.batch_size, self.device, device_rollout=device_rollout)  # type: ignore[return-value]
         return self.rollout_buffer.get(self.batch_size)
 
     def _aux_phase(self) -> None:
@@ -482,7 +469,7 @@ class PPG(RolloutAlgorithm):
         n_batches = -(-self.aux_buffer.n_rollouts // self.aux_batch_rollouts)
         accum = self.n_aux_grad_accum
         stats = PhaseStats()
-        check = finite_check("auxiliary", self.num_timesteps, [optimizer])
+        check = cuda.finite_check("auxiliary", self.num_timesteps, [optimizer])
         # No gradient of the policy phase may leak into the first step
         optimizer.zero_grad(set_to_none=True)
         for epoch in range(self.n_aux_epochs):
@@ -590,7 +577,7 @@ class PPG(RolloutAlgorithm):
 
     def _configure_optimizers(self) -> None:
         """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.cuda.fused_adam.uses_fused_adam`)."""
-        configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        cuda.configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
 
     def set_parameters(self, *args: Any, **kwargs: Any) -> None:
         """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
@@ -818,37 +805,11 @@ class PPG(RolloutAlgorithm):
 
     def get_run_state(self) -> RunState:
         """Where the run is, beyond its weights and optimizers (the model's arrays, not copies)."""
-        return RunState(
-            num_timesteps=self.num_timesteps,
-            total_timesteps=self._total_timesteps,
-            num_timesteps_at_start=self._num_timesteps_at_start,
-            n_updates=self._n_updates,
-            n_aux_phases=self._n_aux_phases,
-            n_aux_updates=self._n_aux_updates,
-            episode_num=self._episode_num,
-            current_progress_remaining=self._current_progress_remaining,
-            ep_info_buffer=list(self.ep_info_buffer or []),
-            ep_success_buffer=list(self.ep_success_buffer or []),
-            last_obs=self._last_obs,  # type: ignore[arg-type]
-            last_original_obs=self._last_original_obs,  # type: ignore[arg-type]
-            last_episode_starts=self._last_episode_starts,
-        )
+        return RunState.of(self)
 
     def set_run_state(self, state: RunState) -> None:
         """Put back a run state from :meth:`get_run_state` (``PPG.load_checkpoint`` does)."""
-        self.num_timesteps = state.num_timesteps
-        self._total_timesteps = state.total_timesteps
-        self._num_timesteps_at_start = state.num_timesteps_at_start
-        self._n_updates = state.n_updates
-        self._n_aux_phases = state.n_aux_phases
-        self._n_aux_updates = state.n_aux_updates
-        self._episode_num = state.episode_num
-        self._current_progress_remaining = state.current_progress_remaining
-        self.ep_info_buffer = deque(state.ep_info_buffer, maxlen=self._stats_window_size)
-        self.ep_success_buffer = deque(state.ep_success_buffer, maxlen=self._stats_window_size)
-        self._last_obs = state.last_obs  # type: ignore[assignment]
-        self._last_original_obs = state.last_original_obs  # type: ignore[assignment]
-        self._last_episode_starts = state.last_episode_starts  # type: ignore[assignment]
+        state.restore(self)
 
     # ------------------------------------------------------------------------------------------------------------
     # Persistence: SB3's save, load and set_env; checkpoints; the auxiliary buffer on disk
@@ -977,13 +938,7 @@ class PPG(RolloutAlgorithm):
     @staticmethod
     def _wrap_env(env: GymEnv, verbose: int = 0, monitor_wrapper: bool = True) -> VecEnv:
         """SB3's wrapping of the env, after checking its spaces (and an integer Box env's first observation)."""
-        if not isinstance(env, VecEnv):
-            env = _patch_env(env)  # a gym (not gymnasium) env, converted as SB3 does, has gymnasium spaces
-        check_observation_space(env.observation_space)
-        check_action_space(env.action_space)
-        if not isinstance(env, VecEnv):
-            check_first_observation(env)  # before DummyVecEnv casts the observations to the space's dtype
-        return RolloutAlgorithm._wrap_env(env, verbose, monitor_wrapper)
+        return RolloutAlgorithm._wrap_env(checked_env(env), verbose, monitor_wrapper)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """
@@ -1008,16 +963,7 @@ class PPG(RolloutAlgorithm):
             )
         self.n_envs = env.num_envs
         super().set_env(env, force_reset=True)
-        self.rollout_buffer = self.rollout_buffer_class(  # type: ignore[misc]
-            self.n_steps,
-            self.observation_space,  # type: ignore[arg-type]
-            self.action_space,
-            device=self.device,
-            gamma=self.gamma,
-            gae_lambda=self.gae_lambda,
-            n_envs=self.n_envs,
-            **self.rollout_buffer_kwargs,
-        )
+        self.rollout_buffer = self._make_rollout_buffer()
         self.aux_buffer = self._make_aux_buffer(check_memory=False)
 
     def save_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:

@@ -9,6 +9,7 @@ import json
 import pathlib
 import random
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -50,6 +51,41 @@ class RunState:
     #: A recurrent model's LSTM states after the last rollout step (``RecurrentPPG``'s: its next step's input); None
     #: for the other models
     last_lstm_states: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, model: Any) -> "RunState":
+        """An SB3 model's run state (its arrays, not copies); PPG's counters of auxiliary phases and updates too."""
+        return cls(
+            num_timesteps=model.num_timesteps,
+            total_timesteps=model._total_timesteps,
+            num_timesteps_at_start=model._num_timesteps_at_start,
+            n_updates=model._n_updates,
+            n_aux_phases=model._n_aux_phases,
+            n_aux_updates=model._n_aux_updates,
+            episode_num=model._episode_num,
+            current_progress_remaining=model._current_progress_remaining,
+            ep_info_buffer=list(model.ep_info_buffer or []),
+            ep_success_buffer=list(model.ep_success_buffer or []),
+            last_obs=model._last_obs,
+            last_original_obs=model._last_original_obs,
+            last_episode_starts=model._last_episode_starts,
+        )
+
+    def restore(self, model: Any) -> None:
+        """Put this run state back into a model (the attributes that :meth:`of` reads)."""
+        model.num_timesteps = self.num_timesteps
+        model._total_timesteps = self.total_timesteps
+        model._num_timesteps_at_start = self.num_timesteps_at_start
+        model._n_updates = self.n_updates
+        model._n_aux_phases = self.n_aux_phases
+        model._n_aux_updates = self.n_aux_updates
+        model._episode_num = self.episode_num
+        model._current_progress_remaining = self.current_progress_remaining
+        model.ep_info_buffer = deque(self.ep_info_buffer, maxlen=model._stats_window_size)
+        model.ep_success_buffer = deque(self.ep_success_buffer, maxlen=model._stats_window_size)
+        model._last_obs = self.last_obs
+        model._last_original_obs = self.last_original_obs
+        model._last_episode_starts = self.last_episode_starts
 
 
 @runtime_checkable
