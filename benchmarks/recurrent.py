@@ -17,6 +17,7 @@ import platform
 import statistics
 import subprocess
 import time
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -131,6 +132,8 @@ def main() -> None:
     parser.add_argument("--out", help="write the runs as JSON")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
+    # The untimed warm-up ends before the first auxiliary phase, on purpose
+    warnings.filterwarnings("ignore", message=r"learn\(total_timesteps=")
     results = []
     for _ in range(args.rounds):
         for algorithm in ("RecurrentPPG", "RecurrentPPO"):

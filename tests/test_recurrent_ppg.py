@@ -238,3 +238,31 @@ def test_unsupported_settings_are_errors() -> None:
         RecurrentPPG("MlpLstmPolicy", env, micro_batch_size=64)
     with pytest.raises(ValueError, match="aux_start_states"):
         RecurrentPPG("MlpLstmPolicy", env, aux_start_states="zeros")
+
+
+@pytest.mark.slow
+def test_command_line_round_trip(tmp_path, capsys):
+    """
+    python -m sb3_ppg.train --algo recurrent_ppg with the packaged recurrent_ppg.yml (rl-zoo3's CartPoleNoVel-v1), its
+    evaluations carrying the states; --resume continues from its checkpoint; enjoy plays it with states.
+    """
+    from helpers import QUIET_CPU_RUN
+
+    from sb3_ppg.cli import enjoy, train
+
+    common = ["--algo", "recurrent_ppg", "--env", "CartPoleNoVel-v1", "-f", str(tmp_path)]
+    options = [*QUIET_CPU_RUN, "--eval-freq", "256", "--eval-episodes", "2", "--save-freq", "256"]
+    params = ["-params", "n_policy_iters:2", "n_epochs:2"]
+    train.main([*common, "-n", "1024", *options, *params])
+    run_folder = tmp_path / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    model = RecurrentPPG.load(run_folder / "CartPoleNoVel-v1.zip", device="cpu")
+    assert model.num_timesteps == 1024 and model.n_aux_phases == 2
+    assert model.n_steps == 32 and model.policy.lstm_hidden_size == 64 and model.policy.arch == "dual"
+    with np.load(run_folder / "evaluations.npz") as evaluations:
+        assert len(evaluations["timesteps"]) == 4 and (evaluations["results"] > 0).all()
+    train.main([*common, "-n", "1536", *options, *params, "--resume"])
+    assert RecurrentPPG.load(run_folder / "CartPoleNoVel-v1.zip", device="cpu").num_timesteps == 1536
+    capsys.readouterr()
+    enjoy.main([*common, "--no-render", "-n", "200", "--verbose", "1"])
+    out = capsys.readouterr().out
+    assert any(line.startswith("Episode Reward") for line in out.splitlines())
