@@ -14,6 +14,9 @@ from sb3_ppg import RecurrentPPG
 from sb3_ppg.common.recurrent.buffers import sequence_minibatches, stack_states
 from sb3_ppg.ppg_recurrent.policies import resolve_lstm_arch
 
+# Some runs here stop before an auxiliary phase on purpose (the buffer's state is what they check)
+pytestmark = pytest.mark.filterwarnings(r"ignore:learn\(total_timesteps=.*this learn\(\) trains as plain PPO")
+
 #: One auxiliary phase every 2 rollouts of 16 steps, minibatches of 2 env sequences, LSTMs of 8 units
 SMALL = dict(n_steps=16, batch_size=32, n_policy_iters=2, n_aux_epochs=2, aux_batch_rollouts=2)
 SMALL_POLICY = dict(lstm_hidden_size=8, net_arch=[8])
@@ -196,6 +199,23 @@ def test_evaluate_policy_and_save_load(tmp_path) -> None:
     loaded.set_env(make_vec_env("CartPole-v1", n_envs=4, seed=6))
     loaded.learn(128)
     assert loaded.n_aux_phases == 2
+
+
+def test_aux_buffer_save_and_load(tmp_path) -> None:
+    """save_aux_buffer / load_aux_buffer keep the rollouts' start states and episode starts; another shape is refused."""
+    model = small_model(n_policy_iters=3)
+    model.learn(128)  # two of three iterations stored
+    buffer = model.aux_buffer
+    assert buffer.n_iterations == 2 and np.abs(buffer.lstm_start_states[4:8]).max() > 0
+    model.save_aux_buffer(tmp_path / "aux.npz")
+    other = small_model(n_policy_iters=3, seed=1)
+    other.load_aux_buffer(tmp_path / "aux.npz")
+    assert other.aux_buffer.pos == buffer.pos
+    np.testing.assert_array_equal(other.aux_buffer.lstm_start_states, buffer.lstm_start_states)
+    np.testing.assert_array_equal(other.aux_buffer.episode_starts, buffer.episode_starts)
+    wider = small_model(n_policy_iters=3, policy_kwargs=dict(lstm_hidden_size=16))
+    with pytest.raises(ValueError, match="lstm_start_states"):
+        wider.load_aux_buffer(tmp_path / "aux.npz")
 
 
 def test_dict_observations_box_actions_and_gsde() -> None:

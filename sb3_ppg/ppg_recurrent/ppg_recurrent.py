@@ -1,5 +1,7 @@
 """Recurrent PPG: PPG with LSTM policies, trained on whole env sequences in both phases."""
 
+import io
+import pathlib
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -255,6 +257,16 @@ class RecurrentPPG(PPG):
         super().set_run_state(state)
         dtype = self.policy.action_net.weight.dtype
         self._last_lstm_states = unstack_states(th.as_tensor(state.last_lstm_states, dtype=dtype, device=self.device))
+
+    def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
+        """
+        Load an auxiliary buffer saved by ``save_aux_buffer`` (with its start states and episode starts), checked first.
+
+        :param path: Path to the saved buffer
+        """
+        if self.aux_buffer is None:
+            raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
+        self.aux_buffer.copy_from(RecurrentAuxiliaryBuffer.load(path, self.verbose), path)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_last_lstm_states"]
