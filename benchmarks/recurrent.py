@@ -9,6 +9,11 @@ are not timed), in turns A B A B..., so that the load of other processes on a sh
 runs its auxiliary phase every ``n_policy_iters`` = 8 rollouts (``--n-policy-iters``), 6 epochs of minibatches of 8
 rollouts (256 steps, the policy minibatch's size; ``--aux-batch-rollouts``). One torch thread by default
 (``--threads``). The report prints env steps/s of every run, the median of each algorithm and the ratio.
+
+    python benchmarks/recurrent.py --learn 0 1 2 --out recurrent_learning.json
+
+trains each algorithm for the zoo's 100k steps (``--learn-timesteps``) once per seed, the two in turns, and reports the
+mean return of each run's last 100 training episodes, and the mean and std over the seeds.
 """
 
 import argparse
@@ -21,6 +26,7 @@ import warnings
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch as th
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -93,6 +99,36 @@ def timed_run(algorithm: str, seed: int, timesteps: int, warmup: int, **ppg_sett
     return result
 
 
+def learning_run(algorithm: str, seed: int, timesteps: int, **ppg_settings: Any) -> dict:
+    """
+    Train a fresh model for ``timesteps`` env steps (the zoo's budget: 100k): the mean return of its last 100 training
+    episodes (raw rewards, before VecNormalize), and the wall time.
+    """
+    model = make_model(algorithm, seed, **ppg_settings)
+    start = time.perf_counter()
+    model.learn(timesteps)
+    seconds = time.perf_counter() - start
+    returns = [info["r"] for info in model.ep_info_buffer]
+    return {"algorithm": algorithm, "seed": seed, "timesteps": timesteps, "seconds": seconds,
+            "mean_return": float(np.mean(returns)), "episodes": len(returns)}  # fmt: skip
+
+
+def learning_report(results: list[dict], command: str) -> str:
+    """The mean return of the last 100 training episodes of each run, and per algorithm the mean and std over seeds."""
+    lines = [f"`{command}` on {cpu_name()}, {th.get_num_threads()} torch thread(s)", ""]
+    lines += ["| algorithm | seed | env steps | mean return (last 100 episodes) | seconds |", "|---|---:|---:|---:|---:|"]
+    for result in results:
+        lines.append(
+            f"| {result['algorithm']} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
+            f"| {result['seconds']:.0f} |"
+        )
+    lines.append("")
+    for algorithm in dict.fromkeys(result["algorithm"] for result in results):
+        returns = [r["mean_return"] for r in results if r["algorithm"] == algorithm]
+        lines.append(f"- {algorithm}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
+    return "\n".join(lines)
+
+
 def cpu_name() -> str:
     """The CPU's model name (``lscpu``), or the platform's processor string."""
     try:
@@ -129,25 +165,36 @@ def main() -> None:
     parser.add_argument("--aux-start-states", default="stored", choices=("stored", "recomputed"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the zoo's runs: 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learn", type=int, nargs="+", metavar="SEED", help="learning runs instead: these seeds")
+    parser.add_argument("--learn-timesteps", type=int, default=100_000, help="env steps of each learning run")
     parser.add_argument("--out", help="write the runs as JSON")
     args = parser.parse_args()
     th.set_num_threads(args.threads)
     # The untimed warm-up ends before the first auxiliary phase, on purpose
     warnings.filterwarnings("ignore", message=r"learn\(total_timesteps=")
+    command = "python benchmarks/recurrent.py " + " ".join(
+        f"--{name.replace('_', '-')} {value if not isinstance(value, list) else ' '.join(map(str, value))}"
+        for name, value in vars(args).items()
+        if value is not None and name != "out"
+    )
+    ppg_settings = dict(
+        n_policy_iters=args.n_policy_iters, aux_batch_rollouts=args.aux_batch_rollouts, aux_start_states=args.aux_start_states
+    )
+    if args.learn:
+        # Seed by seed, the two algorithms in turns
+        runs = [learning_run(algorithm, seed, args.learn_timesteps, **ppg_settings)
+                for seed in args.learn for algorithm in ("RecurrentPPG", "RecurrentPPO")]  # fmt: skip
+        print(learning_report(runs, command))
+        if args.out:
+            with open(args.out, "w") as file:
+                json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
+        return
     results = []
     for _ in range(args.rounds):
         for algorithm in ("RecurrentPPG", "RecurrentPPO"):
-            ppg_settings = dict(
-                n_policy_iters=args.n_policy_iters,
-                aux_batch_rollouts=args.aux_batch_rollouts,
-                aux_start_states=args.aux_start_states,
-            )
             result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, **ppg_settings)
             print(f"{algorithm}: {result['steps_per_second']:,.0f} env steps/s", flush=True)
             results.append(result)
-    command = "python benchmarks/recurrent.py " + " ".join(
-        f"--{name.replace('_', '-')} {value}" for name, value in vars(args).items() if value is not None and name != "out"
-    )
     print(report(results, command))
     if args.out:
         with open(args.out, "w") as file:

@@ -610,3 +610,14 @@ def test_recurrent_runs_and_reports():
     assert "| 1 | RecurrentPPG |" in report and "| 2 | RecurrentPPO |" in report
     ratio = ppg["steps_per_second"] / ppo["steps_per_second"]
     assert f"RecurrentPPG / RecurrentPPO: {ratio:.2f}x" in report
+
+
+def test_recurrent_learning_runs_and_reports():
+    """benchmarks/recurrent.py --learn: a tiny learning run per algorithm, the mean return of its training episodes."""
+    recurrent = load_script("recurrent")
+    runs = [recurrent.learning_run(algorithm, 0, 512, n_policy_iters=2) for algorithm in ("RecurrentPPG", "RecurrentPPO")]
+    for run in runs:
+        assert run["episodes"] > 0 and run["mean_return"] >= 1  # a CartPole step earns 1
+    report = recurrent.learning_report(runs, "python benchmarks/recurrent.py --learn 0")
+    assert f"| RecurrentPPG | 0 | 512 | {runs[0]['mean_return']:.1f} |" in report
+    assert f"- RecurrentPPO: {runs[1]['mean_return']:.1f} +- 0.0 over 1 seed(s)" in report
