@@ -16,7 +16,7 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.aux_buffer import AuxiliaryBuffer, aux_buffer_storage
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.checkpoints import RunState
 from sb3_ppg.common.recurrent import RNNStates
 from sb3_ppg.common.recurrent.buffers import (
@@ -127,12 +127,6 @@ class RecurrentPPG(PPG):
             where, reason = "host", f"{reason}; page-locking failed, so pageable memory"
         self._aux_buffer_storage = (where, reason)
         return buffer
-
-    def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
-        if self.n_aux_epochs == 0:
-            return "host", ""
-        layout = (self.n_policy_iters, self.n_steps, n_envs, self.observation_space, self.action_space)
-        return aux_buffer_storage(*layout, self.aux_buffer_device, self.device)
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """PPG's ``set_env``; the LSTM states start from zeros for the new envs when their number changes."""
