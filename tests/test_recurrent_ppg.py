@@ -72,6 +72,20 @@ def test_each_arch_learns_with_aux_phase(name: str) -> None:
         assert any(key.startswith("lstm_critic.") for key in changed)
 
 
+def test_separate_value_epochs_train_the_value_lstm() -> None:
+    """n_value_epochs != n_epochs: the value epochs run over the sequences and train the value network's LSTM only."""
+    model = small_model(n_value_epochs=2, n_aux_epochs=0)
+    before = {key: value.clone() for key, value in model.policy.state_dict().items()}
+    _, callback = model._setup_learn(1000)
+    model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
+    model.policy.set_training_mode(True)
+    model.n_epochs = 0  # the value epochs alone
+    model._policy_phase()
+    changed = {key for key, value in model.policy.state_dict().items() if not th.equal(value, before[key])}
+    assert any(key.startswith("lstm_critic.") for key in changed)
+    assert not any(key.startswith("lstm_actor.") for key in changed)
+
+
 @pytest.mark.parametrize("name", ["dual", "detach (shared_lstm)"])
 def test_sequences_reproduce_the_rollout(name: str) -> None:
     """
