@@ -327,11 +327,10 @@ class AuxiliaryBuffer:
         observations: Any = rollout_buffer.observations
         returns: np.ndarray | th.Tensor = rollout_buffer.returns
         source_flattened = flattened
-        on_device = self.storage == "device" and device_rollout is not None
-        if on_device and device_rollout.returns.device == self.returns.device:  # type: ignore[union-attr]
-            device_rollout.check(self.n_steps, self.n_envs)  # type: ignore[union-attr]
-            observations, returns = device_rollout.observations, device_rollout.returns  # type: ignore[union-attr]
-            source_flattened = not device_rollout.step_major  # type: ignore[union-attr]
+        if self.storage == "device" and device_rollout is not None and device_rollout.returns.device == self.returns.device:
+            device_rollout.check(self.n_steps, self.n_envs)
+            observations, returns = device_rollout.observations, device_rollout.returns
+            source_flattened = not device_rollout.step_major
         if isinstance(self.observations, dict):
             for key, array in self.observations.items():
                 self._write_env_major(array, rows, observations[key], source_flattened)
@@ -345,7 +344,9 @@ class AuxiliaryBuffer:
 
     def _gather(self, array: th.Tensor, rows: th.Tensor | slice) -> th.Tensor:
         """Some rows of a stored tensor (``rows``: a slice, or indices where it lives), flat, on ``self.device``."""
-        return array[rows].reshape(-1, *array.shape[2:]).to(self.device)
+        # index_select: several times faster than indexing with a tensor for the CPU's uint8 images (docs/throughput.md)
+        taken = array[rows] if isinstance(rows, slice) else array.index_select(0, rows)
+        return taken.reshape(-1, *array.shape[2:]).to(self.device)
 
     def _observations_to_tensor(self, rows: th.Tensor | slice) -> TensorObs:
         """Observations of some rows, flattened to (n_rows * n_steps, ...), as tensor(s) on ``self.device``."""
