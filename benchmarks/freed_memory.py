@@ -1,5 +1,5 @@
 """
-What a fresh mapping of freed memory costs on this machine: the reason for ``PPG(keep_freed_memory=True)``.
+What a fresh mapping of freed memory costs on this machine: the reason why the command line keeps freed memory.
 
 One elementwise operation (a ReLU) on a tensor of the IMPALA CNN's largest activation (its first stack at a
 micro-batch of 256 samples: 256 x 16 x 64 x 64, 64 MiB in fp32, 32 MiB in bf16), timed three ways in turn, in this
@@ -7,7 +7,7 @@ script's own process (fresh, as a training script starts):
 
 - default: glibc's own settings: the output, a block above glibc's mmap threshold, is mapped anew at every call and
   unmapped when it is freed, so the kernel maps its pages again (a minor page fault per 4 KiB);
-- kept: inside :func:`sb3_ppg.common.host_memory.freed_memory_kept` (what ``learn()`` does on a CPU): the freed block
+- kept: inside :func:`sb3_ppg.cli.host_memory.freed_memory_kept` (what the command line does on a CPU): the freed block
   stays in the heap and the next call reuses its pages;
 - preallocated: into an output tensor allocated once beforehand (``out=``): no allocation at all, the floor.
 
@@ -60,7 +60,7 @@ def measure(variant: str, args: argparse.Namespace) -> dict[str, float]:
     """
     import torch as th
 
-    from sb3_ppg.common.host_memory import freed_memory_kept
+    from sb3_ppg.cli.host_memory import freed_memory_kept
 
     th.set_num_threads(args.threads)
     source = th.randn(args.shape).to(getattr(th, DTYPES[args.dtype]))

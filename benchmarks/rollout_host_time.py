@@ -1,10 +1,7 @@
 """
-The host's time around the network, per rollout: PPG's rollout buffer (``PPGRolloutBuffer``, the default) against
-the same buffer written after the envs step (SB3's order; PPG writes each step while the envs step), SB3's
-``RolloutBuffer``, and PPG's code without its rollout host levers (SB3's ``add()`` after the step, which copies each
-step twice; on CUDA also the distributions' argument checks in the rollout, the CUDA graph key's named parameter
-walk, a copy of the rollout to the device per epoch and another for the auxiliary buffer), in alternating rounds on
-the same envs.
+The host's time around the network, per rollout: PPG's rollout buffer (``PPGRolloutBuffer``, the default: written
+while the envs step) against SB3's ``RolloutBuffer`` (``rollout_buffer_class``), in alternating rounds on the same
+envs.
 
 The model is ``arch="dual"`` on Procgen (``make_procgen_env``) with a features extractor that returns zeros, so that
 what is timed is what the host does on any device: env stepping, action sampling, the rollout buffer's writes
@@ -33,23 +30,13 @@ from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
 from sb3_ppg import PPG, make_procgen_env
 from sb3_ppg.common.cuda import gathers_on_device, rollout_to_device
-from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer
-from sb3_ppg.ppg import policies as policies_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import throughput
 
-#: The variants compared, by the name the report gives them: (rollout buffer class, with the rollout host levers, with
-#: PPG's buffers written while the envs step)
-VARIANTS = {
-    "PPGRolloutBuffer": (None, True, True),
-    "PPGRolloutBuffer, written after the envs step": (None, True, False),
-    "SB3 RolloutBuffer": (RolloutBuffer, True, False),
-    "PPGRolloutBuffer, no host levers": (None, False, False),
-}
-#: Stands for an attribute that a patched class or module did not have itself
-MISSING = object()
+#: The variants compared, by the name the report gives them: the rollout buffer class (None: PPG's default)
+VARIANTS = {"PPGRolloutBuffer": None, "SB3 RolloutBuffer": RolloutBuffer}
 
 
 class ZeroFeatures(BaseFeaturesExtractor):
@@ -64,9 +51,7 @@ class ZeroFeatures(BaseFeaturesExtractor):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """:param argv: Command-line arguments (``None``: ``sys.argv[1:]``)"""
-    parser = argparse.ArgumentParser(
-        description="Host time per rollout: PPG's rollout buffer vs SB3's, and PPG's without its rollout host levers"
-    )
+    parser = argparse.ArgumentParser(description="Host time per rollout: PPG's rollout buffer vs SB3's")
     parser.add_argument("--game", default="starpilot", help="Procgen game (easy mode)")
     parser.add_argument("--n-envs", type=int, default=64)
     parser.add_argument("--n-steps", type=int, default=256)
@@ -101,71 +86,23 @@ def synchronize(device: th.device) -> None:
         th.cuda.synchronize(device)
 
 
-@contextlib.contextmanager
-def without_host_levers(rollout_buffer: Any) -> Iterator[None]:
-    """
-    The rollout's code before its host levers (2026-11-27): SB3's ``add()`` in ``PPGRolloutBuffer`` after the envs step,
-    distributions checked in the rollout, the graph key's walk through ``module.parameters()``, no copy of the rollout
-    kept by ``train()`` (see docs/throughput.md).
-    """
-    with patched(
-        [
-            (PPGRolloutBuffer, "add", RolloutBuffer.add),
-            (rollout_buffer, "write_during_step", False),
-            (policies_module, "unchecked_distributions", lambda distribution, device, enabled=True: contextlib.nullcontext()),
-            (policies_module, "parameter_addresses", named_parameter_addresses),
-        ]
-    ):
-        yield
-
-
-@contextlib.contextmanager
-def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """Within the context, each ``(owner, name, value)`` set; then put back."""
-    saved = [(owner, name, vars(owner).get(name, MISSING)) for owner, name, _ in patches]
-    for owner, name, value in patches:
-        setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        for owner, name, value in saved:
-            if value is MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-
-
-def named_parameter_addresses(module: th.nn.Module) -> tuple[int, ...]:
-    """The graph key's parameter addresses as read before the levers: through ``parameters()`` and ``buffers()``."""
-    return tuple(tensor.data_ptr() for tensor in (*module.parameters(), *module.buffers()))
-
-
-def time_one_rollout(model: PPG, levers: bool = True, during_step: bool = True) -> dict[str, float]:
+def time_one_rollout(model: PPG) -> dict[str, float]:
     """
     Seconds of one rollout's collection (and of the rollout buffer's ``reset()`` and ``add()`` calls in it, or its
     two parts), one epoch of its minibatches, and its store in the auxiliary buffer.
-
-    :param levers: with the rollout host levers (else as :func:`without_host_levers`)
-    :param during_step: with PPG's buffers written while the envs step (else after, as SB3 does)
     """
     assert model.aux_buffer is not None
     if model.aux_buffer.full():
         model.aux_buffer.reset()
     timings = {}
-    if not levers:
-        code = without_host_levers(model.rollout_buffer)
-    elif not during_step:
-        code = patched([(model.rollout_buffer, "write_during_step", False)])
-    else:
-        code = contextlib.nullcontext()
-    with code, timed_buffer_writes(model.rollout_buffer) as writes:
+    with timed_buffer_writes(model.rollout_buffer) as writes:
         start = time.perf_counter()
         model.collect_rollouts(model.env, model._callback, model.rollout_buffer, model.n_steps)
         timings["rollout_s"] = time.perf_counter() - start
     timings["buffer_writes_s"] = writes[0]
     start = time.perf_counter()
     # As train() does: the rollout copied to the device once (where the minibatches are gathered there)
-    on_device = levers and gathers_on_device(model.rollout_buffer, model.device)
+    on_device = gathers_on_device(model.rollout_buffer, model.device)
     model._device_rollout = rollout_to_device(model.rollout_buffer, model.device) if on_device else None
     try:
         for _ in model._rollout_minibatches():
@@ -216,15 +153,15 @@ def timed_buffer_writes(buffer: BaseBuffer) -> Iterator[list[float]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Alternate the buffers for ``rounds`` timed rollouts each (after one untimed); the medians per buffer."""
     th.set_num_threads(args.torch_threads)
-    models = {name: make_model(args, variant[0]) for name, variant in VARIANTS.items()}
-    for name, model in models.items():
+    models = {name: make_model(args, rollout_buffer_class) for name, rollout_buffer_class in VARIANTS.items()}
+    for model in models.values():
         model._setup_learn(10**9, callback=None)
         model._callback = model._init_callback(None)
-        time_one_rollout(model, *VARIANTS[name][1:])
+        time_one_rollout(model)
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in models}
     for _ in range(args.rounds):
         for name, model in models.items():
-            samples[name].append(time_one_rollout(model, *VARIANTS[name][1:]))
+            samples[name].append(time_one_rollout(model))
     results = {}
     for name, rounds in samples.items():
         medians = {key: statistics.median(sample[key] for sample in rounds) for key in rounds[0]}

@@ -88,20 +88,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-freed-memory",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="Optimized mode's keep_freed_memory (on a CPU with glibc: freed memory kept in the process during learn())",
+        default=False,
+        help="Optimized mode on a CPU with glibc: freed memory kept in the process, as the command line keeps it "
+        "(sb3_ppg.cli.host_memory); default: malloc as the Python API leaves it (MALLOC_*_ variables apply)",
     )
     parser.add_argument(
         "--rollout-buffer",
         choices=("ppg", "sb3"),
         default="ppg",
         help="Optimized mode's rollout buffer: PPG's default (PPGRolloutBuffer) or SB3's RolloutBuffer (the reference's)",
-    )
-    parser.add_argument(
-        "--rollout-writes",
-        choices=("during-step", "after-step"),
-        default="during-step",
-        help="Optimized mode: PPG's rollout buffer written while the envs step (the default) or after, as SB3 does",
     )
     parser.add_argument("--num-threads", type=int, default=None, help="Procgen threads (default: make_procgen_env's)")
     parser.add_argument("--env-limit-steps", type=int, default=200, help="Timed steps of the env limit (0: skip it)")
@@ -174,14 +169,11 @@ def build_model(args: argparse.Namespace, mode: str) -> Any:
         aux_buffer_device=args.aux_buffer_device if optimized else "cpu",
         cuda_graphs=optimized and args.cuda_graphs,
         parallel_networks=optimized and args.parallel_networks,
-        keep_freed_memory=optimized and args.keep_freed_memory,
         rollout_buffer_class=None if optimized and args.rollout_buffer == "ppg" else RolloutBuffer,
         policy_kwargs=policy_kwargs,
         device=args.device,
         seed=0,
     )
-    if optimized and args.rollout_writes == "after-step":
-        model.rollout_buffer.write_during_step = False  # written after the envs step, as SB3 does
     if optimized and args.compile:
         compile_extractors(model)
     return model
@@ -427,15 +419,25 @@ def phase_seconds(seconds: dict[str, float], n_cycles: int) -> dict[str, float]:
 
 def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     """
-    Train one mode for ``n_cycles`` N_pi cycles (after the untimed warm-up of :func:`warm_up_steps`) and measure it.
+    Train one mode for ``n_cycles`` N_pi cycles (after the untimed warm-up of :func:`warm_up_steps`) and measure it,
+    with freed memory kept as the command line keeps it where ``--keep-freed-memory`` asks (optimized mode, CPU).
 
     :param args: The benchmark's arguments
     :param mode: ``"optimized"`` or ``"reference"``
     :return: The measurements
     """
-    import torch as th
+    from sb3_ppg.cli.host_memory import freed_memory_kept
 
-    from sb3_ppg.common.host_memory import freed_memory_kept
+    keep = mode == "optimized" and args.keep_freed_memory and not args.device.startswith("cuda")
+    with freed_memory_kept(keep) as kept:
+        result = train_and_measure(args, mode)
+    result["keep_freed_memory"] = kept
+    return result
+
+
+def train_and_measure(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """The measurements of :func:`run_mode`."""
+    import torch as th
 
     if args.torch_threads > 0:
         th.set_num_threads(args.torch_threads)
@@ -492,8 +494,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     }
     if cuda:
         result["peak_device_mib"] = th.cuda.max_memory_allocated() / 2**20
-    with freed_memory_kept(model._keeps_freed_memory()):  # the network calls with the memory that learn() has
-        result.update(compute_bound(model, args, synchronize))
+    result.update(compute_bound(model, args, synchronize))
     result["end_to_end_over_bound"] = result["end_to_end_env_steps_per_s"] / result["bound_env_steps_per_s"]
     result["phase_s"] = phase_seconds(timer.seconds, args.n_cycles)
     model.env.close()
@@ -504,11 +505,15 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     result["rollout_graph_failures"] = 0 if graphs is None else len(graphs.failed)
     result["parallel_networks"] = bool(model.parallel_networks and cuda and args.arch == "dual")
     result["rollout_buffer"] = type(model.rollout_buffer).__name__
-    result["rollout_writes"] = args.rollout_writes if mode == "optimized" else "after-step"
-    result["keep_freed_memory"] = model._keeps_freed_memory()
     if args.env_limit_steps > 0:
         result["env_limit_env_steps_per_s"] = env_limit(args)
     return result
+
+
+def malloc_variables() -> str:
+    """The environment's settings of glibc's malloc (``MALLOC_*_``, ``GLIBC_TUNABLES``), or ``none``."""
+    names = sorted(name for name in os.environ if name.startswith("MALLOC_") or name == "GLIBC_TUNABLES")
+    return " ".join(f"{name}={os.environ[name]}" for name in names) or "none"
 
 
 def machine() -> str:
@@ -566,9 +571,9 @@ def markdown(results: list[dict[str, Any]], args: argparse.Namespace, command: s
         f"{args.aux_batch_rollouts} rollouts per aux minibatch, device {args.device}, {args.n_cycles} timed N_pi "
         f"cycle(s), optimized mode's micro_batch_size: {args.micro_batch_size}, aux_buffer_device: "
         f"{args.aux_buffer_device}, cuda_graphs: {args.cuda_graphs}, "
-        f"parallel_networks: {args.parallel_networks}, keep_freed_memory: {args.keep_freed_memory}, rollout buffer: "
-        f"{args.rollout_buffer}, rollout writes: "
-        f"{args.rollout_writes}, procgen threads: "
+        f"parallel_networks: {args.parallel_networks}, keep_freed_memory (the command line's): "
+        f"{args.keep_freed_memory}, malloc variables: {malloc_variables()}, rollout buffer: "
+        f"{args.rollout_buffer}, procgen threads: "
         f"{'make_procgen_env default' if args.num_threads is None else args.num_threads}",
         "",
         "| mode | precision | micro-batch | channels_last | compile | end-to-end env steps/s | rollout env steps/s "

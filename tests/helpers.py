@@ -13,7 +13,7 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 from sb3_ppg import PPG
-from sb3_ppg.common import host_memory
+from sb3_ppg.cli import host_memory
 from sb3_ppg.common.checkpoints import lock_folder
 
 # One auxiliary phase every 2 iterations of 16 steps, one-rollout aux minibatches, a 16-unit MLP

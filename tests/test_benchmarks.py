@@ -10,9 +10,6 @@ import numpy as np
 import pytest
 import torch as th
 from benchmark_scripts import load_script  # tests/ is on sys.path
-from stable_baselines3.common.buffers import RolloutBuffer
-
-from sb3_ppg.common.rollout_buffers import PPGRolloutBuffer, UnflattenedRolloutBuffer
 
 # Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
 # is meant
@@ -107,8 +104,8 @@ def test_throughput_runs(tmp_path):
     assert "Optimized / reference end-to-end:" in report
     assert json.loads(json_path.read_text())[0]["mode"] == "optimized"
     assert "optimized mode's micro_batch_size: 3, aux_buffer_device: auto, cuda_graphs: True" in report
-    assert "parallel_networks: True, keep_freed_memory: True, rollout buffer: ppg, rollout writes: during-step" in report
-    assert [result["rollout_writes"] for result in results] == ["during-step", "after-step"]
+    assert "parallel_networks: True, keep_freed_memory (the command line's): False, malloc variables: " in report
+    assert "rollout buffer: ppg, procgen threads: 1" in report
     # Warm-up of one policy iteration without --compile; no rollout graphs on a CPU, so none failed
     assert all(result["warm_up_s"] > 0 and result["rollout_graph_failures"] == 0 for result in results)
     assert "Untimed warm-up of optimized: one policy iteration" in report and "could not be captured" not in report
@@ -117,9 +114,9 @@ def test_throughput_runs(tmp_path):
     report = throughput.markdown(results, throughput.parse_args(args), "python benchmarks/throughput.py")
     assert "optimized: torch.compile compiled 3 graph(s) while training was timed" in report
     assert "optimized: 1 rollout forward pass(es) could not be captured in a CUDA graph" in report
-    # Freed memory kept by the optimized mode (on a CPU), not by the reference
-    assert [result["keep_freed_memory"] for result in results] == [True, False]
-    assert not throughput.parse_args(["--no-keep-freed-memory"]).keep_freed_memory
+    # Freed memory is kept only with --keep-freed-memory (as the command line keeps it), in the optimized mode
+    assert [result["keep_freed_memory"] for result in results] == [False, False]  # the Python API's default
+    assert throughput.parse_args(["--keep-freed-memory"]).keep_freed_memory
     assert throughput.parse_args(["--rollout-buffer", "sb3"]).rollout_buffer == "sb3"
     assert not throughput.parse_args(["--no-parallel-networks"]).parallel_networks
     assert f"| {results[0]['env_limit_env_steps_per_s']:.1f} |" in report
@@ -220,34 +217,13 @@ def test_throughput_time_call_queues_training_steps():
     assert throughput.phase_seconds(seconds, 2) == dict(rollout=3.0, policy=1.0, aux=6.0)
 
 
-def test_throughput_rollout_writes_after_step(monkeypatch):
-    """--rollout-writes after-step: the optimized model's rollout buffer written after the envs step, as SB3 does."""
-    from sb3_ppg.common.rollout import writes_while_envs_step
-
-    throughput = load_script("throughput")
-    args = throughput.parse_args(["--n-envs", "2", "--n-steps", "8", "--num-threads", "1", "--arch", "dual"])
-    assert args.rollout_writes == "during-step"
-    model = throughput.build_model(args, "optimized")
-    assert writes_while_envs_step(model.env, model.rollout_buffer)
-    args = throughput.parse_args(["--n-envs", "2", "--n-steps", "8", "--num-threads", "1", "--rollout-writes", "after-step"])
-    model = throughput.build_model(args, "optimized")
-    assert not writes_while_envs_step(model.env, model.rollout_buffer)
-    assert not model.rollout_buffer.write_during_step and PPGRolloutBuffer.write_during_step  # this model's only
-    model.env.close()
-
-
 def test_rollout_host_time_runs(tmp_path, capsys):
-    """benchmarks/rollout_host_time.py in a tiny configuration: the four variants timed, the report and the JSON."""
+    """benchmarks/rollout_host_time.py in a tiny configuration: the two buffers timed, the report and the JSON."""
     rollout_host_time = load_script("rollout_host_time")
     json_path = tmp_path / "host.json"
     args = ["--n-envs", "2", "--n-steps", "8", "--n-minibatches", "2", "--rounds", "2", "--num-threads", "1"]
     results = rollout_host_time.main([*args, "--json", str(json_path)])
-    assert list(results) == [
-        "PPGRolloutBuffer",
-        "PPGRolloutBuffer, written after the envs step",
-        "SB3 RolloutBuffer",
-        "PPGRolloutBuffer, no host levers",
-    ]
+    assert list(results) == ["PPGRolloutBuffer", "SB3 RolloutBuffer"]
     for medians in results.values():
         assert all(medians[key] > 0 for key in ("rollout_s", "buffer_writes_s", "minibatches_s", "aux_add_s"))
         assert medians["buffer_writes_s"] < medians["rollout_s"]
@@ -261,29 +237,14 @@ def test_rollout_host_time_runs(tmp_path, capsys):
     # The stand-in features extractor does no work: zeros for every observation
     extractor = rollout_host_time.ZeroFeatures(rollout_host_time.spaces.Box(0, 255, (3, 8, 8), np.uint8), 5)
     assert th.equal(extractor(th.ones(4, 3, 8, 8)), th.zeros(4, 5))
-    # The variant without the host levers swaps in the code before them, and back
-    policies = rollout_host_time.policies_module
-    levers = (policies.unchecked_distributions, policies.parameter_addresses)
-    buffer = PPGRolloutBuffer(8, rollout_host_time.spaces.Box(0, 1, (2,)), rollout_host_time.spaces.Discrete(2))
-    with rollout_host_time.without_host_levers(buffer):
-        assert policies.unchecked_distributions is not levers[0]
-        assert policies.parameter_addresses is rollout_host_time.named_parameter_addresses
-        assert PPGRolloutBuffer.add is RolloutBuffer.add
-        assert not buffer.write_during_step
-    assert (policies.unchecked_distributions, policies.parameter_addresses) == levers
-    assert buffer.write_during_step and "write_during_step" not in vars(buffer)
-    assert "add" not in vars(PPGRolloutBuffer) and PPGRolloutBuffer.add is UnflattenedRolloutBuffer.add
+    # Each part timed; the buffer's timers removed afterwards, PPG's add() (its two parts) timed once
     model = rollout_host_time.make_model(rollout_host_time.parse_args(args), None)
     model._setup_learn(10**9, callback=None)
     model._callback = model._init_callback(None)
-    timings = rollout_host_time.time_one_rollout(model, levers=False)
+    timings = rollout_host_time.time_one_rollout(model)
     assert all(timings[key] > 0 for key in ("rollout_s", "minibatches_s", "aux_add_s")) and model.aux_buffer.pos == 2
-    assert "add" not in vars(model.rollout_buffer) and "reset" not in vars(model.rollout_buffer)  # the timers removed
-    addresses = rollout_host_time.named_parameter_addresses(model.policy)
-    assert sorted(addresses) == sorted(levers[1](model.policy))
-    timings = rollout_host_time.time_one_rollout(model, during_step=False)  # PPG's add(): its two parts, timed once
     assert 0 < timings["buffer_writes_s"] < timings["rollout_s"]
-    assert not {"add", "add_before_step", "add_after_step"} & set(vars(model.rollout_buffer))
+    assert not {"reset", "add", "add_before_step", "add_after_step"} & set(vars(model.rollout_buffer))
     model.env.close()
 
 
@@ -333,7 +294,7 @@ def test_gpu_checks_script(tmp_path):
     args = load_script("throughput").parse_args([*config, "--rollout-buffer", "sb3", "--parallel-networks"])
     assert (args.device, args.arch, args.n_envs, args.precision, args.rollout_buffer) == ("cuda", "dual", 64, "bf16", "sb3")
     steps = re.findall(r"^throughput (\w+) (\d+)(.*)$", text, re.MULTILINE)
-    assert "compile" in [name for name, _, _ in steps] and len(steps) >= 9
+    assert "compile" in [name for name, _, _ in steps] and len(steps) >= 8
     for _, _, extra in steps:  # every throughput step's options exist
         load_script("throughput").parse_args([*config, *extra.split()])
     for script_name in ("rollout_host_time", "profile_phases", "vs_cleanrl"):  # the other benchmarks' options exist
@@ -434,7 +395,7 @@ def test_freed_memory_runs_each_variant(tmp_path, capsys):
     from benchmark_scripts import BENCHMARKS
     from helpers import environment_with_glibc_defaults
 
-    from sb3_ppg.common import host_memory
+    from sb3_ppg.cli import host_memory
 
     env = environment_with_glibc_defaults()
     command = [sys.executable, os.path.join(BENCHMARKS, "freed_memory.py"), "--calls", "3", "--threads", "1"]

@@ -1,10 +1,10 @@
 """
-``PPG(keep_freed_memory=True)`` (sb3_ppg/common/host_memory.py): on a CPU device with glibc, ``learn()`` keeps the
-memory it frees in the process (no ``mmap`` per large block, no trimming) and gives it back when it returns; what is
-computed does not change.
+Freed memory and the process (issue 50, item 1): ``PPG.learn()`` leaves glibc's malloc as it found it (a fresh process
+after ``learn()``, or after an exception inside it, allocates as one that never trained, and a user's own ``mallopt``
+survives); the command line keeps freed memory in its own process (sb3_ppg/cli/host_memory.py: no ``mmap`` per large
+block, no trimming, glibc's defaults and a trim when its command ends) and says so.
 """
 
-import contextlib
 import json
 import os
 import resource
@@ -13,12 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch as th
-from helpers import assert_identical, environment_with_glibc_defaults, parameters, small_ppg
+from helpers import environment_with_glibc_defaults
 
-from sb3_ppg import PPG
-from sb3_ppg.common import host_memory
-from sb3_ppg.ppg import ppg as ppg_module
+from sb3_ppg.cli import host_memory
 
 #: A block well above glibc's largest mmap threshold (32 MiB)
 BLOCK_BYTES = 64 * 2**20
@@ -99,7 +96,7 @@ def test_nothing_changes_where_it_should_not(fake_libc, monkeypatch, setting):
 FAULTS_SCRIPT = """
 import json, resource
 import torch as th
-from sb3_ppg.common import host_memory
+from sb3_ppg.cli import host_memory
 
 def faults():
     block = th.ones(BLOCK, dtype=th.uint8)
@@ -141,35 +138,98 @@ def test_glibc_maps_a_kept_block_once():
     assert result["after"] < result["inside"] - BLOCK_BYTES // 2, result
 
 
-def test_learn_keeps_freed_memory_on_a_cpu_with_the_same_results(monkeypatch):
-    spy: list[bool] = []  # the ``enabled`` that each learn() gave freed_memory_kept
-    original = ppg_module.freed_memory_kept
+#: Run in a fresh process: the model of a tiny CartPole run built, then (but for ``control``) trained, and glibc's malloc
+#: observed afterwards as a user's program would see it: two 2 MiB ``malloc`` / ``free`` pairs (whether glibc served
+#: each with a fresh ``mmap``: the chunk header's IS_MMAPPED bit), then a NumPy loop of 300 operations on 2 MiB arrays
+#: (its minor page faults). ``exception``: ``learn()`` raises from a callback; ``user_mallopt``: the program set
+#: ``mallopt(M_MMAP_MAX, 0)`` before.
+MALLOC_SCRIPT = """
+import ctypes, json, resource, sys
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.env_util import make_vec_env
+from sb3_ppg import PPG
 
-    @contextlib.contextmanager
-    def recorded(enabled: bool = True):
-        spy.append(enabled)
-        with original(enabled) as kept:
-            yield kept
+scenario = sys.argv[1]
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.argtypes, libc.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
+libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+if scenario == "user_mallopt":
+    assert libc.mallopt(-4, 0) == 1  # M_MMAP_MAX: never mmap
 
-    monkeypatch.setattr(ppg_module, "freed_memory_kept", recorded)
-    kept = small_ppg()
-    assert kept.keep_freed_memory is True  # the default
-    kept.learn(2 * kept.n_steps * kept.n_envs)  # one auxiliary cycle
-    not_kept = small_ppg(keep_freed_memory=False)
-    not_kept.learn(2 * not_kept.n_steps * not_kept.n_envs)
-    assert spy == [True, False]
-    assert kept.n_aux_phases == not_kept.n_aux_phases == 1
-    assert_identical(parameters(kept), parameters(not_kept))
-    assert host_memory._depth == 0
-    # Not on other devices (not measured there)
-    kept.device = th.device("cuda")
-    assert not kept._keeps_freed_memory()
+class Stop(BaseCallback):
+    def _on_step(self):
+        if self.num_timesteps >= 48:
+            raise RuntimeError("stop")
+        return True
+
+model = PPG("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), n_steps=16, batch_size=16, n_policy_iters=2,
+            aux_batch_rollouts=1, seed=0, device="cpu")
+if scenario in ("learn", "user_mallopt"):
+    model.learn(64)
+elif scenario == "exception":
+    try:
+        model.learn(64, callback=Stop())
+    except RuntimeError:
+        pass
+
+def mmapped_pairs():
+    flags = []
+    for _ in range(2):
+        pointer = libc.malloc(2 * 2**20)
+        flags.append(int(ctypes.c_size_t.from_address(pointer - 8).value & 2 != 0))
+        libc.free(pointer)
+    return flags
+
+pairs = mmapped_pairs()
+array = np.ones(2**18)  # 2 MiB
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(300):
+    result = array * 2.0
+    del result
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(json.dumps(dict(pairs=pairs, faults=faults)))
+"""
 
 
-def test_keep_freed_memory_is_checked_saved_and_loaded(tmp_path):
-    with pytest.raises(ValueError, match="keep_freed_memory must be a bool, got 'yes'"):
-        small_ppg(keep_freed_memory="yes")
-    model = small_ppg(keep_freed_memory=False)
-    model.save(tmp_path / "model.zip")
-    assert PPG.load(tmp_path / "model.zip").keep_freed_memory is False
-    assert PPG.load(tmp_path / "model.zip", keep_freed_memory=True).keep_freed_memory is True
+def malloc_after(scenario: str) -> dict:
+    """What :data:`MALLOC_SCRIPT` observes in a fresh process with glibc's defaults (no ``MALLOC_*_`` variables)."""
+    env = environment_with_glibc_defaults()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(Path(__file__).parent.parent), env.get("PYTHONPATH"))))
+    run = subprocess.run([sys.executable, "-c", MALLOC_SCRIPT, scenario], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(host_memory.glibc() is None, reason="glibc's malloc only (Linux)")
+def test_learn_leaves_malloc_as_a_process_that_never_trained():
+    """
+    Issue 50 item 1, as a user tried it: on 47f6757, after learn() (or an exception inside it) both pairs were mmapped
+    ([1, 1]: glibc's dynamic mmap threshold off for good) and the NumPy loop took ~150,000 page faults against ~1,000;
+    a user's mallopt(M_MMAP_MAX, 0) was reset by learn().
+    """
+    control = malloc_after("control")
+    # glibc's dynamic threshold: the first 2 MiB block is mmapped, its free raises the threshold, the second is not
+    assert control["pairs"] == [1, 0], control
+    for scenario in ("learn", "exception"):
+        trained = malloc_after(scenario)
+        assert trained["pairs"] == control["pairs"], (scenario, trained, control)
+        # The same range of page faults: a 2 MiB array mapped anew at every operation would take 512 each (153,600)
+        assert trained["faults"] <= 3 * control["faults"] + 2000, (scenario, trained, control)
+    # The program's own setting survives learn(): glibc still never mmaps
+    assert malloc_after("user_mallopt")["pairs"] == [0, 0]
+
+
+def test_command_line_keeps_freed_memory_on_a_cpu_and_says_so(fake_libc, capsys):
+    """The command line's context: kept (and said in one line) on a CPU device, nothing on another or for --help."""
+    with host_memory.command_line_memory(["--env", "CartPole-v1", "--device", "cpu"]) as kept:
+        assert kept and fake_libc.calls == KEEP
+    assert fake_libc.calls == KEEP + RESTORE
+    assert capsys.readouterr().out.startswith("freed memory: kept in this process while it trains on the CPU")
+    fake_libc.calls.clear()
+    # Another device type (SB3 falls back to the CPU for "cuda" where there is none), and --help
+    for argv in (["--device", "mps"], ["--device", "cpu", "--help"]):
+        with host_memory.command_line_memory(argv) as kept:
+            assert not kept
+    assert fake_libc.calls == [] and capsys.readouterr().out == ""

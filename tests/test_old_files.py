@@ -50,7 +50,6 @@ def test_old_model_zip_predicts_as_recorded(name, old_paths):
     assert all(path in saved_module_paths(DATA / name) for path in old_paths)
     expected = EXPECTED[name]
     model = PPG.load(DATA / name, device="cpu")
-    assert model.keep_freed_memory is True  # added since: its default
     # The old paths are this package's own modules (not another copy of sb3_ppg that an editable install may expose)
     package = Path(sb3_ppg.__file__).parent
     for path in old_paths:
@@ -102,7 +101,7 @@ def test_old_checkpoint_resumes_with_its_run_state(tmp_path):
 
 
 #: Options that earlier versions stored in every model zip (with their defaults) and that were removed since
-REMOVED_STORED_OPTIONS = {"overlap_rollouts": False}
+REMOVED_STORED_OPTIONS = {"overlap_rollouts": False, "keep_freed_memory": True}
 
 
 def with_stored_options(source: Path, destination: Path, options: dict) -> None:

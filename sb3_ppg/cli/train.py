@@ -26,6 +26,7 @@ import torch.distributed
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
 from sb3_ppg.cli.arguments import build_zoo_argv, split_argv
+from sb3_ppg.cli.host_memory import command_line_memory
 from sb3_ppg.cli.quickstart import quickstart
 from sb3_ppg.cli.run_folders import TrainingInterrupted
 from sb3_ppg.cli.zoo import command_line_threads, run_zoo
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        with command_line_threads(argv):
+        with command_line_threads(argv), command_line_memory(argv):
             run_train_command(argv)
     except TrainingInterrupted as interrupted:
         # Ctrl-C: exit as an interrupted program does (128 + SIGINT), saying where the run can continue from

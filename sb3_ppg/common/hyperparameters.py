@@ -22,7 +22,7 @@ POLICY_MINIBATCHES = ("transitions", "envs")
 #: The hyperparameters that every PPG model zip holds (since the first release): a file without one of them was edited
 #: or damaged, and loading it would silently use the constructor's default. Those added later (``micro_batch_size``,
 #: ``precision``, ``value_clipping``, ``policy_minibatches``, ``aux_buffer_device``, ``cuda_graphs``,
-#: ``parallel_networks``, ``keep_freed_memory``) take their defaults, which keep the older models' behaviour.
+#: ``parallel_networks``) take their defaults, which keep the older models' behaviour.
 SAVED_HYPERPARAMETERS = (
     "learning_rate",
     "n_steps",
@@ -58,7 +58,6 @@ CHECKED_HYPERPARAMETERS = (
     "aux_buffer_device",
     "cuda_graphs",
     "parallel_networks",
-    "keep_freed_memory",
 )
 
 #: Options removed from PPG, each with what replaced it: the constructor and ``load()`` refuse them
@@ -67,6 +66,12 @@ REMOVED_OPTIONS = {
     "overlap_rollouts": (
         "overlapped rollouts (env groups stepped while the network acts on the next group) were measured not to pay "
         "(docs/throughput.md) and were removed; nothing replaces them: leave the option out"
+    ),
+    "keep_freed_memory": (
+        "PPG no longer changes the process's malloc settings (its mallopt calls changed them for the rest of the "
+        "process). The command line keeps freed memory in its own process; a Python program gets the same CPU speed "
+        "from glibc's variables, set before Python starts: MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647 "
+        "(docs/throughput.md)"
     ),
 }
 
@@ -210,7 +215,7 @@ def check_hyperparameters(values: dict[str, Any]) -> dict[str, Any]:
         )
     for name in ("ent_coef", "vf_coef", "kl_coef", "beta_clone", "vf_true_coef"):
         checker.number(name, 0)
-    for name in ("separate_aux_optimizer", "cuda_graphs", "parallel_networks", "keep_freed_memory"):
+    for name in ("separate_aux_optimizer", "cuda_graphs", "parallel_networks"):
         checker.check(name, isinstance(values[name], (bool, np.bool_)), f"{name} must be a bool, got {values[name]!r}")
     checker.number_or_schedule("learning_rate")
     checker.number_or_schedule("aux_learning_rate", optional=True)

@@ -22,12 +22,10 @@ from sb3_ppg.common.rollout_buffers import UnflattenedRolloutBuffer
 def writes_while_envs_step(env: VecEnv, rollout_buffer: RolloutBuffer) -> bool:
     """
     Whether the rollout writes each step into the rollout buffer while the envs step, between ``step_async()`` and
-    ``step_wait()``: with PPG's buffers (``add_before_step()``, unless their ``write_during_step`` is False) and an env
-    whose ``step()`` is SB3's (those two calls).
+    ``step_wait()``: with PPG's buffers (``add_before_step()``) and an env whose ``step()`` is SB3's (those two calls).
     """
     steps_in_two_calls = type(env).step is VecEnv.step and "step" not in vars(env)
-    ppg_buffer = isinstance(rollout_buffer, UnflattenedRolloutBuffer) and rollout_buffer.write_during_step
-    return ppg_buffer and steps_in_two_calls
+    return isinstance(rollout_buffer, UnflattenedRolloutBuffer) and steps_in_two_calls
 
 
 class RolloutAlgorithm(OnPolicyAlgorithm):

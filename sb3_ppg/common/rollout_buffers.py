@@ -52,8 +52,6 @@ class UnflattenedRolloutBuffer:
     one stores the masks before calling ``add()``.
     """
 
-    #: Whether the rollout writes each step while the envs step (``add_before_step()``); False: after, as SB3 does
-    write_during_step = True
     # SB3's buffer attributes that the methods below read
     buffer_size: int
     n_envs: int

@@ -6,10 +6,7 @@ the diagnostics they give (gathered for the logger by :class:`PhaseStats`).
 from collections import defaultdict
 
 import torch as th
-from stable_baselines3.common.distributions import Distribution
 from torch.nn import functional as F
-
-from sb3_ppg.common.distributions import kl_divergence_from_params
 
 # Per-minibatch diagnostics, detached 0-d tensors keyed by the name they are logged under
 Diagnostics = dict[str, th.Tensor]
@@ -131,27 +128,6 @@ def value_loss(
     return loss, {"value_loss": loss.detach()}
 
 
-def aux_loss(
-    distribution: Distribution,
-    old_distribution_params: th.Tensor,
-    values: th.Tensor,
-    aux_values: th.Tensor,
-    returns: th.Tensor,
-    beta_clone: float,
-    vf_true_coef: float,
-) -> tuple[th.Tensor, Diagnostics]:
-    """
-    The auxiliary phase's joint loss
-    ``beta_clone * KL(pi_old || pi) + 0.5 * MSE(aux_value, target) + vf_true_coef * 0.5 * MSE(value, target)``.
-
-    :param distribution: the current policy's distribution on the minibatch
-    :param old_distribution_params: pi_old's stored parameters on the same states
-    :return: the loss and its diagnostics (see :func:`aux_loss_from_kl` for the other parameters)
-    """
-    kl = kl_divergence_from_params(old_distribution_params, distribution)
-    return aux_loss_from_kl(kl, values, aux_values, returns, beta_clone, vf_true_coef)
-
-
 def aux_loss_from_kl(
     kl: th.Tensor,
     values: th.Tensor,
@@ -161,7 +137,9 @@ def aux_loss_from_kl(
     vf_true_coef: float,
 ) -> tuple[th.Tensor, Diagnostics]:
     """
-    The auxiliary phase's joint loss (see :func:`aux_loss`) from the KL of each state, however computed.
+    The auxiliary phase's joint loss
+    ``beta_clone * KL(pi_old || pi) + 0.5 * MSE(aux_value, target) + vf_true_coef * 0.5 * MSE(value, target)`` from
+    the KL of each state, however computed (``PPG._behaviour_cloning_kl``).
 
     :param kl: ``KL(pi_old || pi)`` of each state, shape (batch,)
     :param values: the true value function's predictions, shape (batch, 1)

@@ -33,7 +33,6 @@ from sb3_ppg.common.callbacks import iter_callbacks, rollout_boundary_callbacks
 from sb3_ppg.common.checkpoints import RunState, load_checkpoint
 from sb3_ppg.common.distributed import RunningStats
 from sb3_ppg.common.distributions import get_distribution_params, kl_divergence_from_params, unchecked_distributions
-from sb3_ppg.common.host_memory import freed_memory_kept
 from sb3_ppg.common.hyperparameters import (
     CHECKED_HYPERPARAMETERS,
     REMOVED_OPTIONS,
@@ -106,8 +105,6 @@ class PPG(RolloutAlgorithm):
     :param aux_buffer_device: Where the auxiliary buffer lives: ``"cpu"``, ``"pinned"``, ``"device"`` or ``"auto"``
     :param cuda_graphs: Replay the rollout's forward pass from CUDA graphs on a CUDA device (the same results)
     :param parallel_networks: Run ``arch="dual"``'s two networks on two CUDA streams on a CUDA device (the same results)
-    :param keep_freed_memory: On a CPU device with glibc, keep the memory that ``learn()`` frees in the process until it
-        returns, instead of mapping large blocks again at every step (the same results)
     :param micro_batch_size: The most samples per forward and backward pass; ``"auto"``: 256 for a CNN on a CPU
     :param precision: The features extractors' precision: ``"auto"``, ``"fp32"``, ``"bf16"`` or a dict per phase
     :param use_sde: Whether to use generalized State Dependent Exploration (gSDE) instead of action noise exploration
@@ -167,7 +164,6 @@ class PPG(RolloutAlgorithm):
         aux_buffer_device: str = "auto",
         cuda_graphs: bool = True,
         parallel_networks: bool = True,
-        keep_freed_memory: bool = True,
         micro_batch_size: int | str | None = "auto",
         precision: str | dict[str, str] = "auto",
         use_sde: bool = False,
@@ -229,7 +225,6 @@ class PPG(RolloutAlgorithm):
         self.aux_buffer_device = aux_buffer_device
         self.cuda_graphs = cuda_graphs
         self.parallel_networks = parallel_networks
-        self.keep_freed_memory = keep_freed_memory
         self.micro_batch_size = micro_batch_size
         self.precision = precision
         # Cumulative counters: saved with the model
@@ -562,7 +557,7 @@ class PPG(RolloutAlgorithm):
         return self.vf_coef * value_loss, diagnostics
 
     def _aux_loss(self, batch: AuxiliaryBufferSamples) -> tuple[th.Tensor, Diagnostics]:
-        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss`)."""
+        """The auxiliary loss of a minibatch, one forward pass (see :func:`~sb3_ppg.ppg.losses.aux_loss_from_kl`)."""
         distribution, values, aux_values = self.policy.forward_aux(batch.observations)
         kl = self._behaviour_cloning_kl(batch, distribution)
         return losses.aux_loss_from_kl(kl, values, aux_values, batch.returns, self.beta_clone, self.vf_true_coef)
@@ -681,23 +676,15 @@ class PPG(RolloutAlgorithm):
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
     ) -> SelfPPG:
-        """
-        SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...), and on a CPU device the memory it frees kept
-        in the process until it returns (``keep_freed_memory``).
-        """
-        with freed_memory_kept(self._keeps_freed_memory()):
-            return super().learn(
-                total_timesteps=total_timesteps,
-                callback=callback,
-                log_interval=log_interval,
-                tb_log_name=tb_log_name,
-                reset_num_timesteps=reset_num_timesteps,
-                progress_bar=progress_bar,
-            )
-
-    def _keeps_freed_memory(self) -> bool:
-        """Whether ``learn()`` keeps the memory it frees: ``keep_freed_memory`` on a CPU device (measured there only)."""
-        return bool(self.keep_freed_memory) and self.device.type == "cpu"
+        """SB3's ``learn()``, with PPG's TensorBoard run name (``PPG_1``, ...)."""
+        return super().learn(
+            total_timesteps=total_timesteps,
+            callback=callback,
+            log_interval=log_interval,
+            tb_log_name=tb_log_name,
+            reset_num_timesteps=reset_num_timesteps,
+            progress_bar=progress_bar,
+        )
 
     def _setup_learn(
         self,

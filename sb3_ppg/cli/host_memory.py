@@ -1,5 +1,8 @@
 """
-Freed memory kept in the process during CPU training (``PPG(keep_freed_memory=True)``, see docs/throughput.md).
+Freed memory kept in the command line's own process while it trains on the CPU (see docs/throughput.md). Only the
+command line does this, for its own process: the library never changes malloc's settings, which ``mallopt`` changes for
+the rest of a process (glibc's dynamic mmap threshold is off after any ``mallopt`` of these settings). A Python program
+gets the same from glibc's variables set before it starts (``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647``).
 
 glibc's ``malloc`` serves every block above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and gives it
 back to the OS when it is freed; the next block's pages are then mapped again by the kernel, one page fault per
@@ -10,6 +13,7 @@ the next step reuses the same pages; on leaving it, glibc's defaults come back a
 the OS. What is computed does not change, only where the memory comes from.
 """
 
+import argparse
 import contextlib
 import ctypes
 import functools
@@ -17,6 +21,8 @@ import os
 import platform
 import threading
 from collections.abc import Iterator
+
+from stable_baselines3.common.utils import get_device
 
 #: ``mallopt`` parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -83,3 +89,30 @@ def freed_memory_kept(enabled: bool = True) -> Iterator[bool]:
                 libc.mallopt(M_MMAP_MAX, DEFAULT_MMAP_MAX)
                 libc.mallopt(M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD)
                 libc.malloc_trim(0)  # the heap's free memory back to the OS
+
+
+@contextlib.contextmanager
+def command_line_memory(argv: list[str]) -> Iterator[bool]:
+    """
+    Within the context, a command that trains on the CPU (the zoo's ``--device``, default ``auto``) keeps the memory it
+    frees (:func:`freed_memory_kept`), said in one line (by rank 0 only under torchrun). ``-h`` / ``--help`` change
+    nothing.
+
+    :param argv: The command's arguments
+    :return: (as the context's value) whether freed memory is kept
+    """
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--device", default="auto")
+    known, _ = parser.parse_known_args(argv)
+    try:
+        on_cpu = get_device(known.device).type == "cpu"
+    except RuntimeError:  # an unknown device: the zoo says so
+        on_cpu = False
+    helping = "-h" in argv or "--help" in argv
+    with freed_memory_kept(on_cpu and not helping) as kept:
+        if kept and os.environ.get("RANK", "0") == "0":
+            print(
+                "freed memory: kept in this process while it trains on the CPU (glibc's mmap and trim thresholds off; "
+                "see docs/throughput.md)"
+            )
+        yield kept
