@@ -215,6 +215,18 @@ def test_evaluate_policy_and_save_load(tmp_path) -> None:
     assert loaded.n_aux_phases == 2
 
 
+def test_load_refuses_the_other_algorithm(tmp_path) -> None:
+    """A PPG zip given to RecurrentPPG.load, and a RecurrentPPG zip given to PPG.load, are refused with the right class."""
+    from sb3_ppg import PPG
+
+    PPG("MlpPolicy", "CartPole-v1", n_steps=16, batch_size=16, n_policy_iters=2, aux_batch_rollouts=1).save(tmp_path / "ppg")
+    with pytest.raises(ValueError, match=r"holds a PPG model .* load it with sb3_ppg.PPG.load"):
+        RecurrentPPG.load(tmp_path / "ppg.zip")
+    small_model().save(tmp_path / "recurrent")
+    with pytest.raises(ValueError, match=r"holds a RecurrentPPG model .* sb3_ppg.RecurrentPPG.load"):
+        PPG.load(tmp_path / "recurrent.zip")
+
+
 def test_aux_buffer_save_and_load(tmp_path) -> None:
     """save_aux_buffer / load_aux_buffer keep the rollouts' start states and episode starts; another shape is refused."""
     model = small_model(n_policy_iters=3)
