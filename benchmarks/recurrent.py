@@ -175,7 +175,7 @@ def main() -> None:
     command = "python benchmarks/recurrent.py " + " ".join(
         f"--{name.replace('_', '-')} {value if not isinstance(value, list) else ' '.join(map(str, value))}"
         for name, value in vars(args).items()
-        if value is not None and name != "out"
+        if value is not None and name != "out" and (args.learn or name != "learn_timesteps")
     )
     ppg_settings = dict(
         n_policy_iters=args.n_policy_iters, aux_batch_rollouts=args.aux_batch_rollouts, aux_start_states=args.aux_start_states
