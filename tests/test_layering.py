@@ -3,7 +3,8 @@ The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) 
 ppg (the algorithm) -> common`` and ``cli -> procgen -> common``, no import cycle; inside ``common``, checkpointing has
 one front door, the building blocks import no run management, the plain modules of ``common`` (``common/*.py``) import
 neither the GPU levers (``common/cuda/``) nor checkpointing, and only the algorithm and its policies (``ppg/``) import
-the GPU levers. Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
+the GPU levers; only the command line changes process-wide state (malloc's settings, torch's global defaults and
+threads). Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
 (relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
 that breaks it, so that it is shown to fail.
 """
@@ -50,6 +51,9 @@ BUILDING_BLOCKS = (
 )
 #: The modules of ``common`` that run, save, resume and scale a training run (checkpoints: the package and its modules)
 RUN_MANAGEMENT = ("checkpoints", "callbacks", "data_parallel", "save_util")
+#: Functions that change the whole process (glibc's malloc, torch's global defaults and threads): only the command line,
+#: which owns its process, may use them (issue 50)
+PROCESS_WIDE_CALLS = ("mallopt", "malloc_trim", "set_default_validate_args", "set_num_threads", "set_num_interop_threads")
 
 
 def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
@@ -176,6 +180,31 @@ def cuda_importer_violations(graph: dict[str, set[str]], package: str) -> list[s
     return violations
 
 
+def process_wide_calls(root: pathlib.Path, package: str) -> list[str]:
+    """
+    Each use of a :data:`PROCESS_WIDE_CALLS` name outside ``cli/``: an attribute (``torch.set_num_threads``), a name
+    (``from torch import set_num_threads``) or a string (``getattr(libc, "mallopt")``), as ``module:line name``.
+    """
+    found = []
+    for module, path in module_names(root, package).items():
+        if module == f"{package}.cli" or module.startswith(f"{package}.cli."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.Name):
+                name = node.id
+            elif isinstance(node, ast.alias):
+                name = node.name.rpartition(".")[2]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                name = node.value
+            else:
+                continue
+            if name in PROCESS_WIDE_CALLS:
+                found.append(f"{module}:{node.lineno} {name}")
+    return sorted(found)
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles: one per strongly connected group of modules (Tarjan's algorithm), as a closed path."""
     index: dict[str, int] = {}
@@ -241,6 +270,12 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_import_goes_down_the_layers(graph):
     assert layer_violations(graph) == []
+
+
+def test_only_the_command_line_changes_the_process():
+    """No mallopt, malloc_trim, global distribution-validation default or thread count outside ``sb3_ppg/cli/``."""
+    assert process_wide_calls(ROOT, "sb3_ppg") == []
+    assert any(" set_num_threads" in use for use in process_wide_calls(ROOT / "cli", "cli")), "the rule sees no call"
 
 
 def test_no_import_cycle(graph):
@@ -448,6 +483,25 @@ def test_gpu_lever_check_fails_on_an_import_from_outside_the_algorithm(tmp_path,
     }
     graph = synthetic_graph(tmp_path, {**allowed, **sources})
     assert cuda_importer_violations(graph, "pkg") == [violation]
+
+
+@pytest.mark.parametrize(
+    "source, violation",
+    [
+        ("import ctypes\nctypes.CDLL('libc.so.6').mallopt(-4, 0)\n", "pkg.common.host:2 mallopt"),
+        ("def trim(libc):\n    getattr(libc, 'malloc_trim')(0)\n", "pkg.common.host:2 malloc_trim"),
+        (
+            "import torch\ntorch.distributions.Distribution.set_default_validate_args(False)\n",
+            "pkg.common.host:2 set_default_validate_args",
+        ),
+        ("from torch import set_num_threads\n", "pkg.common.host:1 set_num_threads"),
+        ("import torch as th\n\n\ndef f():\n    th.set_num_interop_threads(1)\n", "pkg.common.host:5 set_num_interop_threads"),
+    ],
+)
+def test_process_wide_call_check_fails_outside_the_command_line(tmp_path, source, violation):
+    allowed = "import torch\ntorch.set_num_threads(1)\n"  # the command line owns its process
+    synthetic_graph(tmp_path, {"common/host.py": source, "cli/main.py": allowed, "cli/sub/deep.py": allowed})
+    assert process_wide_calls(tmp_path / "pkg", "pkg") == [violation]
 
 
 def test_cycle_check_fails_on_a_cycle_closed_by_a_type_only_import(tmp_path):
