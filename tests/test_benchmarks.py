@@ -558,3 +558,27 @@ def test_vs_cleanrl_reads_the_cycles_ends():
     assert vs_cleanrl.last_cycle([1.0], one_cycle) == {"cycle_seconds": None, "cycle_env_steps_per_s": None}
     marks = f"Using cpu device\n{vs_cleanrl.CYCLE_MARK} 2.5 s\n---\n{vs_cleanrl.CYCLE_MARK} 7.25 s\n"
     assert vs_cleanrl.sb3_cycle_ends(marks) == [2.5, 7.25]
+
+
+def test_recurrent_runs_and_reports():
+    """benchmarks/recurrent.py: one tiny timed run per algorithm at the zoo's settings, with the aux phase, and its table."""
+    recurrent = load_script("recurrent")
+    ppg = recurrent.timed_run("RecurrentPPG", 0, 2048, 0, n_policy_iters=2, aux_batch_rollouts=8)
+    ppo = recurrent.timed_run("RecurrentPPO", 0, 256, 0)
+    assert ppg["aux_phases"] == 4 and ppg["steps_per_second"] == 2048 / ppg["seconds"]
+    assert "aux_phases" not in ppo
+    report = recurrent.report([ppg, ppo], "python benchmarks/recurrent.py")
+    assert "| 1 | RecurrentPPG |" in report and "| 2 | RecurrentPPO |" in report
+    ratio = ppg["steps_per_second"] / ppo["steps_per_second"]
+    assert f"RecurrentPPG / RecurrentPPO: {ratio:.2f}x" in report
+
+
+def test_recurrent_learning_runs_and_reports():
+    """benchmarks/recurrent.py --learn: a tiny learning run per algorithm, the mean return of its training episodes."""
+    recurrent = load_script("recurrent")
+    runs = [recurrent.learning_run(algorithm, 0, 512, n_policy_iters=2) for algorithm in ("RecurrentPPG", "RecurrentPPO")]
+    for run in runs:
+        assert run["episodes"] > 0 and run["mean_return"] >= 1  # a CartPole step earns 1
+    report = recurrent.learning_report(runs, "python benchmarks/recurrent.py --learn 0")
+    assert f"| RecurrentPPG | 0 | 512 | {runs[0]['mean_return']:.1f} |" in report
+    assert f"- RecurrentPPO: {runs[1]['mean_return']:.1f} +- 0.0 over 1 seed(s)" in report

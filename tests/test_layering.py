@@ -1,12 +1,12 @@
 """
-The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) -> ppg (the algorithm) -> common`` and
-``cli -> procgen -> common``, no import cycle; inside ``common``, checkpointing has one front door, the building blocks
-import no run management, the plain modules of ``common`` (``common/*.py``) import neither the GPU levers
-(``common/cuda/``) nor checkpointing, and only the algorithm and its policies (``ppg/``) import the GPU levers; only the
-command line changes process-wide state (malloc's settings, torch's global defaults and threads). Every module is
-parsed (nothing is imported) and every import counts: ``import``, ``from ... import`` (relative ones too), inside
-functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package that breaks it, so that it is
-shown to fail.
+The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) or ppg_recurrent (RecurrentPPG) ->
+ppg (the algorithm) -> common`` and ``cli -> procgen -> common``, no import cycle; inside ``common``, checkpointing has
+one front door, the building blocks import no run management, the plain modules of ``common`` (``common/*.py``) import
+neither the GPU levers (``common/cuda/``) nor checkpointing, and only the algorithm and its policies (``ppg/``) import
+the GPU levers; only the command line changes process-wide state (malloc's settings, torch's global defaults and
+threads). Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
+(relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
+that breaks it, so that it is shown to fail.
 """
 
 import ast
@@ -20,15 +20,23 @@ ROOT = pathlib.Path(__file__).parent.parent / "sb3_ppg"
 
 #: The layer each top-level part of the package belongs to; any other module (the package's ``__init__``, the entry
 #: points ``train`` / ``enjoy`` / ``plot`` and the re-export modules kept for old model zips) is the facade
-LAYERS = {"cli": "cli", "ppg_mask": "maskable", "ppg": "algorithm", "procgen": "procgen", "common": "common"}
+LAYERS = {
+    "cli": "cli",
+    "ppg_mask": "maskable",
+    "ppg_recurrent": "recurrent",
+    "ppg": "algorithm",
+    "procgen": "procgen",
+    "common": "common",
+}
 #: What each layer may import: downwards only. The facade may import anything, and nothing may import it.
 ALLOWED = {
     "common": {"common"},
     "procgen": {"procgen", "common"},
     "algorithm": {"algorithm", "common"},
     "maskable": {"maskable", "algorithm", "common"},
-    "cli": {"cli", "maskable", "algorithm", "procgen", "common"},
-    "facade": {"facade", "cli", "maskable", "algorithm", "procgen", "common"},
+    "recurrent": {"recurrent", "algorithm", "common"},
+    "cli": {"cli", "maskable", "recurrent", "algorithm", "procgen", "common"},
+    "facade": {"facade", "cli", "maskable", "recurrent", "algorithm", "procgen", "common"},
 }
 #: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
 BUILDING_BLOCKS = (
@@ -314,7 +322,8 @@ def test_the_graph_sees_every_layer(graph):
     assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
     assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
     assert "sb3_ppg.ppg.ppg" in graph["sb3_ppg.ppg_mask.ppg_mask"]
-    assert {layer_of(module) for module in graph} == {"facade", "cli", "maskable", "algorithm", "procgen", "common"}
+    layers = {"facade", "cli", "maskable", "recurrent", "algorithm", "procgen", "common"}
+    assert {layer_of(module) for module in graph} == layers
 
 
 def test_only_the_maskable_layer_imports_sb3_contrib():

@@ -109,11 +109,11 @@ def build_zoo_argv(argv: list[str]) -> list[str]:
         raise ValueError("--preset and -conf both choose the hyperparameter file: pass only one")
     if known.conf_file is None and algo == "ppg":
         zoo_argv += ["-conf", hyperparams_file(known.preset or "paper")]
-    if algo == "maskable_ppg":
+    if algo in ("maskable_ppg", "recurrent_ppg"):
         if known.preset is not None:
-            raise ValueError("--preset chooses PPG's Procgen settings (--algo ppg): leave it out with --algo maskable_ppg")
+            raise ValueError(f"--preset chooses PPG's Procgen settings (--algo ppg): leave it out with --algo {algo}")
         if known.conf_file is None:
-            zoo_argv += ["-conf", str(HYPERPARAMS_DIR / "maskable_ppg.yml")]
+            zoo_argv += ["-conf", str(HYPERPARAMS_DIR / f"{algo}.yml")]
     return expand_user_paths(zoo_argv)
 
 

@@ -146,11 +146,13 @@ def check_model_zip(
     data, members = saved
     policy_class = saved_policy_class(data, custom_objects)
     check_policy_class(where, data, policy_class, policy_base)
-    # The algorithm of the zip's policy and of this class's policies (MlpPolicy: "PPG" for PPG and its subclasses,
-    # "MaskablePPG" for MaskablePPG): a MaskablePPG zip given to PPG.load would load, then train and predict without
+    # The algorithm of the zip's policy and of this class's policies ("PPG" for PPG, "MaskablePPG" for MaskablePPG,
+    # "RecurrentPPG" for RecurrentPPG): a MaskablePPG zip given to PPG.load would load, then train and predict without
     # the masks
     saved_algorithm = getattr(policy_class, "algorithm_name", None)
-    expected = getattr(algorithm.policy_aliases.get("MlpPolicy"), "algorithm_name", None)  # type: ignore[attr-defined]
+    aliases = algorithm.policy_aliases.values()  # type: ignore[attr-defined]
+    expected_names = {getattr(alias, "algorithm_name", None) for alias in aliases} - {None}
+    expected = next(iter(expected_names)) if len(expected_names) == 1 else None
     if saved_algorithm is not None and expected is not None and saved_algorithm != expected:
         raise ValueError(
             f"{where} holds a {saved_algorithm} model (policy {class_name(policy_class)}), not a {expected} one: "

@@ -50,6 +50,9 @@ class RunState:
     last_episode_starts: np.ndarray | None
     #: The running discounted returns of ``PPG(normalize_reward=True)``'s reward normalizer (per env of this rank)
     reward_running_return: np.ndarray | None = None
+    #: A recurrent model's LSTM states after the last rollout step (``RecurrentPPG``'s: its next step's input); None
+    #: for the other models
+    last_lstm_states: np.ndarray | None = None
 
     @classmethod
     def of(cls, model: Any) -> "RunState":
@@ -180,6 +183,8 @@ def write_run_state(model: ResumableModel, folder: pathlib.Path, rollout_files: 
         arrays["last_episode_starts"] = np.asarray(state.last_episode_starts)
     if state.reward_running_return is not None:
         arrays["reward_running_return"] = np.asarray(state.reward_running_return, dtype=np.float64)
+    if state.last_lstm_states is not None:
+        arrays["last_lstm_states"] = np.asarray(state.last_lstm_states)
     pickled_envs = None
     if model.env is not None:
         metadata["env"], env_arrays, pickled_envs = get_vec_env_state(model.env)
@@ -218,6 +223,7 @@ def restore_run_state(
         last_original_obs=_obs_from_arrays("last_original_obs", arrays),
         last_episode_starts=arrays.get("last_episode_starts"),
         reward_running_return=arrays.get("reward_running_return"),
+        last_lstm_states=arrays.get("last_lstm_states"),
     )
     if model.env is not None and "env" in metadata:
         pickled = pickled_envs.read_bytes() if pickled_envs is not None else None

@@ -1,0 +1,205 @@
+"""
+RecurrentPPG against sb3-contrib's RecurrentPPO, side by side in one process, at rl-zoo3's tuned ``CartPoleNoVel-v1``
+settings (hyperparams/ppo_lstm.yml: 8 envs, n_steps 32, batch 256, 20 epochs, LSTM 64 with a critic LSTM, VecNormalize).
+
+    python benchmarks/recurrent.py --rounds 3 --timesteps 8192 --out recurrent.json
+
+Each round trains each algorithm once for ``--timesteps`` env steps from a fresh model (after ``--warmup`` steps that
+are not timed), in turns A B A B..., so that the load of other processes on a shared machine hits both. RecurrentPPG
+runs its auxiliary phase every ``n_policy_iters`` = 8 rollouts (``--n-policy-iters``), 6 epochs of minibatches of 8
+rollouts (256 steps, the policy minibatch's size; ``--aux-batch-rollouts``). One torch thread by default
+(``--threads``). The report prints env steps/s of every run, the median of each algorithm and the ratio.
+
+    python benchmarks/recurrent.py --learn 0 1 2 --out recurrent_learning.json
+
+trains each algorithm for the zoo's 100k steps (``--learn-timesteps``) once per seed, the two in turns, and reports the
+mean return of each run's last 100 training episodes, and the mean and std over the seeds.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from sb3_contrib import RecurrentPPO
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import VecNormalize
+from torch import nn
+
+from sb3_ppg import RecurrentPPG
+
+#: rl-zoo3's CartPoleNoVel-v1 entry of hyperparams/ppo_lstm.yml (RecurrentPPO), the settings both algorithms share
+ZOO_SETTINGS: dict[str, Any] = dict(
+    n_steps=32,
+    batch_size=256,
+    gae_lambda=0.8,
+    gamma=0.98,
+    n_epochs=20,
+    ent_coef=0.0,
+    max_grad_norm=0.5,  # RecurrentPPO's default, set for RecurrentPPG too
+)
+ZOO_POLICY_KWARGS: dict[str, Any] = dict(
+    ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])
+)
+ZOO_N_ENVS = 8
+
+
+def make_cartpole_no_velocity() -> gym.Env:
+    """CartPole-v1 with its velocities masked (zeros), rl-zoo3's ``CartPoleNoVel-v1``."""
+    from rl_zoo3.wrappers import MaskVelocityWrapper
+
+    return MaskVelocityWrapper(gym.make("CartPole-v1"))
+
+
+def make_model(
+    algorithm: str, seed: int, n_policy_iters: int = 8, aux_batch_rollouts: int = 8, aux_start_states: str = "stored"
+) -> BaseAlgorithm:
+    """A fresh model at the zoo's settings (``normalize: True``: VecNormalize on observations and rewards)."""
+    env = VecNormalize(make_vec_env(make_cartpole_no_velocity, n_envs=ZOO_N_ENVS, seed=seed))
+    schedules = dict(learning_rate=LinearSchedule(1e-3, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0))
+    if algorithm == "RecurrentPPO":
+        return RecurrentPPO(
+            "MlpLstmPolicy", env, **ZOO_SETTINGS, **schedules, policy_kwargs=ZOO_POLICY_KWARGS, seed=seed, device="cpu"
+        )
+    return RecurrentPPG(
+        "MlpLstmPolicy",
+        env,
+        **ZOO_SETTINGS,
+        **schedules,
+        n_policy_iters=n_policy_iters,
+        aux_batch_rollouts=aux_batch_rollouts,
+        aux_start_states=aux_start_states,
+        policy_kwargs=ZOO_POLICY_KWARGS,
+        seed=seed,
+        device="cpu",
+    )
+
+
+def timed_run(algorithm: str, seed: int, timesteps: int, warmup: int, **ppg_settings: Any) -> dict:
+    """Train a fresh model for ``warmup`` steps (untimed), then ``timesteps`` more: its env steps/s over the latter."""
+    model = make_model(algorithm, seed, **ppg_settings)
+    if warmup:
+        model.learn(warmup)
+    start = time.perf_counter()
+    model.learn(timesteps, reset_num_timesteps=False)
+    seconds = time.perf_counter() - start
+    result = {"algorithm": algorithm, "seed": seed, "timesteps": timesteps, "seconds": seconds}
+    result["steps_per_second"] = timesteps / seconds
+    if isinstance(model, RecurrentPPG):
+        result["aux_phases"] = model.n_aux_phases
+    return result
+
+
+def learning_run(algorithm: str, seed: int, timesteps: int, **ppg_settings: Any) -> dict:
+    """
+    Train a fresh model for ``timesteps`` env steps (the zoo's budget: 100k): the mean return of its last 100 training
+    episodes (raw rewards, before VecNormalize), and the wall time.
+    """
+    model = make_model(algorithm, seed, **ppg_settings)
+    start = time.perf_counter()
+    model.learn(timesteps)
+    seconds = time.perf_counter() - start
+    returns = [info["r"] for info in model.ep_info_buffer]
+    return {"algorithm": algorithm, "seed": seed, "timesteps": timesteps, "seconds": seconds,
+            "mean_return": float(np.mean(returns)), "episodes": len(returns)}  # fmt: skip
+
+
+def learning_report(results: list[dict], command: str) -> str:
+    """The mean return of the last 100 training episodes of each run, and per algorithm the mean and std over seeds."""
+    lines = [f"`{command}` on {cpu_name()}, {th.get_num_threads()} torch thread(s)", ""]
+    lines += ["| algorithm | seed | env steps | mean return (last 100 episodes) | seconds |", "|---|---:|---:|---:|---:|"]
+    for result in results:
+        lines.append(
+            f"| {result['algorithm']} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
+            f"| {result['seconds']:.0f} |"
+        )
+    lines.append("")
+    for algorithm in dict.fromkeys(result["algorithm"] for result in results):
+        returns = [r["mean_return"] for r in results if r["algorithm"] == algorithm]
+        lines.append(f"- {algorithm}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
+    return "\n".join(lines)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``lscpu``), or the platform's processor string."""
+    try:
+        output = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in output.splitlines() if line.startswith("Model name")), "")
+
+
+def report(results: list[dict], command: str) -> str:
+    """The table of the runs (in their order) and the medians, in Markdown."""
+    lines = [f"`{command}` on {cpu_name()}, {th.get_num_threads()} torch thread(s)", ""]
+    lines += ["| run | algorithm | env steps/s | aux phases |", "|---:|---|---:|---:|"]
+    for index, result in enumerate(results, 1):
+        aux = result.get("aux_phases", "")
+        lines.append(f"| {index} | {result['algorithm']} | {result['steps_per_second']:,.0f} | {aux} |")
+    medians = {}
+    for algorithm in dict.fromkeys(result["algorithm"] for result in results):
+        medians[algorithm] = statistics.median(r["steps_per_second"] for r in results if r["algorithm"] == algorithm)
+    lines.append("")
+    lines += [f"- median {algorithm}: {median:,.0f} env steps/s" for algorithm, median in medians.items()]
+    if "RecurrentPPG" in medians and "RecurrentPPO" in medians:
+        lines.append(f"- RecurrentPPG / RecurrentPPO: {medians['RecurrentPPG'] / medians['RecurrentPPO']:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of one run per algorithm (A B, A B, ...)")
+    parser.add_argument("--timesteps", type=int, default=8192, help="timed env steps per run")
+    parser.add_argument("--warmup", type=int, default=512, help="untimed env steps before each timed run")
+    parser.add_argument("--n-policy-iters", type=int, default=8, help="RecurrentPPG's N_pi")
+    parser.add_argument("--aux-batch-rollouts", type=int, default=8, help="RecurrentPPG's rollouts per aux minibatch")
+    parser.add_argument("--aux-start-states", default="stored", choices=("stored", "recomputed"))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the zoo's runs: 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learn", type=int, nargs="+", metavar="SEED", help="learning runs instead: these seeds")
+    parser.add_argument("--learn-timesteps", type=int, default=100_000, help="env steps of each learning run")
+    parser.add_argument("--out", help="write the runs as JSON")
+    args = parser.parse_args()
+    th.set_num_threads(args.threads)
+    # The untimed warm-up ends before the first auxiliary phase, on purpose
+    warnings.filterwarnings("ignore", message=r"learn\(total_timesteps=")
+    command = "python benchmarks/recurrent.py " + " ".join(
+        f"--{name.replace('_', '-')} {value if not isinstance(value, list) else ' '.join(map(str, value))}"
+        for name, value in vars(args).items()
+        if value is not None and name != "out" and (args.learn or name != "learn_timesteps")
+    )
+    ppg_settings = dict(
+        n_policy_iters=args.n_policy_iters, aux_batch_rollouts=args.aux_batch_rollouts, aux_start_states=args.aux_start_states
+    )
+    if args.learn:
+        # Seed by seed, the two algorithms in turns
+        runs = [learning_run(algorithm, seed, args.learn_timesteps, **ppg_settings)
+                for seed in args.learn for algorithm in ("RecurrentPPG", "RecurrentPPO")]  # fmt: skip
+        print(learning_report(runs, command))
+        if args.out:
+            with open(args.out, "w") as file:
+                json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
+        return
+    results = []
+    for _ in range(args.rounds):
+        for algorithm in ("RecurrentPPG", "RecurrentPPO"):
+            result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, **ppg_settings)
+            print(f"{algorithm}: {result['steps_per_second']:,.0f} env steps/s", flush=True)
+            results.append(result)
+    print(report(results, command))
+    if args.out:
+        with open(args.out, "w") as file:
+            json.dump({"command": command, "cpu": cpu_name(), "runs": results}, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
