@@ -114,7 +114,6 @@ throughput detach 120 --arch detach
 throughput detach_compile 300 --arch detach --compile
 throughput compile 360 --compile
 
-throughput writes_after_step 120 --rollout-writes after-step
 throughput sb3_buffer 120 --rollout-buffer sb3
 throughput no_parallel_networks 120 --no-parallel-networks
 throughput 256_envs 150 --n-envs 256 --n-policy-iters 4
@@ -126,9 +125,6 @@ step rollout_host_time 60 python3 benchmarks/rollout_host_time.py --device cuda 
 step profile_phases 90 python3 benchmarks/profile_phases.py --device cuda --arch dual --n-envs 64 --n-steps 256 \
     --n-policy-iters 2 --n-aux-epochs 1 --precision bf16
 
-throughput detach_writes_after_step 120 --arch detach --rollout-writes after-step
-# The writes' A/B again, in the other order (the auxiliary phase's run-to-run spread hid the end-to-end difference)
-throughput writes_after_step_repeat 120 --rollout-writes after-step
 throughput defaults_repeat 120
 
 # Issue 27's "done when" against what the steps above measured (those that ran), as the summary's last lines
