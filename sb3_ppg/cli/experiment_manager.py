@@ -23,7 +23,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback,
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 from sb3_ppg.cli.algorithms import PPG_ALGORITHMS
-from sb3_ppg.cli.curves import MonitorLineError, parse_monitor_lines
+from sb3_ppg.cli.curves import cut_monitor_log
 from sb3_ppg.cli.run_folders import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_FOLDER,
@@ -99,54 +99,6 @@ def find_resume_point(path: str) -> tuple[pathlib.Path, pathlib.Path | None]:
             stacklevel=2,
         )
     return folder, found[0]
-
-
-def cut_monitor_log(log: pathlib.Path, size: int, checkpoint: pathlib.Path) -> None:
-    """
-    Cut a resumed run's episode log (``*.monitor.csv``) back to its size when ``checkpoint`` was written, the episodes
-    after it (played again) and anything damaged there with them. The part kept must be complete episodes: a damaged
-    line in it (or a log now shorter and cut in the middle of a line) is a ``ValueError`` naming the file and the line,
-    since the resumed run would append after it (gluing its first episode onto a cut line). A log shorter than at the
-    checkpoint but made of complete lines is continued, with a warning.
-
-    :param log: The episode log
-    :param size: Its size in bytes when the checkpoint was written
-    :param checkpoint: The checkpoint the run resumes from
-    """
-    data = log.read_bytes()
-    kept = data[:size]
-    fix = (
-        "Repair that line, or delete it (its episode then stays missing from the log), then run the command again: "
-        "the resumed run appends its episodes to this file."
-    )
-    try:
-        text = kept.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = kept[: error.start].count(b"\n") + 1
-        raise ValueError(
-            f"--resume: {log}, line {line}, is not UTF-8 text ({checkpoint.name} needs the log up to byte {size:,}). {fix}"
-        ) from None
-    lines = text.split("\n")
-    try:
-        parse_monitor_lines([line.rstrip("\r") for line in lines[:-1]])
-    except MonitorLineError as error:
-        where = f"--resume: {log}, line {error.line}, {error.reason}"
-        raise ValueError(f"{where} (written before {checkpoint.name}). {fix}") from None
-    if lines[-1]:  # the part kept ends inside a line
-        where = "cut in the middle" if len(data) <= size else f"not a complete line where {checkpoint.name} left the log"
-        raise ValueError(
-            f"--resume: {log}, line {len(lines)}, is {where} ({len(data):,} bytes; {size:,} when {checkpoint.name} was "
-            f"written). {fix}"
-        )
-    if len(data) > size:
-        with open(log, "r+b") as file:
-            file.truncate(size)
-    elif len(data) < size:
-        warnings.warn(
-            f"--resume: {log} is {size - len(data):,} bytes shorter than when {checkpoint.name} was written: episodes "
-            f"logged before it are missing from the log. The run appends its episodes after line {len(lines) - 1}.",
-            stacklevel=2,
-        )
 
 
 def warn_one_minibatch(n_envs: int, n_steps: int, batch_size: int, policy_minibatches: str) -> None:
