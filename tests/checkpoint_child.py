@@ -1,4 +1,7 @@
-"""Child process of test_checkpoints.py's SIGKILL test: train with a checkpoint every iteration, resuming if it can."""
+"""
+Child process of the SIGKILL tests (test_checkpoints.py, test_recurrent_checkpoints.py): train with a checkpoint every
+iteration, resuming if it can. ALGO=recurrent trains a small RecurrentPPG instead of PPG.
+"""
 
 import os
 import pathlib
@@ -12,9 +15,11 @@ from stable_baselines3.common.env_util import make_vec_env
 import sb3_ppg.common.array_files
 import sb3_ppg.common.checkpoints.manifest
 import sb3_ppg.common.checkpoints.run_state
-from sb3_ppg import PPG, PPGCheckpointCallback
+from sb3_ppg import PPG, PPGCheckpointCallback, RecurrentPPG
 
 folder, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+recurrent = os.environ.get("ALGO") == "recurrent"
+model_class = RecurrentPPG if recurrent else PPG
 kill_at = os.environ.get("KILL_AT", "")  # "write:N" (inside the N-th file write) or "aux:N" (N-th aux minibatch)
 
 
@@ -45,22 +50,28 @@ if kill_at.startswith("write:"):
     sb3_ppg.common.checkpoints.run_state.atomic_write = atomic_write
 elif kill_at.startswith("aux:"):
     should_kill = kill_on(int(kill_at.split(":")[1]))
-    original_aux_loss = PPG._aux_loss
+    original_aux_loss = model_class._aux_loss
 
     def aux_loss(self, batch):
         if should_kill():
             os.kill(os.getpid(), signal.SIGKILL)
         return original_aux_loss(self, batch)
 
-    PPG._aux_loss = aux_loss
+    model_class._aux_loss = aux_loss
 
 env = make_vec_env("CartPole-v1", n_envs=2, seed=0)
 callback = PPGCheckpointCallback(16, str(folder / "checkpoints"), name_prefix="ppg", keep_last=3)
 try:
-    model = PPG.load_checkpoint(folder / "checkpoints", env=env)
+    model = model_class.load_checkpoint(folder / "checkpoints", env=env)
     print(f"resumed at {model.num_timesteps}", flush=True)
 except FileNotFoundError:
-    model = small_ppg(env, n_policy_iters=3, n_aux_epochs=2)
+    if recurrent:
+        lstm = dict(lstm_hidden_size=8, net_arch=[8])
+        model = RecurrentPPG(
+            "MlpLstmPolicy", env, seed=0, n_steps=16, batch_size=16, n_policy_iters=3, n_aux_epochs=2, policy_kwargs=lstm
+        )
+    else:
+        model = small_ppg(env, n_policy_iters=3, n_aux_epochs=2)
     print("started", flush=True)
 model.learn(total - model.num_timesteps, reset_num_timesteps=False, callback=callback)
 params = {name: tensor.numpy() for name, tensor in model.policy.state_dict().items()}

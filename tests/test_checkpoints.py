@@ -243,9 +243,12 @@ def test_checkpoint_records_torch_threads(tmp_path, make_model):
         th.set_num_threads(previous)
 
 
-def run_child(folder: pathlib.Path, kill_at: str = "", kill_after: float | None = None) -> int:
-    """Run tests/checkpoint_child.py; kill it with SIGKILL ``kill_after`` seconds after it starts training."""
-    env = {**os.environ, "KILL_AT": kill_at, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+def run_child(folder: pathlib.Path, kill_at: str = "", kill_after: float | None = None, algo: str = "ppg") -> int:
+    """
+    Run tests/checkpoint_child.py (``algo``: ``"ppg"`` or ``"recurrent"``); kill it with SIGKILL ``kill_after`` seconds
+    after it starts training.
+    """
+    env = {**os.environ, "KILL_AT": kill_at, "ALGO": algo, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
     child = subprocess.Popen(
         [sys.executable, str(pathlib.Path(__file__).with_name("checkpoint_child.py")), str(folder), str(KILL_TOTAL)],
         env=env,

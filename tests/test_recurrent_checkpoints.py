@@ -1,12 +1,15 @@
 """RecurrentPPG's checkpoints: a run cut anywhere, inside an auxiliary phase too, resumes bit-identical (LSTM states too)."""
 
 import pathlib
+import random
+import signal
 
 import numpy as np
 import pytest
 import torch as th
 from helpers import assert_identical, parameters
 from stable_baselines3.common.env_util import make_vec_env
+from test_checkpoints import run_child
 
 from sb3_ppg import PPGCheckpointCallback, RecurrentPPG
 from sb3_ppg.common.checkpoints import RunState
@@ -92,3 +95,26 @@ def test_run_state_of_another_model_is_refused():
     state_without = RunState(**{**vars(state), "last_lstm_states": None})
     with pytest.raises(ValueError, match="LSTM states of shape None"):
         model.set_run_state(state_without)
+
+
+@pytest.mark.slow
+def test_sigkill_anywhere_then_resume(tmp_path):
+    """
+    Killed with SIGKILL inside an auxiliary minibatch and at random moments (tests/checkpoint_child.py with a small
+    RecurrentPPG), resumed each time from its last checkpoint, the run ends with the uninterrupted run's weights.
+    """
+    assert run_child(tmp_path / "reference", algo="recurrent") == 0
+    reference = dict(np.load(tmp_path / "reference" / "final_params.npz"))
+    folder = tmp_path / "killed"
+    rng = random.Random(1)
+    kills = [("aux:3", None)] + [("", rng.uniform(0.05, 1.0)) for _ in range(2)]
+    for kill_at, kill_after in kills:
+        returncode = run_child(folder, kill_at, kill_after, algo="recurrent")
+        # The planned kill happens; a random one may come after the end of training
+        assert returncode == -signal.SIGKILL or (kill_after is not None and returncode == 0)
+    (folder / "final_params.npz").unlink(missing_ok=True)
+    assert run_child(folder, algo="recurrent") == 0
+    final = dict(np.load(folder / "final_params.npz"))
+    assert final.keys() == reference.keys()
+    for name in final:
+        assert np.array_equal(final[name], reference[name]), name
