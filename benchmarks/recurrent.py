@@ -51,6 +51,7 @@ ZOO_POLICY_KWARGS: dict[str, Any] = dict(
     ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])
 )
 ZOO_N_ENVS = 8
+ALGORITHMS = ["RecurrentPPG", "RecurrentPPO"]
 
 
 def make_cartpole_no_velocity() -> gym.Env:
@@ -109,8 +110,18 @@ def learning_run(algorithm: str, seed: int, timesteps: int, **ppg_settings: Any)
     model.learn(timesteps)
     seconds = time.perf_counter() - start
     returns = [info["r"] for info in model.ep_info_buffer]
-    return {"algorithm": algorithm, "seed": seed, "timesteps": timesteps, "seconds": seconds,
-            "mean_return": float(np.mean(returns)), "episodes": len(returns)}  # fmt: skip
+    result = {"algorithm": algorithm, "seed": seed, "timesteps": timesteps, "seconds": seconds,
+              "mean_return": float(np.mean(returns)), "episodes": len(returns)}  # fmt: skip
+    if isinstance(model, RecurrentPPG):
+        result["aux_start_states"] = model.aux_start_states
+    return result
+
+
+def run_label(result: dict) -> str:
+    """The run's algorithm, with RecurrentPPG's ``aux_start_states`` where the run recorded it."""
+    if "aux_start_states" in result:
+        return f"{result['algorithm']} ({result['aux_start_states']})"
+    return result["algorithm"]
 
 
 def learning_report(results: list[dict], command: str) -> str:
@@ -119,13 +130,13 @@ def learning_report(results: list[dict], command: str) -> str:
     lines += ["| algorithm | seed | env steps | mean return (last 100 episodes) | seconds |", "|---|---:|---:|---:|---:|"]
     for result in results:
         lines.append(
-            f"| {result['algorithm']} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
+            f"| {run_label(result)} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
             f"| {result['seconds']:.0f} |"
         )
     lines.append("")
-    for algorithm in dict.fromkeys(result["algorithm"] for result in results):
-        returns = [r["mean_return"] for r in results if r["algorithm"] == algorithm]
-        lines.append(f"- {algorithm}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
+    for label in dict.fromkeys(run_label(result) for result in results):
+        returns = [r["mean_return"] for r in results if run_label(r) == label]
+        lines.append(f"- {label}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
     return "\n".join(lines)
 
 
@@ -155,7 +166,7 @@ def report(results: list[dict], command: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of one run per algorithm (A B, A B, ...)")
     parser.add_argument("--timesteps", type=int, default=8192, help="timed env steps per run")
@@ -167,8 +178,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learn", type=int, nargs="+", metavar="SEED", help="learning runs instead: these seeds")
     parser.add_argument("--learn-timesteps", type=int, default=100_000, help="env steps of each learning run")
-    parser.add_argument("--out", help="write the runs as JSON")
-    args = parser.parse_args()
+    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS, help="the algorithms to run")
+    parser.add_argument("--out", help="write the runs as JSON (learning runs: after each run)")
+    args = parser.parse_args(argv)
     th.set_num_threads(args.threads)
     # The untimed warm-up ends before the first auxiliary phase, on purpose
     warnings.filterwarnings("ignore", message=r"learn\(total_timesteps=")
@@ -181,17 +193,20 @@ def main() -> None:
         n_policy_iters=args.n_policy_iters, aux_batch_rollouts=args.aux_batch_rollouts, aux_start_states=args.aux_start_states
     )
     if args.learn:
-        # Seed by seed, the two algorithms in turns
-        runs = [learning_run(algorithm, seed, args.learn_timesteps, **ppg_settings)
-                for seed in args.learn for algorithm in ("RecurrentPPG", "RecurrentPPO")]  # fmt: skip
+        # Seed by seed, the algorithms in turns; each finished run is printed and saved at once (a run takes minutes)
+        runs = []
+        for seed in args.learn:
+            for algorithm in args.algorithms:
+                runs.append(learning_run(algorithm, seed, args.learn_timesteps, **ppg_settings))
+                print(json.dumps(runs[-1]), flush=True)
+                if args.out:
+                    with open(args.out, "w") as file:
+                        json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
         print(learning_report(runs, command))
-        if args.out:
-            with open(args.out, "w") as file:
-                json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
         return
     results = []
     for _ in range(args.rounds):
-        for algorithm in ("RecurrentPPG", "RecurrentPPO"):
+        for algorithm in args.algorithms:
             result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, **ppg_settings)
             print(f"{algorithm}: {result['steps_per_second']:,.0f} env steps/s", flush=True)
             results.append(result)

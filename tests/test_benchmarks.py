@@ -580,5 +580,21 @@ def test_recurrent_learning_runs_and_reports():
     for run in runs:
         assert run["episodes"] > 0 and run["mean_return"] >= 1  # a CartPole step earns 1
     report = recurrent.learning_report(runs, "python benchmarks/recurrent.py --learn 0")
-    assert f"| RecurrentPPG | 0 | 512 | {runs[0]['mean_return']:.1f} |" in report
+    assert f"| RecurrentPPG (stored) | 0 | 512 | {runs[0]['mean_return']:.1f} |" in report
     assert f"- RecurrentPPO: {runs[1]['mean_return']:.1f} +- 0.0 over 1 seed(s)" in report
+
+
+def test_recurrent_learning_one_algorithm(tmp_path, capsys):
+    """--algorithms RecurrentPPG --aux-start-states recomputed: learning runs of RecurrentPPG alone, saved run by run."""
+    recurrent = load_script("recurrent")
+    output = tmp_path / "learning.json"
+    args = ["--learn", "0", "1", "--learn-timesteps", "512", "--n-policy-iters", "2", "--algorithms", "RecurrentPPG"]
+    recurrent.main([*args, "--aux-start-states", "recomputed", "--out", str(output)])
+    saved = json.loads(output.read_text())
+    assert [(run["algorithm"], run["seed"]) for run in saved["runs"]] == [("RecurrentPPG", 0), ("RecurrentPPG", 1)]
+    assert all(run["aux_start_states"] == "recomputed" and run["episodes"] > 0 for run in saved["runs"])
+    assert "--algorithms RecurrentPPG" in saved["command"] and "--aux-start-states recomputed" in saved["command"]
+    printed = capsys.readouterr().out
+    assert "RecurrentPPO" not in printed
+    returns = [run["mean_return"] for run in saved["runs"]]
+    assert f"- RecurrentPPG (recomputed): {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2 seed(s)" in printed
