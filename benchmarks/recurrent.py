@@ -13,7 +13,10 @@ rollouts (256 steps, the policy minibatch's size; ``--aux-batch-rollouts``). One
     python benchmarks/recurrent.py --learn 0 1 2 --out recurrent_learning.json
 
 trains each algorithm for the zoo's 100k steps (``--learn-timesteps``) once per seed, the two in turns, and reports the
-mean return of each run's last 100 training episodes, and the mean and std over the seeds.
+mean return of each run's last 100 training episodes, and the mean and std over the seeds. ``--env PendulumNoVel-v1``
+or ``MountainCarContinuousNoVel-v0`` runs the zoo's settings for those tasks instead (``ZOO``; RecurrentPPG's there:
+sb3_ppg/cli/hyperparams/recurrent_ppg.yml), ``--algorithms`` one of the two alone, for instance RecurrentPPG with
+``--aux-start-states recomputed``.
 """
 
 import argparse
@@ -37,57 +40,116 @@ from torch import nn
 
 from sb3_ppg import RecurrentPPG
 
-#: rl-zoo3's CartPoleNoVel-v1 entry of hyperparams/ppo_lstm.yml (RecurrentPPO), the settings both algorithms share
-ZOO_SETTINGS: dict[str, Any] = dict(
-    n_steps=32,
-    batch_size=256,
-    gae_lambda=0.8,
-    gamma=0.98,
-    n_epochs=20,
-    ent_coef=0.0,
-    max_grad_norm=0.5,  # RecurrentPPO's default, set for RecurrentPPG too
-)
-ZOO_POLICY_KWARGS: dict[str, Any] = dict(
-    ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])
-)
-ZOO_N_ENVS = 8
+#: rl-zoo3's tuned RecurrentPPO settings (hyperparams/ppo_lstm.yml) per env: the settings both algorithms share (with
+#: RecurrentPPO's default max_grad_norm of 0.5 set for RecurrentPPG too), RecurrentPPO's batch_size, and RecurrentPPG's
+#: whole-rollout batch_size and auxiliary phase (sb3_ppg/cli/hyperparams/recurrent_ppg.yml)
+ZOO: dict[str, dict[str, Any]] = {
+    "CartPoleNoVel-v1": dict(
+        base_env="CartPole-v1",
+        n_envs=8,
+        timesteps=100_000,
+        shared=dict(
+            n_steps=32,
+            gae_lambda=0.8,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            max_grad_norm=0.5,
+            learning_rate=LinearSchedule(1e-3, 0.0, 1.0),
+            clip_range=LinearSchedule(0.2, 0.0, 1.0),
+        ),
+        recurrent_ppo=dict(batch_size=256),
+        recurrent_ppg=dict(batch_size=256, n_policy_iters=8, aux_batch_rollouts=8),
+        policy_kwargs=dict(lstm_hidden_size=64, net_arch=dict(pi=[64], vf=[64]), activation_fn=nn.ReLU),
+    ),
+    "PendulumNoVel-v1": dict(
+        base_env="Pendulum-v1",
+        n_envs=4,
+        timesteps=100_000,
+        shared=dict(
+            n_steps=1024,
+            gae_lambda=0.95,
+            gamma=0.9,
+            n_epochs=10,
+            ent_coef=0.0,
+            max_grad_norm=0.5,
+            learning_rate=1e-3,
+            clip_range=0.2,
+            use_sde=True,
+            sde_sample_freq=4,
+        ),
+        recurrent_ppo=dict(batch_size=128),  # RecurrentPPO's default: the zoo sets none
+        recurrent_ppg=dict(batch_size=1024, n_policy_iters=4, aux_batch_rollouts=1),
+        policy_kwargs=dict(lstm_hidden_size=64, net_arch=dict(pi=[64], vf=[64]), activation_fn=nn.ReLU),
+    ),
+    "MountainCarContinuousNoVel-v0": dict(
+        base_env="MountainCarContinuous-v0",
+        n_envs=8,
+        timesteps=300_000,
+        shared=dict(
+            n_steps=1024,
+            gae_lambda=0.9,
+            gamma=0.9999,
+            n_epochs=10,
+            ent_coef=0.00429,
+            max_grad_norm=5.0,
+            vf_coef=0.19,
+            learning_rate=7.77e-05,
+            clip_range=0.1,
+            use_sde=True,
+            sde_sample_freq=8,
+        ),
+        recurrent_ppo=dict(batch_size=256),
+        recurrent_ppg=dict(batch_size=1024, n_policy_iters=4, aux_batch_rollouts=1),
+        policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[64], vf=[64]), log_std_init=0.0),
+    ),
+}
 ALGORITHMS = ["RecurrentPPG", "RecurrentPPO"]
 
 
-def make_cartpole_no_velocity() -> gym.Env:
-    """CartPole-v1 with its velocities masked (zeros), rl-zoo3's ``CartPoleNoVel-v1``."""
+def make_no_velocity_env(base_env: str) -> gym.Env:
+    """``base_env`` with its velocities masked (zeros): rl-zoo3's ``<name>NoVel-v<version>`` envs."""
     from rl_zoo3.wrappers import MaskVelocityWrapper
 
-    return MaskVelocityWrapper(gym.make("CartPole-v1"))
+    return MaskVelocityWrapper(gym.make(base_env))
 
 
 def make_model(
-    algorithm: str, seed: int, n_policy_iters: int = 8, aux_batch_rollouts: int = 8, aux_start_states: str = "stored"
+    algorithm: str,
+    seed: int,
+    env_id: str = "CartPoleNoVel-v1",
+    n_policy_iters: int | None = None,
+    aux_batch_rollouts: int | None = None,
+    aux_start_states: str = "stored",
 ) -> BaseAlgorithm:
-    """A fresh model at the zoo's settings (``normalize: True``: VecNormalize on observations and rewards)."""
-    env = VecNormalize(make_vec_env(make_cartpole_no_velocity, n_envs=ZOO_N_ENVS, seed=seed))
-    schedules = dict(learning_rate=LinearSchedule(1e-3, 0.0, 1.0), clip_range=LinearSchedule(0.2, 0.0, 1.0))
+    """
+    A fresh model at the zoo's settings for ``env_id`` (``normalize: True``: VecNormalize on observations and rewards);
+    RecurrentPPG's ``n_policy_iters`` and ``aux_batch_rollouts`` default to the env's entry in ``ZOO``.
+    """
+    zoo = ZOO[env_id]
+    env = VecNormalize(
+        make_vec_env(make_no_velocity_env, n_envs=zoo["n_envs"], seed=seed, env_kwargs=dict(base_env=zoo["base_env"]))
+    )
+    policy_kwargs = dict(ortho_init=False, enable_critic_lstm=True, **zoo["policy_kwargs"])
     if algorithm == "RecurrentPPO":
         return RecurrentPPO(
-            "MlpLstmPolicy", env, **ZOO_SETTINGS, **schedules, policy_kwargs=ZOO_POLICY_KWARGS, seed=seed, device="cpu"
+            "MlpLstmPolicy", env, **zoo["shared"], **zoo["recurrent_ppo"], policy_kwargs=policy_kwargs, seed=seed, device="cpu"
         )
+    ppg_settings = dict(zoo["recurrent_ppg"], aux_start_states=aux_start_states)
+    if n_policy_iters is not None:
+        ppg_settings["n_policy_iters"] = n_policy_iters
+    if aux_batch_rollouts is not None:
+        ppg_settings["aux_batch_rollouts"] = aux_batch_rollouts
     return RecurrentPPG(
-        "MlpLstmPolicy",
-        env,
-        **ZOO_SETTINGS,
-        **schedules,
-        n_policy_iters=n_policy_iters,
-        aux_batch_rollouts=aux_batch_rollouts,
-        aux_start_states=aux_start_states,
-        policy_kwargs=ZOO_POLICY_KWARGS,
-        seed=seed,
-        device="cpu",
+        "MlpLstmPolicy", env, **zoo["shared"], **ppg_settings, policy_kwargs=policy_kwargs, seed=seed, device="cpu"
     )
 
 
-def timed_run(algorithm: str, seed: int, timesteps: int, warmup: int, **ppg_settings: Any) -> dict:
+def timed_run(
+    algorithm: str, seed: int, timesteps: int, warmup: int, env_id: str = "CartPoleNoVel-v1", **ppg_settings: Any
+) -> dict:
     """Train a fresh model for ``warmup`` steps (untimed), then ``timesteps`` more: its env steps/s over the latter."""
-    model = make_model(algorithm, seed, **ppg_settings)
+    model = make_model(algorithm, seed, env_id, **ppg_settings)
     if warmup:
         model.learn(warmup)
     start = time.perf_counter()
@@ -100,17 +162,17 @@ def timed_run(algorithm: str, seed: int, timesteps: int, warmup: int, **ppg_sett
     return result
 
 
-def learning_run(algorithm: str, seed: int, timesteps: int, **ppg_settings: Any) -> dict:
+def learning_run(algorithm: str, seed: int, timesteps: int, env_id: str = "CartPoleNoVel-v1", **ppg_settings: Any) -> dict:
     """
-    Train a fresh model for ``timesteps`` env steps (the zoo's budget: 100k): the mean return of its last 100 training
-    episodes (raw rewards, before VecNormalize), and the wall time.
+    Train a fresh model on ``env_id`` for ``timesteps`` env steps (the zoo's budget): the mean return of its last 100
+    training episodes (raw rewards, before VecNormalize), and the wall time.
     """
-    model = make_model(algorithm, seed, **ppg_settings)
+    model = make_model(algorithm, seed, env_id, **ppg_settings)
     start = time.perf_counter()
     model.learn(timesteps)
     seconds = time.perf_counter() - start
     returns = [info["r"] for info in model.ep_info_buffer]
-    result = {"algorithm": algorithm, "seed": seed, "timesteps": timesteps, "seconds": seconds,
+    result = {"algorithm": algorithm, "env": env_id, "seed": seed, "timesteps": timesteps, "seconds": seconds,
               "mean_return": float(np.mean(returns)), "episodes": len(returns)}  # fmt: skip
     if isinstance(model, RecurrentPPG):
         result["aux_start_states"] = model.aux_start_states
@@ -171,16 +233,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of one run per algorithm (A B, A B, ...)")
     parser.add_argument("--timesteps", type=int, default=8192, help="timed env steps per run")
     parser.add_argument("--warmup", type=int, default=512, help="untimed env steps before each timed run")
-    parser.add_argument("--n-policy-iters", type=int, default=8, help="RecurrentPPG's N_pi")
-    parser.add_argument("--aux-batch-rollouts", type=int, default=8, help="RecurrentPPG's rollouts per aux minibatch")
+    parser.add_argument("--env", default="CartPoleNoVel-v1", choices=list(ZOO), help="the task, at the zoo's settings")
+    parser.add_argument("--n-policy-iters", type=int, help="RecurrentPPG's N_pi (default: the env's in ZOO, 8 on CartPole)")
+    parser.add_argument("--aux-batch-rollouts", type=int, help="RecurrentPPG's rollouts per aux minibatch (default: ZOO's)")
     parser.add_argument("--aux-start-states", default="stored", choices=("stored", "recomputed"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the zoo's runs: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learn", type=int, nargs="+", metavar="SEED", help="learning runs instead: these seeds")
-    parser.add_argument("--learn-timesteps", type=int, default=100_000, help="env steps of each learning run")
+    parser.add_argument("--learn-timesteps", type=int, help="env steps of each learning run (default: the zoo's budget)")
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS, help="the algorithms to run")
     parser.add_argument("--out", help="write the runs as JSON (learning runs: after each run)")
     args = parser.parse_args(argv)
+    if args.learn_timesteps is None:
+        args.learn_timesteps = ZOO[args.env]["timesteps"]
     th.set_num_threads(args.threads)
     # The untimed warm-up ends before the first auxiliary phase, on purpose
     warnings.filterwarnings("ignore", message=r"learn\(total_timesteps=")
@@ -197,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = []
         for seed in args.learn:
             for algorithm in args.algorithms:
-                runs.append(learning_run(algorithm, seed, args.learn_timesteps, **ppg_settings))
+                runs.append(learning_run(algorithm, seed, args.learn_timesteps, args.env, **ppg_settings))
                 print(json.dumps(runs[-1]), flush=True)
                 if args.out:
                     with open(args.out, "w") as file:
@@ -207,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for _ in range(args.rounds):
         for algorithm in args.algorithms:
-            result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, **ppg_settings)
+            result = timed_run(algorithm, args.seed, args.timesteps, args.warmup, args.env, **ppg_settings)
             print(f"{algorithm}: {result['steps_per_second']:,.0f} env steps/s", flush=True)
             results.append(result)
     print(report(results, command))

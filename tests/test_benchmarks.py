@@ -584,6 +584,26 @@ def test_recurrent_learning_runs_and_reports():
     assert f"- RecurrentPPO: {runs[1]['mean_return']:.1f} +- 0.0 over 1 seed(s)" in report
 
 
+@pytest.mark.parametrize("env_id", ["PendulumNoVel-v1", "MountainCarContinuousNoVel-v0"])
+def test_recurrent_zoo_settings(env_id):
+    """Both algorithms get the zoo's settings of the task; RecurrentPPG its whole-rollout batches and aux phase."""
+    recurrent = load_script("recurrent")
+    ppo, ppg = (recurrent.make_model(algorithm, 0, env_id) for algorithm in ("RecurrentPPO", "RecurrentPPG"))
+    zoo = recurrent.ZOO[env_id]
+    for model in (ppo, ppg):
+        assert model.n_envs == zoo["n_envs"] and model.n_steps == 1024 and model.use_sde
+        assert (
+            model.gamma == zoo["shared"]["gamma"]
+            and model.policy.lstm_actor.hidden_size == zoo["policy_kwargs"]["lstm_hidden_size"]
+        )
+        # The velocity is masked: the observation's last entry (Pendulum's angular velocity, MountainCar's speed) is 0
+        model.env.reset()
+        assert np.all(model.env.get_original_obs()[:, -1] == 0.0) and np.any(model.env.get_original_obs()[:, 0] != 0.0)
+    assert ppo.batch_size == zoo["recurrent_ppo"]["batch_size"] and ppg.batch_size == 1024
+    assert (ppg.n_policy_iters, ppg.aux_batch_rollouts, ppg.aux_start_states) == (4, 1, "stored")
+    assert recurrent.make_model("RecurrentPPG", 0, env_id, n_policy_iters=2).n_policy_iters == 2
+
+
 def test_recurrent_learning_one_algorithm(tmp_path, capsys):
     """--algorithms RecurrentPPG --aux-start-states recomputed: learning runs of RecurrentPPG alone, saved run by run."""
     recurrent = load_script("recurrent")
