@@ -33,6 +33,7 @@ import numpy as np
 import torch as th
 from sb3_contrib import RecurrentPPO
 from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.utils import LinearSchedule
 from stable_baselines3.common.vec_env import VecNormalize
@@ -162,18 +163,31 @@ def timed_run(
     return result
 
 
+class EpisodeReturns(BaseCallback):
+    """Records each finished training episode's return (raw rewards) with the env steps trained when it ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.curve: list[tuple[int, float]] = []
+
+    def _on_step(self) -> bool:
+        self.curve += [(self.num_timesteps, float(info["episode"]["r"])) for info in self.locals["infos"] if "episode" in info]
+        return True
+
+
 def learning_run(algorithm: str, seed: int, timesteps: int, env_id: str = "CartPoleNoVel-v1", **ppg_settings: Any) -> dict:
     """
     Train a fresh model on ``env_id`` for ``timesteps`` env steps (the zoo's budget): the mean return of its last 100
-    training episodes (raw rewards, before VecNormalize), and the wall time.
+    training episodes (raw rewards, before VecNormalize), the wall time and the curve: (env steps, return) per episode.
     """
     model = make_model(algorithm, seed, env_id, **ppg_settings)
+    episode_returns = EpisodeReturns()
     start = time.perf_counter()
-    model.learn(timesteps)
+    model.learn(timesteps, callback=episode_returns)
     seconds = time.perf_counter() - start
     returns = [info["r"] for info in model.ep_info_buffer]
     result = {"algorithm": algorithm, "env": env_id, "seed": seed, "timesteps": timesteps, "seconds": seconds,
-              "mean_return": float(np.mean(returns)), "episodes": len(returns)}  # fmt: skip
+              "mean_return": float(np.mean(returns)), "episodes": len(returns), "curve": episode_returns.curve}  # fmt: skip
     if isinstance(model, RecurrentPPG):
         result["aux_start_states"] = model.aux_start_states
     return result
@@ -200,6 +214,38 @@ def learning_report(results: list[dict], command: str) -> str:
         returns = [r["mean_return"] for r in results if run_label(r) == label]
         lines.append(f"- {label}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
     return "\n".join(lines)
+
+
+def plot_learning(results: list[dict], path: str, points: int = 50) -> None:
+    """
+    The learning curves of the runs that recorded one, a panel per env: per algorithm the mean over seeds of the mean
+    return of the last 100 training episodes at each env step, and the seeds' range.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [result for result in results if result.get("curve")]
+    env_ids = list(dict.fromkeys(result.get("env", "CartPoleNoVel-v1") for result in results))
+    figure, axes = plt.subplots(1, len(env_ids), figsize=(6 * len(env_ids), 4), squeeze=False)
+    for axis, env_id in zip(axes.flat, env_ids, strict=True):
+        runs = [result for result in results if result.get("env", "CartPoleNoVel-v1") == env_id]
+        grid = np.linspace(0, max(run["timesteps"] for run in runs), points)
+        for label in dict.fromkeys(run_label(run) for run in runs):
+            curves = []
+            for run in (run for run in runs if run_label(run) == label):
+                steps, returns = np.array(run["curve"], dtype=np.float64).T
+                last_100 = [returns[max(0, index - 99) : index + 1].mean() for index in range(len(returns))]
+                curves.append(np.interp(grid, steps, last_100, left=np.nan))
+            curves = np.array(curves)
+            axis.plot(grid, curves.mean(axis=0), label=f"{label} ({len(curves)} seeds)")
+            axis.fill_between(grid, curves.min(axis=0), curves.max(axis=0), alpha=0.15)
+        axis.set(title=env_id, xlabel="env steps", ylabel="mean return, last 100 training episodes")
+        axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
 
 
 def cpu_name() -> str:
@@ -243,7 +289,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--learn-timesteps", type=int, help="env steps of each learning run (default: the zoo's budget)")
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS, help="the algorithms to run")
     parser.add_argument("--out", help="write the runs as JSON (learning runs: after each run)")
+    parser.add_argument("--report", nargs="+", metavar="JSON", help="no runs: the learning report of these --out files")
+    parser.add_argument("--plot", help="with --learn or --report: plot the learning curves to this image file")
     args = parser.parse_args(argv)
+    if args.report:
+        runs = []
+        for path in args.report:
+            with open(path) as file:
+                saved = json.load(file)
+            print(f"`{saved['command']}` on {saved['cpu']}")
+            runs += saved["runs"]
+        print(learning_report(runs, "python benchmarks/recurrent.py --report " + " ".join(args.report)))
+        if args.plot:
+            plot_learning(runs, args.plot)
+        return
     if args.learn_timesteps is None:
         args.learn_timesteps = ZOO[args.env]["timesteps"]
     th.set_num_threads(args.threads)
@@ -252,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     command = "python benchmarks/recurrent.py " + " ".join(
         f"--{name.replace('_', '-')} {value if not isinstance(value, list) else ' '.join(map(str, value))}"
         for name, value in vars(args).items()
-        if value is not None and name != "out" and (args.learn or name != "learn_timesteps")
+        if value is not None and name not in ("out", "plot") and (args.learn or name != "learn_timesteps")
     )
     ppg_settings = dict(
         n_policy_iters=args.n_policy_iters, aux_batch_rollouts=args.aux_batch_rollouts, aux_start_states=args.aux_start_states
@@ -268,6 +327,8 @@ def main(argv: list[str] | None = None) -> None:
                     with open(args.out, "w") as file:
                         json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
         print(learning_report(runs, command))
+        if args.plot:
+            plot_learning(runs, args.plot)
         return
     results = []
     for _ in range(args.rounds):

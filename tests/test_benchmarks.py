@@ -609,7 +609,7 @@ def test_recurrent_learning_one_algorithm(tmp_path, capsys):
     recurrent = load_script("recurrent")
     output = tmp_path / "learning.json"
     args = ["--learn", "0", "1", "--learn-timesteps", "512", "--n-policy-iters", "2", "--algorithms", "RecurrentPPG"]
-    recurrent.main([*args, "--aux-start-states", "recomputed", "--out", str(output)])
+    recurrent.main([*args, "--aux-start-states", "recomputed", "--out", str(output), "--plot", str(tmp_path / "a.png")])
     saved = json.loads(output.read_text())
     assert [(run["algorithm"], run["seed"]) for run in saved["runs"]] == [("RecurrentPPG", 0), ("RecurrentPPG", 1)]
     assert all(run["aux_start_states"] == "recomputed" and run["episodes"] > 0 for run in saved["runs"])
@@ -618,3 +618,16 @@ def test_recurrent_learning_one_algorithm(tmp_path, capsys):
     assert "RecurrentPPO" not in printed
     returns = [run["mean_return"] for run in saved["runs"]]
     assert f"- RecurrentPPG (recomputed): {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2 seed(s)" in printed
+    assert (tmp_path / "a.png").stat().st_size > 0
+    # The curve holds every training episode: its last 100 are those of the mean return
+    for run in saved["runs"]:
+        steps = [step for step, _ in run["curve"]]
+        assert len(steps) >= run["episodes"] and steps == sorted(steps) and 0 < steps[0] and steps[-1] <= 512
+        assert np.mean([episode_return for _, episode_return in run["curve"][-100:]]) == pytest.approx(run["mean_return"])
+    # --report: the same table from the saved runs, without training; and their plot
+    recurrent.main(["--report", str(output), "--plot", str(tmp_path / "b.png")])
+    assert (
+        f"- RecurrentPPG (recomputed): {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2 seed(s)"
+        in capsys.readouterr().out
+    )
+    assert (tmp_path / "b.png").stat().st_size > 0
