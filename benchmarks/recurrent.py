@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.learn:
             for algorithm in args.algorithms:
                 runs.append(learning_run(algorithm, seed, args.learn_timesteps, args.env, **ppg_settings))
-                print(json.dumps(runs[-1]), flush=True)
+                print(json.dumps({key: value for key, value in runs[-1].items() if key != "curve"}), flush=True)
                 if args.out:
                     with open(args.out, "w") as file:
                         json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
