@@ -200,14 +200,19 @@ def run_label(result: dict) -> str:
     return result["algorithm"]
 
 
-def learning_report(results: list[dict], command: str) -> str:
-    """The mean return of the last 100 training episodes of each run, and per algorithm the mean and std over seeds."""
-    lines = [f"`{command}` on {cpu_name()}, {th.get_num_threads()} torch thread(s)", ""]
-    lines += ["| algorithm | seed | env steps | mean return (last 100 episodes) | seconds |", "|---|---:|---:|---:|---:|"]
+def learning_report(results: list[dict], command: str, threads: int | None = None) -> str:
+    """
+    The mean return of the last 100 training episodes of each run, and per algorithm the mean and std over seeds.
+
+    :param threads: The torch threads the runs trained with, where this process ran them
+    """
+    lines = [f"`{command}` on {cpu_name()}" + (f", {threads} torch thread(s)" if threads else ""), ""]
+    lines += ["| algorithm | seed | env steps | mean return (last 100 episodes) | seconds | env steps/s |"]
+    lines.append("|---|---:|---:|---:|---:|---:|")
     for result in results:
         lines.append(
             f"| {run_label(result)} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
-            f"| {result['seconds']:.0f} |"
+            f"| {result['seconds']:.0f} | {result['timesteps'] / result['seconds']:,.0f} |"
         )
     lines.append("")
     for label in dict.fromkeys(run_label(result) for result in results):
@@ -326,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
                 if args.out:
                     with open(args.out, "w") as file:
                         json.dump({"command": command, "cpu": cpu_name(), "runs": runs}, file, indent=1)
-        print(learning_report(runs, command))
+        print(learning_report(runs, command, th.get_num_threads()))
         if args.plot:
             plot_learning(runs, args.plot)
         return

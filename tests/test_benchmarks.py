@@ -580,7 +580,10 @@ def test_recurrent_learning_runs_and_reports():
     for run in runs:
         assert run["episodes"] > 0 and run["mean_return"] >= 1  # a CartPole step earns 1
     report = recurrent.learning_report(runs, "python benchmarks/recurrent.py --learn 0")
-    assert f"| RecurrentPPG (stored) | 0 | 512 | {runs[0]['mean_return']:.1f} |" in report
+    seconds = runs[0]["seconds"]
+    assert (
+        f"| RecurrentPPG (stored) | 0 | 512 | {runs[0]['mean_return']:.1f} | {seconds:.0f} | {512 / seconds:,.0f} |" in report
+    )
     assert f"- RecurrentPPO: {runs[1]['mean_return']:.1f} +- 0.0 over 1 seed(s)" in report
 
 
