@@ -209,15 +209,20 @@ def learning_report(results: list[dict], command: str, threads: int | None = Non
     lines = [f"`{command}` on {cpu_name()}" + (f", {threads} torch thread(s)" if threads else ""), ""]
     lines += ["| algorithm | seed | env steps | mean return (last 100 episodes) | seconds | env steps/s |"]
     lines.append("|---|---:|---:|---:|---:|---:|")
+    several_envs = len({result.get("env") for result in results}) > 1
+
+    def label(result: dict) -> str:
+        return f"{run_label(result)} on {result.get('env')}" if several_envs else run_label(result)
+
     for result in results:
         lines.append(
-            f"| {run_label(result)} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
+            f"| {label(result)} | {result['seed']} | {result['timesteps']:,} | {result['mean_return']:.1f} "
             f"| {result['seconds']:.0f} | {result['timesteps'] / result['seconds']:,.0f} |"
         )
     lines.append("")
-    for label in dict.fromkeys(run_label(result) for result in results):
-        returns = [r["mean_return"] for r in results if run_label(r) == label]
-        lines.append(f"- {label}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
+    for name in dict.fromkeys(label(result) for result in results):
+        returns = [r["mean_return"] for r in results if label(r) == name]
+        lines.append(f"- {name}: {np.mean(returns):.1f} +- {np.std(returns):.1f} over {len(returns)} seed(s)")
     return "\n".join(lines)
 
 

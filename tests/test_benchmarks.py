@@ -634,3 +634,8 @@ def test_recurrent_learning_one_algorithm(tmp_path, capsys):
         in capsys.readouterr().out
     )
     assert (tmp_path / "b.png").stat().st_size > 0
+    # Runs of two tasks: each summary is of one task
+    other = dict(saved["runs"][0], env="PendulumNoVel-v1", mean_return=-500.0)
+    report = recurrent.learning_report([*saved["runs"], other], "python benchmarks/recurrent.py --report")
+    assert f"- RecurrentPPG (recomputed) on CartPoleNoVel-v1: {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2" in report
+    assert "- RecurrentPPG (recomputed) on PendulumNoVel-v1: -500.0 +- 0.0 over 1 seed(s)" in report
