@@ -580,5 +580,62 @@ def test_recurrent_learning_runs_and_reports():
     for run in runs:
         assert run["episodes"] > 0 and run["mean_return"] >= 1  # a CartPole step earns 1
     report = recurrent.learning_report(runs, "python benchmarks/recurrent.py --learn 0")
-    assert f"| RecurrentPPG | 0 | 512 | {runs[0]['mean_return']:.1f} |" in report
+    seconds = runs[0]["seconds"]
+    assert (
+        f"| RecurrentPPG (stored) | 0 | 512 | {runs[0]['mean_return']:.1f} | {seconds:.0f} | {512 / seconds:,.0f} |" in report
+    )
     assert f"- RecurrentPPO: {runs[1]['mean_return']:.1f} +- 0.0 over 1 seed(s)" in report
+
+
+@pytest.mark.parametrize("env_id", ["PendulumNoVel-v1", "MountainCarContinuousNoVel-v0"])
+def test_recurrent_zoo_settings(env_id):
+    """Both algorithms get the zoo's settings of the task; RecurrentPPG its whole-rollout batches and aux phase."""
+    recurrent = load_script("recurrent")
+    ppo, ppg = (recurrent.make_model(algorithm, 0, env_id) for algorithm in ("RecurrentPPO", "RecurrentPPG"))
+    zoo = recurrent.ZOO[env_id]
+    for model in (ppo, ppg):
+        assert model.n_envs == zoo["n_envs"] and model.n_steps == 1024 and model.use_sde
+        assert (
+            model.gamma == zoo["shared"]["gamma"]
+            and model.policy.lstm_actor.hidden_size == zoo["policy_kwargs"]["lstm_hidden_size"]
+        )
+        # The velocity is masked: the observation's last entry (Pendulum's angular velocity, MountainCar's speed) is 0
+        model.env.reset()
+        assert np.all(model.env.get_original_obs()[:, -1] == 0.0) and np.any(model.env.get_original_obs()[:, 0] != 0.0)
+    assert ppo.batch_size == zoo["recurrent_ppo"]["batch_size"] and ppg.batch_size == 1024
+    assert (ppg.n_policy_iters, ppg.aux_batch_rollouts, ppg.aux_start_states) == (4, 1, "stored")
+    assert recurrent.make_model("RecurrentPPG", 0, env_id, n_policy_iters=2).n_policy_iters == 2
+
+
+def test_recurrent_learning_one_algorithm(tmp_path, capsys):
+    """--algorithms RecurrentPPG --aux-start-states recomputed: learning runs of RecurrentPPG alone, saved run by run."""
+    recurrent = load_script("recurrent")
+    output = tmp_path / "learning.json"
+    args = ["--learn", "0", "1", "--learn-timesteps", "512", "--n-policy-iters", "2", "--algorithms", "RecurrentPPG"]
+    recurrent.main([*args, "--aux-start-states", "recomputed", "--out", str(output), "--plot", str(tmp_path / "a.png")])
+    saved = json.loads(output.read_text())
+    assert [(run["algorithm"], run["seed"]) for run in saved["runs"]] == [("RecurrentPPG", 0), ("RecurrentPPG", 1)]
+    assert all(run["aux_start_states"] == "recomputed" and run["episodes"] > 0 for run in saved["runs"])
+    assert "--algorithms RecurrentPPG" in saved["command"] and "--aux-start-states recomputed" in saved["command"]
+    printed = capsys.readouterr().out
+    assert "RecurrentPPO" not in printed
+    returns = [run["mean_return"] for run in saved["runs"]]
+    assert f"- RecurrentPPG (recomputed): {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2 seed(s)" in printed
+    assert (tmp_path / "a.png").stat().st_size > 0
+    # The curve holds every training episode: its last 100 are those of the mean return
+    for run in saved["runs"]:
+        steps = [step for step, _ in run["curve"]]
+        assert len(steps) >= run["episodes"] and steps == sorted(steps) and 0 < steps[0] and steps[-1] <= 512
+        assert np.mean([episode_return for _, episode_return in run["curve"][-100:]]) == pytest.approx(run["mean_return"])
+    # --report: the same table from the saved runs, without training; and their plot
+    recurrent.main(["--report", str(output), "--plot", str(tmp_path / "b.png")])
+    assert (
+        f"- RecurrentPPG (recomputed): {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2 seed(s)"
+        in capsys.readouterr().out
+    )
+    assert (tmp_path / "b.png").stat().st_size > 0
+    # Runs of two tasks: each summary is of one task
+    other = dict(saved["runs"][0], env="PendulumNoVel-v1", mean_return=-500.0)
+    report = recurrent.learning_report([*saved["runs"], other], "python benchmarks/recurrent.py --report")
+    assert f"- RecurrentPPG (recomputed) on CartPoleNoVel-v1: {np.mean(returns):.1f} +- {np.std(returns):.1f} over 2" in report
+    assert "- RecurrentPPG (recomputed) on PendulumNoVel-v1: -500.0 +- 0.0 over 1 seed(s)" in report
