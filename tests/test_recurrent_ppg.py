@@ -11,7 +11,8 @@ from stable_baselines3.common.evaluation import evaluate_policy
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from sb3_ppg import RecurrentPPG
-from sb3_ppg.common.recurrent.buffers import sequence_minibatches, stack_states
+from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
+from sb3_ppg.common.recurrent.buffers import RecurrentAuxiliaryBuffer, sequence_minibatches, stack_states
 from sb3_ppg.ppg_recurrent.policies import resolve_lstm_arch
 
 # Some runs here stop before an auxiliary phase on purpose (the buffer's state is what they check)
@@ -130,6 +131,20 @@ def test_aux_buffer_stores_start_states_and_recomputes_them() -> None:
     model._compute_old_distributions()
     np.testing.assert_allclose(buffer.lstm_start_states, stored, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.array(buffer.old_distribution_params), old_stored, rtol=1e-5, atol=1e-6)
+
+
+def test_aux_buffer_memory_check_counts_its_start_states() -> None:
+    """
+    RecurrentPPG's auxiliary buffer is a ``RecurrentAuxiliaryBuffer`` with the policy's state shape, built by PPG's
+    machinery, and the memory check's estimate is its size, episode starts and start states included.
+    """
+    model = small_model(n_aux_epochs=1)
+    buffer = model.aux_buffer
+    assert isinstance(buffer, RecurrentAuxiliaryBuffer)
+    assert buffer.lstm_state_shape == (model.policy.n_lstm_layers, model.policy.lstm_hidden_size)
+    layout = (model.n_policy_iters, model.n_steps, model.n_envs, model.observation_space, model.action_space)
+    estimate = RecurrentAuxiliaryBuffer.estimate_nbytes(*layout, lstm_state_shape=buffer.lstm_state_shape)
+    assert estimate == buffer.nbytes > AuxiliaryBuffer.estimate_nbytes(*layout)
 
 
 def test_recomputed_states_are_the_current_networks() -> None:

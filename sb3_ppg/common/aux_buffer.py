@@ -563,11 +563,15 @@ def aux_buffer_storage(
     action_space: spaces.Space,
     aux_buffer_device: str,
     device: th.device,
+    buffer_class: type["AuxiliaryBuffer"] | None = None,
     **buffer_kwargs: Any,
 ) -> tuple[str, str]:
-    """Where an auxiliary buffer lives and why, its fit in host memory checked before it is allocated there."""
+    """
+    Where an auxiliary buffer (of ``buffer_class``, default :class:`AuxiliaryBuffer`) lives and why, its fit in host
+    memory checked before it is allocated there.
+    """
     layout = dict(n_policy_iters=n_policy_iters, n_steps=n_steps, n_envs=n_envs)
-    nbytes = AuxiliaryBuffer.estimate_nbytes(
+    nbytes = (buffer_class or AuxiliaryBuffer).estimate_nbytes(
         **layout, observation_space=observation_space, action_space=action_space, **buffer_kwargs
     )
     storage, reason = resolve_aux_buffer_storage(aux_buffer_device, device, nbytes)
@@ -584,14 +588,17 @@ def make_aux_buffer(
     action_space: spaces.Space,
     device: th.device,
     storage: tuple[str, str],
+    buffer_class: type["AuxiliaryBuffer"] | None = None,
     **buffer_kwargs: Any,
 ) -> tuple["AuxiliaryBuffer", tuple[str, str]]:
-    """A new auxiliary buffer, and where it lives and why (pageable memory where page-locking failed)."""
+    """
+    A new auxiliary buffer (of ``buffer_class``, default :class:`AuxiliaryBuffer`), and where it lives and why
+    (pageable memory where page-locking failed).
+    """
     where, reason = storage
     layout = (n_policy_iters, n_steps, n_envs, observation_space, action_space)
-    buffer = AuxiliaryBuffer(*layout, device=device, storage=where, **buffer_kwargs)
+    buffer = (buffer_class or AuxiliaryBuffer)(*layout, device=device, storage=where, **buffer_kwargs)
     if where == "pinned" and not buffer.pinned:
-        # Its minibatches are still prepared ahead, from pageable memory
         where, reason = "host", f"{reason}; page-locking failed, so pageable memory"
     return buffer, (where, reason)
 

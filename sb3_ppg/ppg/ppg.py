@@ -129,6 +129,7 @@ class PPG(RolloutAlgorithm):
         "ProcgenCnn": ProcgenCnn,
         "ProcgenCnnPolicy": ProcgenCnn,
     }
+    aux_buffer_class: ClassVar[type[AuxiliaryBuffer]] = AuxiliaryBuffer  # RecurrentPPG's keeps start states too
     policy: PPGPolicy
     rollout_buffer: RolloutBuffer
     max_grad_norm: float | None  # type: ignore[assignment]
@@ -608,7 +609,9 @@ class PPG(RolloutAlgorithm):
         if self.n_aux_epochs == 0:
             return None
         layout = (self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space)
-        buffer, self._aux_buffer_storage = make_aux_buffer(*layout, self.device, storage, **self._aux_buffer_kwargs())
+        buffer, self._aux_buffer_storage = make_aux_buffer(
+            *layout, self.device, storage, self.aux_buffer_class, **self._aux_buffer_kwargs()
+        )
         return buffer
 
     def _check_aux_buffer_memory(self, n_envs: int) -> tuple[str, str]:
@@ -616,7 +619,8 @@ class PPG(RolloutAlgorithm):
         if self.n_aux_epochs == 0:
             return "host", ""
         layout = (self.n_policy_iters, self.n_steps, n_envs, self.observation_space, self.action_space)
-        return aux_buffer_storage(*layout, self.aux_buffer_device, self.device, **self._aux_buffer_kwargs())
+        where = (self.aux_buffer_device, self.device, self.aux_buffer_class)
+        return aux_buffer_storage(*layout, *where, **self._aux_buffer_kwargs())
 
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """
@@ -993,4 +997,4 @@ class PPG(RolloutAlgorithm):
         if self.aux_buffer is None:
             raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
         # Loaded into CPU memory, then copied into the model's buffer (which may live elsewhere: aux_buffer_device)
-        self.aux_buffer.copy_from(AuxiliaryBuffer.load(path, self.verbose), path)
+        self.aux_buffer.copy_from(self.aux_buffer_class.load(path, self.verbose), path)

@@ -1,7 +1,5 @@
 """Recurrent PPG: PPG with LSTM policies, trained on whole env sequences in both phases."""
 
-import io
-import pathlib
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -16,7 +14,6 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.aux_buffer import AuxiliaryBuffer
 from sb3_ppg.common.checkpoints import RunState
 from sb3_ppg.common.recurrent import RNNStates
 from sb3_ppg.common.recurrent.buffers import (
@@ -69,6 +66,7 @@ class RecurrentPPG(PPG):
     }
     policy: RecurrentPPGPolicy  # type: ignore[assignment]
     aux_buffer: RecurrentAuxiliaryBuffer | None  # type: ignore[assignment]
+    aux_buffer_class = RecurrentAuxiliaryBuffer
 
     def __init__(
         self,
@@ -114,19 +112,9 @@ class RecurrentPPG(PPG):
             raise ValueError(f"RecurrentPPG needs a recurrent policy (MlpLstmPolicy...), got {type(self.policy).__name__}.")
         self._last_lstm_states = self.policy.initial_states(self.n_envs)
 
-    def _make_aux_buffer(self, check_memory: bool = True) -> AuxiliaryBuffer | None:
-        """PPG's auxiliary buffer with each rollout's episode starts and start states (:class:`RecurrentAuxiliaryBuffer`)."""
-        storage = self._check_aux_buffer_memory(self.n_envs) if check_memory else self._aux_buffer_storage
-        if self.n_aux_epochs == 0:
-            return None
-        layout = (self.n_policy_iters, self.n_steps, self.n_envs, self.observation_space, self.action_space)
-        lstm_state_shape = (self.policy.n_lstm_layers, self.policy.lstm_hidden_size)
-        where, reason = storage
-        buffer = RecurrentAuxiliaryBuffer(*layout, device=self.device, storage=where, lstm_state_shape=lstm_state_shape)
-        if where == "pinned" and not buffer.pinned:
-            where, reason = "host", f"{reason}; page-locking failed, so pageable memory"
-        self._aux_buffer_storage = (where, reason)
-        return buffer
+    def _aux_buffer_kwargs(self) -> dict[str, Any]:
+        """The auxiliary buffer's LSTM state shape (its rollouts' start states: ``RecurrentAuxiliaryBuffer``)."""
+        return {"lstm_state_shape": (self.policy.n_lstm_layers, self.policy.lstm_hidden_size)}
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """PPG's ``set_env``; the LSTM states start from zeros for the new envs when their number changes."""
@@ -252,16 +240,6 @@ class RecurrentPPG(PPG):
         super().set_run_state(state)
         dtype = self.policy.action_net.weight.dtype
         self._last_lstm_states = unstack_states(th.as_tensor(state.last_lstm_states, dtype=dtype, device=self.device))
-
-    def load_aux_buffer(self, path: str | pathlib.Path | io.BufferedIOBase) -> None:
-        """
-        Load an auxiliary buffer saved by ``save_aux_buffer`` (with its start states and episode starts), checked first.
-
-        :param path: Path to the saved buffer
-        """
-        if self.aux_buffer is None:
-            raise ValueError("This model has no auxiliary buffer (n_aux_epochs=0): it cannot load one.")
-        self.aux_buffer.copy_from(RecurrentAuxiliaryBuffer.load(path, self.verbose), path)
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_last_lstm_states"]

@@ -120,6 +120,21 @@ class RecurrentAuxiliaryBuffer(AuxiliaryBuffer):
     def _states_array(self, lstm_state_shape: tuple[int, int]) -> np.ndarray:
         return np.zeros((self.buffer_size, N_STATE_ARRAYS, *lstm_state_shape), dtype=np.float32)
 
+    @staticmethod
+    def estimate_nbytes(  # type: ignore[override]
+        n_policy_iters: int,
+        n_steps: int,
+        n_envs: int,
+        *args: Any,
+        lstm_state_shape: tuple[int, int] | None = None,
+        **kwargs: Any,
+    ) -> int:
+        """:meth:`AuxiliaryBuffer.estimate_nbytes` with the episode starts and the rollouts' start states."""
+        nbytes = AuxiliaryBuffer.estimate_nbytes(n_policy_iters, n_steps, n_envs, *args, **kwargs)
+        n_rollouts = n_policy_iters * n_envs
+        state_floats = N_STATE_ARRAYS * int(np.prod(lstm_state_shape or (0, 0)))
+        return nbytes + n_rollouts * (n_steps * np.dtype(bool).itemsize + state_floats * np.dtype(np.float32).itemsize)
+
     @property
     def nbytes(self) -> int:
         """Memory held by the buffer's arrays (episode starts and states included), in bytes."""
