@@ -261,7 +261,7 @@ def run_child(folder: pathlib.Path, kill_at: str = "", kill_after: float | None 
         child.stdout.readline()  # "started" / "resumed at ..."
         time.sleep(kill_after)
         child.send_signal(signal.SIGKILL)
-    return child.wait(timeout=120)
+    return child.wait(timeout=600)  # generous: a loaded 2-core machine runs the child several times slower
 
 
 KILL_TOTAL = 24 * ITERATION

@@ -115,3 +115,31 @@ def test_logged_statistics_are_those_of_the_per_name_reads(make_model, monkeypat
     model.learn(64)
     assert len(compared) == 6  # 4 policy phases and 2 auxiliary phases
     assert model.logger.name_to_value["aux/kl_loss"] == compared[-1]["kl_loss"]
+
+
+def test_adam_steps_multi_tensor_on_a_cpu_unless_the_user_chose(make_model):
+    model = make_model(device="cpu")
+    assert all(group["foreach"] is True for optimizer in model._optimizers() for group in optimizer.param_groups)
+    # A loaded model steps the same way
+    file = io.BytesIO()
+    model.save(file)
+    file.seek(0)
+    loaded = type(model).load(file, env=make_model().get_env(), device="cpu")
+    assert all(group["foreach"] is True for optimizer in loaded._optimizers() for group in optimizer.param_groups)
+    for choice in ({"foreach": False}, {"fused": True}, {"differentiable": False}):
+        chosen = make_model(device="cpu", policy_kwargs=dict(optimizer_kwargs=choice))
+        assert all(group["foreach"] is not True for group in chosen.policy.optimizer.param_groups), choice
+    sgd = make_model(device="cpu", policy_kwargs=dict(optimizer_class=th.optim.SGD))
+    assert not any(group["foreach"] for group in sgd.policy.optimizer.param_groups)
+
+
+def test_multi_tensor_adam_makes_the_same_steps_as_torchs_cpu_default(make_model):
+    """Exact (CPU): the multi-tensor kernels apply the same per-tensor operations as torch's loop over the parameters."""
+    initial = make_model(device="cpu", seed=0).policy.state_dict()
+    weights = []
+    for kwargs in (dict(optimizer_kwargs=dict(foreach=False)), {}):  # torch's CPU default, PPG's choice
+        model = make_model(device="cpu", seed=0, policy_kwargs=kwargs)
+        model.learn(256)
+        weights.append(model.policy.state_dict())
+    assert any(not th.equal(initial[name], weights[0][name]) for name in initial)
+    assert all(th.equal(weights[0][name], weights[1][name]) for name in initial)

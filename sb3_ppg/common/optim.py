@@ -150,6 +150,28 @@ class FiniteCheck:
         """At the end of the phase, raise where a step was skipped (the host checks have raised already)."""
 
 
+#: The optimizers whose implementation :func:`configure_foreach_adam` chooses on a CPU
+FOREACH_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
+
+
+def configure_foreach_adam(optimizers: Iterable[th.optim.Optimizer], optimizer_kwargs: dict, device: th.device) -> None:
+    """
+    On a CPU, step Adam (and AdamW) with torch's multi-tensor ("foreach") implementation, unless ``optimizer_kwargs``
+    choose one: the same numbers as torch's CPU default, which loops over the parameters in Python, in fewer calls.
+
+    :param optimizers: the model's optimizers (other classes are left alone)
+    :param optimizer_kwargs: the policy's optimizer arguments
+    :param device: the model's device (elsewhere than on a CPU, nothing changes)
+    """
+    chosen = any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
+    if device.type != "cpu" or chosen:
+        return
+    for optimizer in optimizers:
+        if isinstance(optimizer, FOREACH_OPTIMIZERS):
+            for group in optimizer.param_groups:
+                group["foreach"] = True
+
+
 def exceeds_target_kl(approx_kl: th.Tensor, target_kl: float) -> bool:
     """
     Whether a minibatch's approx KL stops the policy epochs (SB3's PPO: above ``1.5 * target_kl``; a NaN stops too).

@@ -296,9 +296,9 @@ class PPG(RolloutAlgorithm):
         self._micro_batch_size = resolve_micro_batch_size(self.micro_batch_size, self.device, has_convolutions(self.policy))
         # The auxiliary buffer is not saved with the model: a loaded model starts a new phase
         self.aux_buffer = self._make_aux_buffer()
-        # The auxiliary phase's own Adam (the paper's code), unless it shares the policy phase's (CleanRL)
+        # The aux phase's own Adam (the paper's code) unless it shares the policy phase's (CleanRL); separate value
+        # epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.aux_optimizer = self._make_optimizer() if self.n_aux_epochs > 0 and self.separate_aux_optimizer else None
-        # Separate value epochs (E_V != E_pi) step a second Adam of their own, as the paper's code does
         self.value_optimizer = self._make_optimizer() if self.n_value_epochs != self.n_epochs else None
         self._configure_optimizers()
         if self.normalize_reward:
@@ -582,7 +582,7 @@ class PPG(RolloutAlgorithm):
     # ------------------------------------------------------------------------------------------------------------
 
     def _configure_optimizers(self) -> None:
-        """Step Adam with torch's fused kernel on CUDA (:func:`~sb3_ppg.common.cuda.fused_adam.uses_fused_adam`)."""
+        """Adam's implementation for the device: torch's fused kernel on CUDA, its multi-tensor one on a CPU."""
         cuda.configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
 
     def set_parameters(self, *args: Any, **kwargs: Any) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import torch as th
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.optim import GRADIENT_CAUSES, LOSS_CAUSES, FiniteCheck, clipped_gradient_norm
+from sb3_ppg.common.optim import GRADIENT_CAUSES, LOSS_CAUSES, FiniteCheck, clipped_gradient_norm, configure_foreach_adam
 
 #: The torch versions (major.minor) on which the fused Adam's ``found_inf`` contract was checked (tests/test_finite_check.py
 #: on a CPU, and on CUDA devices: docs/throughput.md)
@@ -187,10 +187,15 @@ def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) ->
 def configure_optimizers(
     optimizers: Iterable[th.optim.Optimizer], optimizer_class: type, optimizer_kwargs: dict, device: th.device
 ) -> None:
-    """Step Adam with torch's fused kernel on CUDA (``uses_fused_adam``); on a CPU, as torch's default."""
+    """
+    Step Adam with torch's fused kernel on CUDA (``uses_fused_adam``); on a CPU, with its multi-tensor implementation
+    (:func:`~sb3_ppg.common.optim.configure_foreach_adam`).
+    """
+    optimizers = list(optimizers)
     fused = uses_fused_adam(optimizer_class, optimizer_kwargs, device)
     for optimizer in optimizers:
         # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
         saved_fused = any(group.get("fused") for group in optimizer.param_groups)
         if fused or (saved_fused and not optimizer_kwargs.get("fused")):
             configure_adam_implementation(optimizer, fused)
+    configure_foreach_adam(optimizers, optimizer_kwargs, device)
