@@ -122,7 +122,7 @@ def test_aux_buffer_stores_start_states_and_recomputes_them() -> None:
         buffer.add(model.rollout_buffer)
     assert buffer.full() and buffer.episode_starts.any()
     np.testing.assert_array_equal(buffer.lstm_start_states[4:8], start_states[1].transpose(2, 0, 1, 3))
-    stored = buffer.lstm_start_states.copy()
+    stored = buffer.lstm_start_states.clone()
     model.aux_start_states = "stored"
     model._compute_old_distributions()
     old_stored = np.array(buffer.old_distribution_params)
@@ -159,7 +159,7 @@ def test_recomputed_states_are_the_current_networks() -> None:
     model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     buffer = model.aux_buffer
     buffer.add(model.rollout_buffer)
-    stored = buffer.lstm_start_states.copy()
+    stored = buffer.lstm_start_states.clone()
     model._compute_old_distributions()
     np.testing.assert_array_equal(buffer.lstm_start_states[:4], stored[:4])
     continued = ~buffer.episode_starts[4:, 0]
