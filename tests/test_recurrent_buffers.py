@@ -100,8 +100,8 @@ def test_an_aux_buffer_file_of_numpy_fields_loads_and_saves_the_same(tmp_path) -
         model.load_aux_buffer(OLD_FILES / "aux_buffer.npz")
         buffer = model.aux_buffer
         assert buffer.storage == aux_buffer_device.replace("cpu", "host") and buffer.n_iterations == 2
-        assert th.equal(buffer.episode_starts[:4], th.as_tensor(arrays["episode_starts"]))
-        assert th.equal(buffer.lstm_start_states[:4], th.as_tensor(arrays["lstm_start_states"]))
+        assert th.equal(buffer.episode_starts[:4].cpu(), th.as_tensor(arrays["episode_starts"]))
+        assert th.equal(buffer.lstm_start_states[:4].cpu(), th.as_tensor(arrays["lstm_start_states"]))
         # Saved again, the same file content: the format did not change
         model.save_aux_buffer(tmp_path / f"{aux_buffer_device}.npz")
         new_metadata, new_arrays = read_array_file(tmp_path / f"{aux_buffer_device}.npz", AUX_BUFFER_FORMAT)
@@ -121,8 +121,8 @@ def test_a_checkpoint_of_numpy_fields_resumes(tmp_path) -> None:
     assert isinstance(buffer.lstm_start_states, th.Tensor) and buffer.n_iterations == 2
     # The checkpoint's rollouts are those the same run saved with save_aux_buffer
     _, arrays = read_array_file(OLD_FILES / "aux_buffer.npz", AUX_BUFFER_FORMAT)
-    assert th.equal(buffer.episode_starts[:4], th.as_tensor(arrays["episode_starts"]))
-    assert th.equal(buffer.lstm_start_states[:4], th.as_tensor(arrays["lstm_start_states"]))
+    assert th.equal(buffer.episode_starts[:4].cpu(), th.as_tensor(arrays["episode_starts"]))
+    assert th.equal(buffer.lstm_start_states[:4].cpu(), th.as_tensor(arrays["lstm_start_states"]))
     assert np.abs(model.get_run_state().last_lstm_states).max() > 0
     # The run goes on: the third iteration fills the buffer, whose auxiliary phase runs from the loaded states
     before = {name: tensor.clone() for name, tensor in model.policy.state_dict().items()}
