@@ -121,16 +121,16 @@ def test_aux_buffer_stores_start_states_and_recomputes_them() -> None:
         start_states.append(model.rollout_buffer.lstm_start_states.copy())
         buffer.add(model.rollout_buffer)
     assert buffer.full() and buffer.episode_starts.any()
-    np.testing.assert_array_equal(buffer.lstm_start_states[4:8], start_states[1].transpose(2, 0, 1, 3))
-    stored = buffer.lstm_start_states.copy()
+    np.testing.assert_array_equal(buffer.lstm_start_states[4:8].cpu(), start_states[1].transpose(2, 0, 1, 3))
+    stored = buffer.lstm_start_states.cpu().clone()
     model.aux_start_states = "stored"
     model._compute_old_distributions()
-    old_stored = np.array(buffer.old_distribution_params)
-    np.testing.assert_array_equal(buffer.lstm_start_states, stored)
+    old_stored = np.array(buffer.old_distribution_params.cpu())
+    np.testing.assert_array_equal(buffer.lstm_start_states.cpu(), stored)
     model.aux_start_states = "recomputed"
     model._compute_old_distributions()
-    np.testing.assert_allclose(buffer.lstm_start_states, stored, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.array(buffer.old_distribution_params), old_stored, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(buffer.lstm_start_states.cpu(), stored, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.array(buffer.old_distribution_params.cpu()), old_stored, rtol=1e-5, atol=1e-6)
 
 
 def test_aux_buffer_memory_check_counts_its_start_states() -> None:
@@ -159,18 +159,18 @@ def test_recomputed_states_are_the_current_networks() -> None:
     model.collect_rollouts(model.env, callback, model.rollout_buffer, model.n_steps)
     buffer = model.aux_buffer
     buffer.add(model.rollout_buffer)
-    stored = buffer.lstm_start_states.copy()
+    stored = buffer.lstm_start_states.cpu().clone()
     model._compute_old_distributions()
-    np.testing.assert_array_equal(buffer.lstm_start_states[:4], stored[:4])
-    continued = ~buffer.episode_starts[4:, 0]
+    np.testing.assert_array_equal(buffer.lstm_start_states[:4].cpu(), stored[:4])
+    continued = ~buffer.episode_starts[4:, 0].cpu()
     assert continued.any()
-    assert not np.allclose(buffer.lstm_start_states[4:][continued], stored[4:][continued], atol=1e-4)
+    assert not np.allclose(buffer.lstm_start_states[4:].cpu()[continued], stored[4:][continued], atol=1e-4)
     # They are the states the current networks reach at the end of the first rollout
     episode_starts, states = buffer.sequence_inputs(slice(0, 4))
     with th.no_grad():
         _, end_states = model.policy.sequence_distribution(buffer._observations_to_tensor(slice(0, 4)), states, episode_starts)
-    expected = stack_states(end_states).permute(2, 0, 1, 3).numpy()
-    np.testing.assert_allclose(buffer.lstm_start_states[4:], expected, rtol=1e-5, atol=1e-6)
+    expected = stack_states(end_states).permute(2, 0, 1, 3).cpu().numpy()
+    np.testing.assert_allclose(buffer.lstm_start_states[4:].cpu(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_predict_carries_states() -> None:
@@ -247,13 +247,13 @@ def test_aux_buffer_save_and_load(tmp_path) -> None:
     model = small_model(n_policy_iters=3)
     model.learn(128)  # two of three iterations stored
     buffer = model.aux_buffer
-    assert buffer.n_iterations == 2 and np.abs(buffer.lstm_start_states[4:8]).max() > 0
+    assert buffer.n_iterations == 2 and buffer.lstm_start_states[4:8].abs().max() > 0
     model.save_aux_buffer(tmp_path / "aux.npz")
     other = small_model(n_policy_iters=3, seed=1)
     other.load_aux_buffer(tmp_path / "aux.npz")
     assert other.aux_buffer.pos == buffer.pos
-    np.testing.assert_array_equal(other.aux_buffer.lstm_start_states, buffer.lstm_start_states)
-    np.testing.assert_array_equal(other.aux_buffer.episode_starts, buffer.episode_starts)
+    assert th.equal(other.aux_buffer.lstm_start_states, buffer.lstm_start_states)
+    assert th.equal(other.aux_buffer.episode_starts, buffer.episode_starts)
     wider = small_model(n_policy_iters=3, policy_kwargs=dict(lstm_hidden_size=16))
     with pytest.raises(ValueError, match="lstm_start_states"):
         wider.load_aux_buffer(tmp_path / "aux.npz")

@@ -101,24 +101,34 @@ def sequence_minibatches(
         yield RecurrentRolloutSamples(*samples, episode_starts=episode_starts, lstm_states=states)
 
 
+def take_rows(array: th.Tensor, rows: th.Tensor | slice) -> th.Tensor:
+    """Some rows of a stored tensor (``rows``: a slice, or indices where it lives), unflattened."""
+    return array[rows] if isinstance(rows, slice) else array.index_select(0, rows)
+
+
 class RecurrentAuxiliaryBuffer(AuxiliaryBuffer):
     """
     PPG's auxiliary buffer, each row (one env's rollout of one iteration) with its episode starts and the four LSTM
-    states at its first step, in CPU memory (a few MB: one state per rollout).
+    states at its first step (a few MB: one state per rollout), torch tensors stored where its other arrays are.
 
     :param args: ``AuxiliaryBuffer``'s
     :param lstm_state_shape: (n_lstm_layers, lstm_hidden_size); ``None``: from the first arrays written (a loaded file)
     :param kwargs: ``AuxiliaryBuffer``'s
     """
 
+    #: Shape (buffer_size, n_steps)
+    episode_starts: th.Tensor
+    #: Shape (buffer_size, 4, n_lstm_layers, lstm_hidden_size) (the four states of :func:`stack_states` of each row)
+    lstm_start_states: th.Tensor
+
     def __init__(self, *args: Any, lstm_state_shape: tuple[int, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.episode_starts = np.zeros((self.buffer_size, self.n_steps), dtype=bool)
+        self.episode_starts = self._zeros((self.buffer_size, self.n_steps), th.bool)
         self.lstm_state_shape = lstm_state_shape
-        self.lstm_start_states = self._states_array(lstm_state_shape or (0, 0))
+        self.lstm_start_states = self._states_tensor(lstm_state_shape or (0, 0))
 
-    def _states_array(self, lstm_state_shape: tuple[int, int]) -> np.ndarray:
-        return np.zeros((self.buffer_size, N_STATE_ARRAYS, *lstm_state_shape), dtype=np.float32)
+    def _states_tensor(self, lstm_state_shape: tuple[int, int]) -> th.Tensor:
+        return self._zeros((self.buffer_size, N_STATE_ARRAYS, *lstm_state_shape), th.float32)
 
     @staticmethod
     def estimate_nbytes(  # type: ignore[override]
@@ -135,43 +145,44 @@ class RecurrentAuxiliaryBuffer(AuxiliaryBuffer):
         state_floats = N_STATE_ARRAYS * int(np.prod(lstm_state_shape or (0, 0)))
         return nbytes + n_rollouts * (n_steps * np.dtype(bool).itemsize + state_floats * np.dtype(np.float32).itemsize)
 
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the buffer's arrays (episode starts and states included), in bytes."""
-        return super().nbytes + self.episode_starts.nbytes + self.lstm_start_states.nbytes
+    def _arrays(self) -> list[th.Tensor]:
+        """``AuxiliaryBuffer``'s tensors, the episode starts and the start states (all counted in ``nbytes``)."""
+        return [*super()._arrays(), self.episode_starts, self.lstm_start_states]
 
     def add(self, rollout_buffer: RolloutBuffer, device_rollout: DeviceRollout | None = None) -> None:
         """``AuxiliaryBuffer.add``, with the rollout's episode starts and start states."""
         rows = slice(self.pos, self.pos + self.n_envs)
         super().add(rollout_buffer, device_rollout)
         assert isinstance(rollout_buffer, RecurrentStartStates) and rollout_buffer.lstm_start_states is not None
-        self.episode_starts[rows] = rollout_buffer.episode_starts.T
-        self.lstm_start_states[rows] = rollout_buffer.lstm_start_states.transpose(2, 0, 1, 3)
+        self._write(self.episode_starts, rows, rollout_buffer.episode_starts.T)
+        self._write(self.lstm_start_states, rows, rollout_buffer.lstm_start_states.transpose(2, 0, 1, 3))
 
-    def sequence_inputs(self, rows: np.ndarray | slice) -> tuple[th.Tensor, RNNStates]:
-        """The episode starts, shape (n, n_steps), and the start states of some rows, on ``self.device``."""
-        episode_starts = th.as_tensor(self.episode_starts[rows], device=self.device)
-        states = th.as_tensor(self.lstm_start_states[rows], device=self.device).permute(1, 2, 0, 3)
+    def sequence_inputs(self, rows: th.Tensor | slice) -> tuple[th.Tensor, RNNStates]:
+        """
+        The episode starts, shape (n, n_steps), and the start states of some rows, on ``self.device``.
+
+        :param rows: a slice, or row indices on the device where the tensors live
+        """
+        episode_starts = take_rows(self.episode_starts, rows).to(self.device)
+        states = take_rows(self.lstm_start_states, rows).to(self.device).permute(1, 2, 0, 3)
         return episode_starts, unstack_states(states)
 
     def store_start_states(self, rows: slice, states: RNNStates) -> None:
-        """Replace the start states of some rows (the auxiliary phase's recomputed ones)."""
-        self.lstm_start_states[rows] = stack_states(states).permute(2, 0, 1, 3).float().cpu().numpy()
-
-    def _with_sequences(self, samples: Any, rows: np.ndarray) -> RecurrentAuxiliaryBufferSamples:
-        episode_starts, states = self.sequence_inputs(rows)
-        return RecurrentAuxiliaryBufferSamples(*samples, episode_starts=episode_starts, lstm_states=states)
+        """Replace the start states of some rows (the auxiliary phase's recomputed ones), in float32."""
+        self._write(self.lstm_start_states, rows, stack_states(states).permute(2, 0, 1, 3))
 
     def _minibatch(self, rows: np.ndarray, stored_rows: th.Tensor) -> RecurrentAuxiliaryBufferSamples:  # type: ignore[override]
-        return self._with_sequences(super()._minibatch(rows, stored_rows), rows)
+        episode_starts, states = self.sequence_inputs(stored_rows)
+        samples = super()._minibatch(rows, stored_rows)
+        return RecurrentAuxiliaryBufferSamples(*samples, episode_starts=episode_starts, lstm_states=states)
 
     def layout_metadata(self) -> dict[str, Any]:
         return {**super().layout_metadata(), "lstm_state_shape": list(self.lstm_state_shape or ())}
 
     def _rows_arrays(self, rows: slice, with_old_distributions: bool) -> dict[str, np.ndarray]:
         arrays = super()._rows_arrays(rows, with_old_distributions)
-        arrays["episode_starts"] = self.episode_starts[rows]
-        arrays["lstm_start_states"] = self.lstm_start_states[rows]
+        arrays["episode_starts"] = self._to_numpy(self.episode_starts[rows])
+        arrays["lstm_start_states"] = self._to_numpy(self.lstm_start_states[rows])
         return arrays
 
     def _set_rows_arrays(self, start: int, arrays: dict[str, np.ndarray], source: object) -> int:
@@ -179,8 +190,9 @@ class RecurrentAuxiliaryBuffer(AuxiliaryBuffer):
         if self.lstm_state_shape is None and states is not None and states.ndim == 4:
             # A buffer loaded from a file takes the shape of the file's states
             self.lstm_state_shape = (int(states.shape[2]), int(states.shape[3]))
-            self.lstm_start_states = self._states_array(self.lstm_state_shape)
+            self.lstm_start_states = self._states_tensor(self.lstm_state_shape)
         n_rows = super()._set_rows_arrays(start, arrays, source)  # checks every array's name, dtype and shape
-        self.episode_starts[start : start + n_rows] = arrays["episode_starts"]
-        self.lstm_start_states[start : start + n_rows] = arrays["lstm_start_states"]
+        rows = slice(start, start + n_rows)
+        self._write(self.episode_starts, rows, arrays["episode_starts"])
+        self._write(self.lstm_start_states, rows, arrays["lstm_start_states"])
         return n_rows
