@@ -1,8 +1,9 @@
 """
 Data-parallel RecurrentPPG: two gloo processes on the CPU (tests/distributed_recurrent_worker.py) against one process
-that holds both ranks' envs; checkpoints under torchrun with each rank's LSTM states.
+that holds both ranks' envs; checkpoints under torchrun with each rank's LSTM states; the command line under torchrun.
 """
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ WORKER = str(TESTS / "distributed_recurrent_worker.py")
 sys.path.insert(0, str(TESTS))
 import distributed_recurrent_worker as worker  # noqa: E402
 from test_distributed import assert_identical, free_port, results, wait_all, worker_environment  # noqa: E402
+from test_distributed_cli import episode_lengths, torchrun_train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -138,3 +140,46 @@ def test_resume_under_torchrun_bit_identical(trained, resumed):
     _, states = model.predict(model.env.reset(), state=None, episode_start=np.ones(1, dtype=bool))
     assert states[0].shape == (1, 1, worker.LSTM["lstm_hidden_size"])
     assert not distributed.is_active()
+
+
+NOVEL = [
+    *("--algo", "recurrent_ppg", "--env", "CartPoleNoVel-v1", "-n", "256", "--eval-freq", "128"),
+    *("--eval-episodes", "2", "--seed", "0", "--device", "cpu", "--save-freq", "128", "--global-n-envs", "-params"),
+    *("n_envs:4", "n_steps:16", "batch_size:32", "n_epochs:1", "n_policy_iters:2", "aux_batch_rollouts:2"),
+]
+
+
+def test_train_cli_under_torchrun_and_resume(tmp_path):
+    """
+    ``torchrun -m sb3_ppg.train --algo recurrent_ppg``: two ranks share one run folder (rank 1 logs its episodes into
+    ``rank_1/`` and writes its part of each checkpoint, its LSTM states included); resumed with ``--resume CHECKPOINT``
+    from the first checkpoint, the job ends as the uninterrupted one (parameters, both ranks' episodes, evaluations).
+    """
+    completed = torchrun_train(*NOVEL, "-f", str(tmp_path / "a"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "--global-n-envs: 2 environments on each of the 2 ranks" in completed.stdout
+    run_a = tmp_path / "a" / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    checkpoints = sorted((run_a / "checkpoints").glob("*_steps"), key=lambda path: int(path.name.split("_")[-2]))
+    assert [path.name.split("_")[-2] for path in checkpoints] == ["128", "256"]
+    lstm_states = [np.load(checkpoints[0] / f"rank_{rank}" / "run_state.npz")["last_lstm_states"] for rank in range(2)]
+    assert lstm_states[0].shape == (4, 1, 2, 64) and not np.array_equal(*lstm_states)
+    with np.load(run_a / "evaluations.npz") as evaluations:
+        assert evaluations["timesteps"].tolist() == [128, 256]
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    run_b = tmp_path / "b" / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    shutil.rmtree(run_b / "checkpoints" / checkpoints[1].name)
+    (run_b / "CartPoleNoVel-v1.zip").unlink()
+    resumed = torchrun_train(*NOVEL, "-f", str(tmp_path / "b"), "--resume", str(run_b / "checkpoints" / checkpoints[0].name))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "continuing" in resumed.stdout
+    models = [RecurrentPPG.load(run / "CartPoleNoVel-v1.zip", device="cpu") for run in (run_a, run_b)]
+    assert models[0].num_timesteps == models[1].num_timesteps == 256
+    assert_identical(models[0].policy.state_dict(), models[1].policy.state_dict())
+    for folder in ("", "rank_1"):
+        logs = [episode_lengths(run_a / folder / name) for name in ("0.monitor.csv", "1.monitor.csv")]
+        assert any(logs)
+        assert [episode_lengths(run_b / folder / name) for name in ("0.monitor.csv", "1.monitor.csv")] == logs
+    with np.load(run_a / "evaluations.npz") as eval_a, np.load(run_b / "evaluations.npz") as eval_b:
+        for key in ("timesteps", "results", "ep_lengths"):
+            np.testing.assert_array_equal(eval_a[key], eval_b[key])
