@@ -50,6 +50,15 @@ EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
         learning_rate=0.05,
         policy_kwargs=dict(LSTM, optimizer_class=th.optim.SGD),
     ),
+    # Early stopping in both iterations (5 of 8 epochs run): every rank must stop at the same epoch (the ranks' mean approx KL)
+    "target_kl": dict(
+        n_epochs=4,
+        target_kl=1e-3,
+        n_aux_epochs=1,
+        aux_batch_rollouts=2,
+        learning_rate=0.5,
+        policy_kwargs=dict(LSTM, optimizer_class=th.optim.SGD),
+    ),
     # One network with one LSTM (shared_lstm), the value head detached from it in the policy phase
     "shared_lstm": dict(
         aux_start_states="recomputed",

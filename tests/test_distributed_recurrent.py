@@ -3,7 +3,6 @@ Data-parallel RecurrentPPG: two gloo processes on the CPU (tests/distributed_rec
 that holds both ranks' envs; checkpoints under torchrun with each rank's LSTM states; the command line under torchrun.
 """
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +80,8 @@ def test_two_ranks_equal_one_process(trained, config):
     for key in ("num_timesteps", "n_aux_phases", "n_updates"):
         assert rank0[key] == rank1[key] == reference[key], key
     assert reference["n_aux_phases"] == 1
+    if config == "target_kl":
+        assert reference["n_updates"] < 8  # early stopping happened
     # Each rank's aux buffer holds the start states of its own envs' rollouts: the single process's, split by env
     # (recomputed ones after the first iteration agree to float32 rounding of the same float64 networks' states)
     states = np.concatenate([rank0["aux_start_states"], rank1["aux_start_states"]], axis=1)
@@ -149,37 +150,22 @@ NOVEL = [
 ]
 
 
-def test_train_cli_under_torchrun_and_resume(tmp_path):
+def test_train_cli_under_torchrun(tmp_path):
     """
     ``torchrun -m sb3_ppg.train --algo recurrent_ppg``: two ranks share one run folder (rank 1 logs its episodes into
-    ``rank_1/`` and writes its part of each checkpoint, its LSTM states included); resumed with ``--resume CHECKPOINT``
-    from the first checkpoint, the job ends as the uninterrupted one (parameters, both ranks' episodes, evaluations).
+    ``rank_1/`` and writes its part of each checkpoint, the LSTM states of its own envs included); the model loads in
+    one process. (Resuming such a job is PPG's ``--resume`` path: tests/test_distributed_cli.py.)
     """
-    completed = torchrun_train(*NOVEL, "-f", str(tmp_path / "a"))
+    completed = torchrun_train(*NOVEL, "-f", str(tmp_path))
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "--global-n-envs: 2 environments on each of the 2 ranks" in completed.stdout
-    run_a = tmp_path / "a" / "recurrent_ppg" / "CartPoleNoVel-v1_1"
-    checkpoints = sorted((run_a / "checkpoints").glob("*_steps"), key=lambda path: int(path.name.split("_")[-2]))
+    run = tmp_path / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    assert any(episode_lengths(run / "rank_1" / name) for name in ("0.monitor.csv", "1.monitor.csv"))
+    checkpoints = sorted((run / "checkpoints").glob("*_steps"), key=lambda path: int(path.name.split("_")[-2]))
     assert [path.name.split("_")[-2] for path in checkpoints] == ["128", "256"]
     lstm_states = [np.load(checkpoints[0] / f"rank_{rank}" / "run_state.npz")["last_lstm_states"] for rank in range(2)]
     assert lstm_states[0].shape == (4, 1, 2, 64) and not np.array_equal(*lstm_states)
-    with np.load(run_a / "evaluations.npz") as evaluations:
+    with np.load(run / "evaluations.npz") as evaluations:
         assert evaluations["timesteps"].tolist() == [128, 256]
-
-    shutil.copytree(tmp_path / "a", tmp_path / "b")
-    run_b = tmp_path / "b" / "recurrent_ppg" / "CartPoleNoVel-v1_1"
-    shutil.rmtree(run_b / "checkpoints" / checkpoints[1].name)
-    (run_b / "CartPoleNoVel-v1.zip").unlink()
-    resumed = torchrun_train(*NOVEL, "-f", str(tmp_path / "b"), "--resume", str(run_b / "checkpoints" / checkpoints[0].name))
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "continuing" in resumed.stdout
-    models = [RecurrentPPG.load(run / "CartPoleNoVel-v1.zip", device="cpu") for run in (run_a, run_b)]
-    assert models[0].num_timesteps == models[1].num_timesteps == 256
-    assert_identical(models[0].policy.state_dict(), models[1].policy.state_dict())
-    for folder in ("", "rank_1"):
-        logs = [episode_lengths(run_a / folder / name) for name in ("0.monitor.csv", "1.monitor.csv")]
-        assert any(logs)
-        assert [episode_lengths(run_b / folder / name) for name in ("0.monitor.csv", "1.monitor.csv")] == logs
-    with np.load(run_a / "evaluations.npz") as eval_a, np.load(run_b / "evaluations.npz") as eval_b:
-        for key in ("timesteps", "results", "ep_lengths"):
-            np.testing.assert_array_equal(eval_a[key], eval_b[key])
+    model = RecurrentPPG.load(run / "CartPoleNoVel-v1.zip", device="cpu")
+    assert model.num_timesteps == 256 and model.n_aux_phases == 2
