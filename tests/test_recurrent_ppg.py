@@ -291,15 +291,8 @@ def test_cnn_lstm_policies() -> None:
     assert state[0].shape == (1, 1, 16)
 
 
-def test_unsupported_settings_are_errors(monkeypatch) -> None:
+def test_unsupported_settings_are_errors() -> None:
     env = make_vec_env("CartPole-v1", n_envs=2)
-    from sb3_ppg.common import distributed
-
-    model = small_model()
-    monkeypatch.setattr(distributed, "is_active", lambda: True)
-    with pytest.raises(NotImplementedError, match="data-parallel training"):
-        model.learn(64)
-    monkeypatch.undo()
     with pytest.raises(ValueError, match="policy_minibatches must be 'envs'"):
         RecurrentPPG("MlpLstmPolicy", env, policy_minibatches="transitions")
     with pytest.raises(ValueError, match="micro_batch_size must be None"):

@@ -79,6 +79,25 @@ def _stable_repr(value: Any) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
 
 
+def constructor_arguments(algorithm: type[OnPolicyAlgorithm]) -> list[str]:
+    """
+    The named arguments of an algorithm's constructor and of the constructors it passes its ``**kwargs`` to
+    (``RecurrentPPG``'s, then ``PPG``'s), down to the first one of Stable-Baselines3.
+    """
+    names: list[str] = []
+    for cls in algorithm.__mro__:
+        init = vars(cls).get("__init__")
+        if init is None:
+            continue
+        if cls.__module__.startswith("stable_baselines3") and names:
+            break  # an SB3 base class: the algorithm's own constructor names what it passes on
+        parameters = list(inspect.signature(init).parameters.values())
+        names.extend(p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in names)
+        if all(p.kind != p.VAR_KEYWORD for p in parameters):
+            break
+    return names
+
+
 def fingerprint(
     model: OnPolicyAlgorithm,
     optimizers: list[th.optim.Optimizer],
@@ -93,7 +112,7 @@ def fingerprint(
     :param aux_buffer_rollouts: the rollouts in the auxiliary buffer (None: it has none)
     :return: a description of each setting, by name
     """
-    hyperparameters = [name for name in inspect.signature(type(model).__init__).parameters if name not in _PER_RANK_ARGUMENTS]
+    hyperparameters = [name for name in constructor_arguments(type(model)) if name not in _PER_RANK_ARGUMENTS]
     values: dict[str, Any] = {name: getattr(model, name) for name in hyperparameters if hasattr(model, name)}
     values.update(
         algorithm=type(model).__qualname__,

@@ -13,7 +13,6 @@ from stable_baselines3.common.type_aliases import GymEnv, PyTorchObs
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
-from sb3_ppg.common import distributed
 from sb3_ppg.common.checkpoints import RunState
 from sb3_ppg.common.recurrent import RNNStates
 from sb3_ppg.common.recurrent.buffers import (
@@ -246,14 +245,9 @@ class RecurrentPPG(PPG):
 
     def _setup_learn(self, *args: Any, **kwargs: Any) -> tuple[int, BaseCallback]:
         """
-        PPG's; the LSTM states start from zeros when the envs are reset (``reset_num_timesteps`` or a new env).
-        Data-parallel training (torchrun) is refused: it is not tested with recurrent policies yet.
+        PPG's; the LSTM states start from zeros when the envs are reset (``reset_num_timesteps`` or a new env). Under
+        torchrun each rank keeps the states of its own envs.
         """
-        if distributed.is_active():
-            raise NotImplementedError(
-                "RecurrentPPG does not support data-parallel training (torchrun with more than one rank) yet: train it "
-                "in one process, or use PPG for data-parallel runs."
-            )
         last_obs = self._last_obs
         result = super()._setup_learn(*args, **kwargs)
         if self._last_lstm_states is None or self._last_obs is not last_obs:
