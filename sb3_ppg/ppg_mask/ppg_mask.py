@@ -72,7 +72,7 @@ class MaskablePPG(PPG):
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """The auxiliary buffer stores the masks and the maskable distributions' logits (one per mask entry)."""
         dims = mask_dims(self.action_space)
-        return dict(n_distribution_params=dims, mask_dims=dims)
+        return {**super()._aux_buffer_kwargs(), "n_distribution_params": dims, "mask_dims": dims}
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_use_masking"]
