@@ -10,10 +10,12 @@ from helpers import assert_identical, parameters
 from sb3_contrib.common.envs import InvalidActionEnvDiscrete, InvalidActionEnvMultiBinary, InvalidActionEnvMultiDiscrete
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.torch_layers import NatureCNN
 from test_maskable import ToDictWrapper, is_valid
 
 from sb3_ppg import MaskableRecurrentPPG, PPGCheckpointCallback, RecurrentPPG
 from sb3_ppg.common.recurrent.buffers import sequence_minibatches
+from sb3_ppg.common.torch_layers import ImpalaCNN
 from sb3_ppg.ppg_mask import MaskablePPGPolicy, MaskedPlayer
 from sb3_ppg.ppg_mask.buffers import MaskablePPGRolloutBuffer
 from sb3_ppg.ppg_mask.distributions import masked_kl_divergence
@@ -207,7 +209,7 @@ def test_dict_observations() -> None:
 def test_errors_name_the_fix() -> None:
     """An env without action_masks(), a policy or buffer without masks or states, a Box action space."""
     model = small_model(make_vec_env("CartPole-v1", n_envs=4, seed=0))
-    with pytest.raises(ValueError, match=r"needs an env with an action_masks\(\) method"):
+    with pytest.raises(ValueError, match=r"MaskableRecurrentPPG.learn\(use_masking=True\) needs an env with an action_masks"):
         model.learn(64)
     model.learn(64, use_masking=False)  # without masks: RecurrentPPG
     env = make_vec_env(ENVS["Discrete"], n_envs=4)
@@ -219,3 +221,20 @@ def test_errors_name_the_fix() -> None:
         small_model(env, rollout_buffer_class=MaskablePPGRolloutBuffer)
     with pytest.raises(ValueError, match="does not support the action space"):
         small_model(make_vec_env("Pendulum-v1", n_envs=4))
+
+
+@pytest.mark.parametrize("policy", ["CnnLstmPolicy", "ProcgenCnnLstm"])
+@pytest.mark.parametrize("lstm_kwargs", [dict(), dict(shared_lstm=True)])
+def test_cnn_lstm_policies_act_among_the_valid_actions(policy: str, lstm_kwargs: dict) -> None:
+    """The CNN policies are maskable recurrent ones of their networks: their only valid action is the one chosen."""
+    policy_class = MaskableRecurrentPPG.policy_aliases[policy]
+    image_space = gym.spaces.Box(0, 255, (3, 64, 64), np.uint8)
+    net = policy_class(image_space, gym.spaces.Discrete(4), lambda _: 1e-3, lstm_hidden_size=8, **lstm_kwargs)
+    assert net.arch == ("detach" if lstm_kwargs else "dual")
+    assert net.features_extractor_class is {"CnnLstmPolicy": NatureCNN, "ProcgenCnnLstm": ImpalaCNN}[policy]
+    masks = np.array([[False, True, False, False], [False, False, False, True]] * 2)
+    state = None
+    for _ in range(2):
+        actions, state = net.predict(np.zeros((4, 3, 64, 64), np.uint8), state=state, action_masks=masks)
+        np.testing.assert_array_equal(actions, [1, 3, 1, 3])
+    assert state[0].shape == (1, 4, 8)

@@ -111,13 +111,12 @@ class MaskablePPG(PPG):
             progress_bar=progress_bar,
         )
 
-    @staticmethod
-    def _check_masking_supported(env: VecEnv) -> None:
+    def _check_masking_supported(self, env: VecEnv) -> None:
         """Raise a ``ValueError`` naming the fixes when the env has no ``action_masks()`` method."""
         if not is_masking_supported(env):
             raise ValueError(
-                "MaskablePPG.learn(use_masking=True) needs an env with an action_masks() method that returns the valid "
-                "actions of the current state, and this env has none. Wrap the env with "
+                f"{type(self).__name__}.learn(use_masking=True) needs an env with an action_masks() method that returns "
+                "the valid actions of the current state, and this env has none. Wrap the env with "
                 "sb3_contrib.common.wrappers.ActionMasker(env, mask_fn), give it an action_masks() method, or call "
                 "learn(..., use_masking=False) to train without masks."
             )
