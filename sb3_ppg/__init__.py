@@ -8,6 +8,7 @@ from sb3_ppg.common.callbacks import PPGEvalCallback
 from sb3_ppg.common.checkpoints import PPGCheckpointCallback
 from sb3_ppg.ppg import PPG, CnnPolicy, MlpPolicy, MultiInputPolicy, PPGPolicy, ProcgenCnn, ProcgenCnnPolicy
 from sb3_ppg.ppg_mask import MaskablePPG
+from sb3_ppg.ppg_mask_recurrent import MaskableRecurrentPPG
 from sb3_ppg.ppg_recurrent import RecurrentPPG
 from sb3_ppg.procgen import PROCGEN_GAMES, ProcgenGymnasiumEnv, ProcgenVecEnv, make_procgen_env, register_procgen_envs
 
@@ -25,6 +26,7 @@ __all__ = [
     "AuxiliaryBuffer",
     "CnnPolicy",
     "MaskablePPG",
+    "MaskableRecurrentPPG",
     "MlpPolicy",
     "MultiInputPolicy",
     "PPGCheckpointCallback",

@@ -1,12 +1,12 @@
 """
-The package's layers and the rule between them: ``cli -> ppg_mask (MaskablePPG) or ppg_recurrent (RecurrentPPG) ->
-ppg (the algorithm) -> common`` and ``cli -> procgen -> common``, no import cycle; inside ``common``, checkpointing has
-one front door, the building blocks import no run management, the plain modules of ``common`` (``common/*.py``) import
-neither the GPU levers (``common/cuda/``) nor checkpointing, and only the algorithm and its policies (``ppg/``) import
-the GPU levers; only the command line changes process-wide state (malloc's settings, torch's global defaults and
-threads). Every module is parsed (nothing is imported) and every import counts: ``import``, ``from ... import``
-(relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each check is also run on a synthetic package
-that breaks it, so that it is shown to fail.
+The package's layers and the rule between them: ``cli -> ppg_mask_recurrent (MaskableRecurrentPPG) -> ppg_mask
+(MaskablePPG) or ppg_recurrent (RecurrentPPG) -> ppg (the algorithm) -> common`` and ``cli -> procgen -> common``, no
+import cycle; inside ``common``, checkpointing has one front door, the building blocks import no run management, the
+plain modules of ``common`` (``common/*.py``) import neither the GPU levers (``common/cuda/``) nor checkpointing, and
+only the algorithm and its policies (``ppg/``) import the GPU levers; only the command line changes process-wide state
+(malloc's settings, torch's global defaults and threads). Every module is parsed (nothing is imported) and every import
+counts: ``import``, ``from ... import`` (relative ones too), inside functions and under ``if TYPE_CHECKING:``. Each
+check is also run on a synthetic package that breaks it, so that it is shown to fail.
 """
 
 import ast
@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).parent.parent / "sb3_ppg"
 #: points ``train`` / ``enjoy`` / ``plot`` and the re-export modules kept for old model zips) is the facade
 LAYERS = {
     "cli": "cli",
+    "ppg_mask_recurrent": "maskable_recurrent",
     "ppg_mask": "maskable",
     "ppg_recurrent": "recurrent",
     "ppg": "algorithm",
@@ -35,8 +36,9 @@ ALLOWED = {
     "algorithm": {"algorithm", "common"},
     "maskable": {"maskable", "algorithm", "common"},
     "recurrent": {"recurrent", "algorithm", "common"},
-    "cli": {"cli", "maskable", "recurrent", "algorithm", "procgen", "common"},
-    "facade": {"facade", "cli", "maskable", "recurrent", "algorithm", "procgen", "common"},
+    "maskable_recurrent": {"maskable_recurrent", "maskable", "recurrent", "algorithm", "common"},
+    "cli": {"cli", "maskable_recurrent", "maskable", "recurrent", "algorithm", "procgen", "common"},
+    "facade": {"facade", "cli", "maskable_recurrent", "maskable", "recurrent", "algorithm", "procgen", "common"},
 }
 #: The modules of ``common`` that a model is built from: they import no module of RUN_MANAGEMENT
 BUILDING_BLOCKS = (
@@ -322,7 +324,8 @@ def test_the_graph_sees_every_layer(graph):
     assert "sb3_ppg.common.array_files" in graph["sb3_ppg.procgen.wrappers"]
     assert "sb3_ppg.cli.experiment_manager" in graph["sb3_ppg.cli.zoo"]  # imported inside functions
     assert "sb3_ppg.ppg.ppg" in graph["sb3_ppg.ppg_mask.ppg_mask"]
-    layers = {"facade", "cli", "maskable", "recurrent", "algorithm", "procgen", "common"}
+    assert {"sb3_ppg.ppg_mask", "sb3_ppg.ppg_recurrent"} <= graph["sb3_ppg.ppg_mask_recurrent.ppg_mask_recurrent"]
+    layers = {"facade", "cli", "maskable_recurrent", "maskable", "recurrent", "algorithm", "procgen", "common"}
     assert {layer_of(module) for module in graph} == layers
 
 

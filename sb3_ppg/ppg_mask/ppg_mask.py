@@ -72,7 +72,7 @@ class MaskablePPG(PPG):
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """The auxiliary buffer stores the masks and the maskable distributions' logits (one per mask entry)."""
         dims = mask_dims(self.action_space)
-        return dict(n_distribution_params=dims, mask_dims=dims)
+        return {**super()._aux_buffer_kwargs(), "n_distribution_params": dims, "mask_dims": dims}
 
     def _excluded_save_params(self) -> list[str]:
         return [*super()._excluded_save_params(), "_use_masking"]
@@ -111,13 +111,12 @@ class MaskablePPG(PPG):
             progress_bar=progress_bar,
         )
 
-    @staticmethod
-    def _check_masking_supported(env: VecEnv) -> None:
+    def _check_masking_supported(self, env: VecEnv) -> None:
         """Raise a ``ValueError`` naming the fixes when the env has no ``action_masks()`` method."""
         if not is_masking_supported(env):
             raise ValueError(
-                "MaskablePPG.learn(use_masking=True) needs an env with an action_masks() method that returns the valid "
-                "actions of the current state, and this env has none. Wrap the env with "
+                f"{type(self).__name__}.learn(use_masking=True) needs an env with an action_masks() method that returns "
+                "the valid actions of the current state, and this env has none. Wrap the env with "
                 "sb3_contrib.common.wrappers.ActionMasker(env, mask_fn), give it an action_masks() method, or call "
                 "learn(..., use_masking=False) to train without masks."
             )

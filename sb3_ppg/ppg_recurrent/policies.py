@@ -107,17 +107,19 @@ class RecurrentPPGPolicy(PPGPolicy):
 
     def _build_mlp_extractor(self) -> None:
         """The LSTMs (built here, before the optimizer), then the MLPs on their outputs."""
-        self.lstm_actor = nn.LSTM(self.features_dim, self.lstm_hidden_size, num_layers=self.n_lstm_layers, **self.lstm_kwargs)
+        # SB3's features_dim is a NumPy integer for some spaces (MultiDiscrete observations), which nn.LSTM refuses
+        features_dim = int(self.features_dim)
+        self.lstm_actor = nn.LSTM(features_dim, self.lstm_hidden_size, num_layers=self.n_lstm_layers, **self.lstm_kwargs)
         self.lstm_critic: nn.LSTM | None = None
         self.critic: nn.Linear | None = None
         if self.arch == "dual":
             if self.enable_critic_lstm:
                 self.lstm_critic = nn.LSTM(
-                    self.features_dim, self.lstm_hidden_size, num_layers=self.n_lstm_layers, **self.lstm_kwargs
+                    features_dim, self.lstm_hidden_size, num_layers=self.n_lstm_layers, **self.lstm_kwargs
                 )
             else:
                 # A feed-forward value network: its features mapped to the LSTM's width (sb3-contrib's critic)
-                self.critic = nn.Linear(self.features_dim, self.lstm_hidden_size)
+                self.critic = nn.Linear(features_dim, self.lstm_hidden_size)
         self.mlp_extractor = MlpExtractor(
             self.lstm_hidden_size, net_arch=self.net_arch, activation_fn=self.activation_fn, device=self.device
         )
@@ -303,6 +305,15 @@ class RecurrentPPGPolicy(PPGPolicy):
         """
         self.set_training_mode(False)
         obs_tensor, vectorized_env = self.obs_to_tensor(observation)
+        states, starts = self._predict_states(obs_tensor, state, episode_start)
+        with th.no_grad():
+            actions, new_states = self._predict(obs_tensor, states, starts, deterministic)
+        return self._predicted_actions(actions, vectorized_env), (new_states[0].cpu().numpy(), new_states[1].cpu().numpy())
+
+    def _predict_states(
+        self, obs_tensor: PyTorchObs, state: tuple[np.ndarray, ...] | None, episode_start: np.ndarray | None
+    ) -> tuple[LSTMStates, th.Tensor]:
+        """``predict()``'s state and episode starts, checked, as tensors (one state and start per observation)."""
         first = next(iter(obs_tensor.values())) if isinstance(obs_tensor, dict) else obs_tensor
         n_envs = first.shape[0]
         expected_shape = (self.n_lstm_layers, n_envs, self.lstm_hidden_size)
@@ -318,10 +329,12 @@ class RecurrentPPGPolicy(PPGPolicy):
         if episode_start is None:
             episode_start = np.zeros(n_envs, dtype=bool)
         dtype = self.action_net.weight.dtype
-        with th.no_grad():
-            states = tuple(th.as_tensor(np.asarray(part), dtype=dtype, device=self.device) for part in state)
-            starts = th.as_tensor(np.asarray(episode_start), dtype=dtype, device=self.device).reshape(n_envs)
-            actions, new_states = self._predict(obs_tensor, states, starts, deterministic)  # type: ignore[arg-type]
+        hidden, cell = (th.as_tensor(np.asarray(part), dtype=dtype, device=self.device) for part in state)
+        starts = th.as_tensor(np.asarray(episode_start), dtype=dtype, device=self.device).reshape(n_envs)
+        return (hidden, cell), starts
+
+    def _predicted_actions(self, actions: th.Tensor, vectorized_env: bool) -> np.ndarray:
+        """``predict()``'s actions in NumPy: Box actions unscaled or clipped, one observation's without the batch axis."""
         actions_array = actions.cpu().numpy().reshape((-1, *self.action_space.shape))  # type: ignore[misc]
         if isinstance(self.action_space, spaces.Box):
             if self.squash_output:
@@ -330,7 +343,7 @@ class RecurrentPPGPolicy(PPGPolicy):
                 actions_array = np.clip(actions_array, self.action_space.low, self.action_space.high)
         if not vectorized_env:
             actions_array = actions_array.squeeze(axis=0)
-        return actions_array, (new_states[0].cpu().numpy(), new_states[1].cpu().numpy())
+        return actions_array
 
 
 class RecurrentPPGCnnPolicy(RecurrentPPGPolicy):

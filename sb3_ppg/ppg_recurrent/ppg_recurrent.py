@@ -113,7 +113,7 @@ class RecurrentPPG(PPG):
 
     def _aux_buffer_kwargs(self) -> dict[str, Any]:
         """The auxiliary buffer's LSTM state shape (its rollouts' start states: ``RecurrentAuxiliaryBuffer``)."""
-        return {"lstm_state_shape": (self.policy.n_lstm_layers, self.policy.lstm_hidden_size)}
+        return {**super()._aux_buffer_kwargs(), "lstm_state_shape": (self.policy.n_lstm_layers, self.policy.lstm_hidden_size)}
 
     def set_env(self, env: GymEnv, force_reset: bool = True) -> None:
         """PPG's ``set_env``; the LSTM states start from zeros for the new envs when their number changes."""
@@ -132,11 +132,18 @@ class RecurrentPPG(PPG):
         rollout_buffer.lstm_start_states = stack_states(self._last_lstm_states).cpu().numpy().copy()  # type: ignore[attr-defined]
 
     def _policy_step(self, obs_tensor: PyTorchObs, env: VecEnv) -> tuple[th.Tensor, th.Tensor, th.Tensor, dict[str, Any]]:
-        """A rollout step from the last states; the states reset where an episode starts, then advanced."""
+        """
+        A rollout step from the last states; the states reset where an episode starts, then advanced. The action masks
+        of ``_action_masks`` (none here; ``MaskableRecurrentPPG``'s) go to the policy and are stored with the step.
+        """
         assert self._last_lstm_states is not None
+        action_masks = self._action_masks(env)
+        stored = {} if action_masks is None else {"action_masks": action_masks}
         episode_starts = th.as_tensor(self._last_episode_starts, dtype=th.float32, device=self.device)
-        actions, values, log_probs, self._last_lstm_states = self.policy(obs_tensor, self._last_lstm_states, episode_starts)
-        return actions, values, log_probs, {}
+        actions, values, log_probs, self._last_lstm_states = self.policy(
+            obs_tensor, self._last_lstm_states, episode_starts, **stored
+        )
+        return actions, values, log_probs, stored
 
     def _terminal_value(self, env_index: int, terminal_obs: PyTorchObs) -> th.Tensor:
         """The value of a truncated episode's last observation, from its env's states after the step."""

@@ -35,6 +35,8 @@ class RecurrentRolloutSamples(NamedTuple):
 
     :param episode_starts: shape (n_seq, n_steps)
     :param lstm_states: the states before each sequence, each (n_layers, n_seq, hidden_size)
+    :param action_masks: the valid actions of each state, shape (n_seq * n_steps, mask_dims), from a maskable rollout
+        buffer (``MaskableRecurrentPPG``'s); ``None`` without masks
     """
 
     observations: TensorObs
@@ -45,6 +47,7 @@ class RecurrentRolloutSamples(NamedTuple):
     returns: th.Tensor
     episode_starts: th.Tensor
     lstm_states: RNNStates
+    action_masks: th.Tensor | None = None
 
 
 class RecurrentAuxiliaryBufferSamples(NamedTuple):
@@ -95,10 +98,12 @@ def sequence_minibatches(
     start_states = th.as_tensor(rollout_buffer.lstm_start_states, device=device)
     for start in range(0, n_envs, envs_per_batch):
         envs = env_order[start : start + envs_per_batch]
-        samples = rollout_buffer._get_samples((envs[:, None] * n_steps + np.arange(n_steps)).reshape(-1))
+        samples = rollout_buffer._get_samples((envs[:, None] * n_steps + np.arange(n_steps)).reshape(-1))._asdict()
         episode_starts = th.as_tensor(rollout_buffer.episode_starts[:, envs].T.copy(), device=device)
         states = unstack_states(start_states[:, :, th.as_tensor(envs, device=device)])
-        yield RecurrentRolloutSamples(*samples, episode_starts=episode_starts, lstm_states=states)
+        # A maskable buffer's samples hold the action masks (sb3-contrib's samples: their last field)
+        masks = samples.pop("action_masks", None)
+        yield RecurrentRolloutSamples(**samples, episode_starts=episode_starts, lstm_states=states, action_masks=masks)
 
 
 def take_rows(array: th.Tensor, rows: th.Tensor | slice) -> th.Tensor:
