@@ -42,8 +42,10 @@ from torch import nn
 from sb3_ppg import RecurrentPPG
 
 #: rl-zoo3's tuned RecurrentPPO settings (hyperparams/ppo_lstm.yml) per env: the settings both algorithms share (with
-#: RecurrentPPO's default max_grad_norm of 0.5 set for RecurrentPPG too), RecurrentPPO's batch_size, and RecurrentPPG's
-#: whole-rollout batch_size and auxiliary phase (sb3_ppg/cli/hyperparams/recurrent_ppg.yml)
+#: RecurrentPPO's default max_grad_norm of 0.5 set for RecurrentPPG too), RecurrentPPO's n_steps and batch_size, and
+#: RecurrentPPG's whole-rollout minibatches and auxiliary phase (sb3_ppg/cli/hyperparams/recurrent_ppg.yml): where the
+#: zoo's rollouts are longer than RecurrentPPO's batch_size, RecurrentPPG's rollouts are that batch_size long, so that
+#: both make as many updates per env step on sequences of the same length
 ZOO: dict[str, dict[str, Any]] = {
     "CartPoleNoVel-v1": dict(
         base_env="CartPole-v1",
@@ -68,7 +70,6 @@ ZOO: dict[str, dict[str, Any]] = {
         n_envs=4,
         timesteps=100_000,
         shared=dict(
-            n_steps=1024,
             gae_lambda=0.95,
             gamma=0.9,
             n_epochs=10,
@@ -79,8 +80,9 @@ ZOO: dict[str, dict[str, Any]] = {
             use_sde=True,
             sde_sample_freq=4,
         ),
-        recurrent_ppo=dict(batch_size=128),  # RecurrentPPO's default: the zoo sets none
-        recurrent_ppg=dict(batch_size=1024, n_policy_iters=4, aux_batch_rollouts=1),
+        recurrent_ppo=dict(n_steps=1024, batch_size=128),  # RecurrentPPO's default batch_size: the zoo sets none
+        # Minibatches of whole env rollouts: rollouts of RecurrentPPO's batch_size, as many updates per env step
+        recurrent_ppg=dict(n_steps=128, batch_size=128, n_policy_iters=32, aux_batch_rollouts=4),
         policy_kwargs=dict(lstm_hidden_size=64, net_arch=dict(pi=[64], vf=[64]), activation_fn=nn.ReLU),
     ),
     "MountainCarContinuousNoVel-v0": dict(
@@ -88,7 +90,6 @@ ZOO: dict[str, dict[str, Any]] = {
         n_envs=8,
         timesteps=300_000,
         shared=dict(
-            n_steps=1024,
             gae_lambda=0.9,
             gamma=0.9999,
             n_epochs=10,
@@ -100,8 +101,8 @@ ZOO: dict[str, dict[str, Any]] = {
             use_sde=True,
             sde_sample_freq=8,
         ),
-        recurrent_ppo=dict(batch_size=256),
-        recurrent_ppg=dict(batch_size=1024, n_policy_iters=4, aux_batch_rollouts=1),
+        recurrent_ppo=dict(n_steps=1024, batch_size=256),
+        recurrent_ppg=dict(n_steps=256, batch_size=256, n_policy_iters=16, aux_batch_rollouts=4),
         policy_kwargs=dict(lstm_hidden_size=32, net_arch=dict(pi=[64], vf=[64]), log_std_init=0.0),
     ),
 }

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import sys
 import time
 from unittest import mock
@@ -9,6 +10,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch as th
+import yaml
 from benchmark_scripts import load_script  # tests/ is on sys.path
 
 # Some runs here end before their first auxiliary phase on purpose: the warning that learn() then trains as plain PPO
@@ -594,7 +596,7 @@ def test_recurrent_zoo_settings(env_id):
     ppo, ppg = (recurrent.make_model(algorithm, 0, env_id) for algorithm in ("RecurrentPPO", "RecurrentPPG"))
     zoo = recurrent.ZOO[env_id]
     for model in (ppo, ppg):
-        assert model.n_envs == zoo["n_envs"] and model.n_steps == 1024 and model.use_sde
+        assert model.n_envs == zoo["n_envs"] and model.use_sde
         assert (
             model.gamma == zoo["shared"]["gamma"]
             and model.policy.lstm_actor.hidden_size == zoo["policy_kwargs"]["lstm_hidden_size"]
@@ -602,8 +604,17 @@ def test_recurrent_zoo_settings(env_id):
         # The velocity is masked: the observation's last entry (Pendulum's angular velocity, MountainCar's speed) is 0
         model.env.reset()
         assert np.all(model.env.get_original_obs()[:, -1] == 0.0) and np.any(model.env.get_original_obs()[:, 0] != 0.0)
-    assert ppo.batch_size == zoo["recurrent_ppo"]["batch_size"] and ppg.batch_size == 1024
-    assert (ppg.n_policy_iters, ppg.aux_batch_rollouts, ppg.aux_start_states) == (4, 1, "stored")
+    # RecurrentPPO: the zoo's 1024-step rollouts; RecurrentPPG: rollouts of RecurrentPPO's batch_size, one per
+    # minibatch (as many updates per env step), an auxiliary phase every 4 x 1024 steps per env as before
+    assert ppo.n_steps == 1024 and ppo.batch_size == zoo["recurrent_ppo"]["batch_size"]
+    assert ppg.n_steps == ppg.batch_size == ppo.batch_size and ppg.n_epochs == ppo.n_epochs
+    assert ppg.n_policy_iters * ppg.n_steps == 4 * 1024 and ppg.aux_start_states == "stored"
+    # The packaged hyperparameters are the benchmark's
+    packaged = yaml.safe_load(
+        (pathlib.Path(__file__).parents[1] / "sb3_ppg" / "cli" / "hyperparams" / "recurrent_ppg.yml").read_text()
+    )[env_id]
+    for name in ("n_steps", "batch_size", "n_policy_iters", "aux_batch_rollouts"):
+        assert packaged[name] == zoo["recurrent_ppg"][name], name
     assert recurrent.make_model("RecurrentPPG", 0, env_id, n_policy_iters=2).n_policy_iters == 2
 
 
