@@ -4,10 +4,11 @@ RecurrentPPG (IMPALA CNN + LSTM) and PPG (the same IMPALA CNN without the LSTM) 
 sb3_ppg/cli/hyperparams/recurrent_ppg.yml: the PPG paper's, with an LSTM of 256 units in each network) and the same
 seed, so that the two learning curves show whether the LSTM helps at the budget run.
 
-CPU-sized (a 2-core CPU, about 35 minutes for the two runs side by side, one process each):
+CPU-sized (a shared 2-core CPU, about 35 to 40 minutes for the two runs side by side, one process each; 35 rollouts of
+2 envs x 256 steps, an auxiliary phase after the 32nd):
 
-    nice -n 10 python benchmarks/recurrent_procgen.py --algorithms RecurrentPPG --n-envs 8 --timesteps 114688 --out rppg.json &
-    nice -n 10 python benchmarks/recurrent_procgen.py --algorithms PPG --n-envs 8 --timesteps 114688 --out ppg.json &
+    nice -n 10 python benchmarks/recurrent_procgen.py --algorithms RecurrentPPG --n-envs 2 --timesteps 17920 --out rppg.json &
+    nice -n 10 python benchmarks/recurrent_procgen.py --algorithms PPG --n-envs 2 --timesteps 17920 --out ppg.json &
     python benchmarks/recurrent_procgen.py --report rppg.json ppg.json
 
 GPU-sized (the packaged settings: 64 envs, the PPG paper's 100M env steps, each algorithm in a process of its own;
@@ -117,6 +118,7 @@ def train(args: argparse.Namespace, algorithm: str) -> dict[str, Any]:
         n_envs=args.n_envs,
         settings={key: value for key, value in kwargs.items()},
         policy_kwargs={key: repr(value) for key, value in model.policy_kwargs.items()},
+        precision=model.precision,
         cpu=cpu_name(),
         torch_threads=th.get_num_threads(),
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -189,8 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--game", default="miner")
     parser.add_argument("--distribution-mode", default="memory")
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
-    parser.add_argument("--n-envs", type=int, default=8)
-    parser.add_argument("--timesteps", type=int, default=114_688)
+    parser.add_argument("--n-envs", type=int, default=2)
+    parser.add_argument("--timesteps", type=int, default=17_920)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", default="auto")
