@@ -101,7 +101,7 @@ def test_train_procgen_memory_mode_needs_a_memory_game(tmp_path: Path):
         )
 
 
-def test_benchmark_scales_the_packaged_settings():
+def test_benchmark_scales_the_packaged_settings(tmp_path: Path):
     """benchmarks/recurrent_procgen.py: the packaged entry, its minibatches scaled to the envs; its report."""
     script = load_script("recurrent_procgen")
     kwargs, policy_kwargs = script.packaged_settings("miner", 64)
@@ -117,3 +117,5 @@ def test_benchmark_scales_the_packaged_settings():
     assert (row["compared"], row["first"], row["last"], row["steps_per_second"]) == (25, 12.0, 37.0, 250.0)
     record["returns"] = [0.0] * 100 + [1.0] * 150 + [2.0] * 100
     assert (script.summary(record)["first"], script.summary(record)["last"]) == (0.0, 2.0)
+    script.write(record, str(tmp_path / "ppg.json"))
+    assert "| PPG | 1,000 | 350 | 100 | 0.00 | 2.00 | 250.0 | no |" in script.report([str(tmp_path / "ppg.json")])
