@@ -2,10 +2,10 @@
 RecurrentPPG (IMPALA CNN + LSTM) and PPG (the same IMPALA CNN without the LSTM) on a Procgen game in
 ``distribution_mode="memory"``, at the packaged Procgen settings (``procgen/<game>-v0`` in
 sb3_ppg/cli/hyperparams/recurrent_ppg.yml: the PPG paper's, with an LSTM of 256 units in each network) and the same
-seed, so that the two learning curves show whether the LSTM helps at the budget run.
+seed, so that the two runs' returns show whether the LSTM helps at the budget run.
 
-CPU-sized (a shared 2-core CPU, about 35 to 40 minutes for the two runs side by side, one process each; 35 rollouts of
-2 envs x 256 steps, an auxiliary phase after the 32nd):
+CPU-sized (a shared 2-core CPU: 13 to 20 minutes for the two runs side by side, one process each, more under heavy
+load; 35 rollouts of 2 envs x 256 steps, an auxiliary phase after the 32nd; results in docs/recurrent.md):
 
     nice -n 10 python benchmarks/recurrent_procgen.py --algorithms RecurrentPPG --n-envs 2 --timesteps 17920 --out rppg.json &
     nice -n 10 python benchmarks/recurrent_procgen.py --algorithms PPG --n-envs 2 --timesteps 17920 --out ppg.json &
@@ -156,6 +156,7 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
     n_episodes = max(1, min(100, len(returns) // 2))  # halves of a run of fewer than 200 episodes
     return dict(
         algorithm=record["algorithm"],
+        seed=record.get("seed"),
         timesteps=record["timesteps"],
         episodes=len(returns),
         compared=n_episodes,
@@ -169,15 +170,15 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
 def report(paths: list[str]) -> str:
     """A Markdown table of the saved runs."""
     lines = [
-        "| algorithm | env steps | episodes | episodes compared | first episodes: mean return | last episodes | env steps/s |"
-        " complete |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| algorithm | seed | env steps | episodes | episodes compared | first episodes: mean return | last episodes |"
+        " env steps/s | complete |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for path in paths:
         row = summary(json.loads(Path(path).read_text()))
         lines.append(
-            f"| {row['algorithm']} | {row['timesteps']:,} | {row['episodes']} | {row['compared']} | {row['first']:.2f} | "
-            f"{row['last']:.2f} | {row['steps_per_second']:.1f} | {'yes' if row['complete'] else 'no'} |"
+            f"| {row['algorithm']} | {row['seed']} | {row['timesteps']:,} | {row['episodes']} | {row['compared']} | "
+            f"{row['first']:.2f} | {row['last']:.2f} | {row['steps_per_second']:.1f} | {'yes' if row['complete'] else 'no'} |"
         )
     return "\n".join(lines)
 

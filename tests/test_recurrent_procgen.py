@@ -111,11 +111,11 @@ def test_benchmark_scales_the_packaged_settings(tmp_path: Path):
     for n_envs, batch_size, aux_batch_rollouts in ((16, 512, 1), (8, 256, 1), (2, 256, 1)):
         kwargs, _ = script.packaged_settings("miner", n_envs)
         assert (kwargs["batch_size"], kwargs["aux_batch_rollouts"]) == (batch_size, aux_batch_rollouts)
-    record = dict(algorithm="PPG", returns=[float(i) for i in range(50)], timesteps=1000, seconds=4.0)
+    record = dict(algorithm="PPG", seed=3, returns=[float(i) for i in range(50)], timesteps=1000, seconds=4.0)
     row = script.summary(record)
     # Fewer than 200 episodes: the two halves
     assert (row["compared"], row["first"], row["last"], row["steps_per_second"]) == (25, 12.0, 37.0, 250.0)
     record["returns"] = [0.0] * 100 + [1.0] * 150 + [2.0] * 100
     assert (script.summary(record)["first"], script.summary(record)["last"]) == (0.0, 2.0)
     script.write(record, str(tmp_path / "ppg.json"))
-    assert "| PPG | 1,000 | 350 | 100 | 0.00 | 2.00 | 250.0 | no |" in script.report([str(tmp_path / "ppg.json")])
+    assert "| PPG | 3 | 1,000 | 350 | 100 | 0.00 | 2.00 | 250.0 | no |" in script.report([str(tmp_path / "ppg.json")])
