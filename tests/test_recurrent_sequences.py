@@ -47,8 +47,14 @@ def _outputs_and_gradients(function, lstm, features, states, episode_starts, fin
     ],
 )
 @pytest.mark.parametrize("final_states", [True, False])
-def test_sequences_equal_step_by_step(n_layers: int, starts: list[tuple[int, int]], final_states: bool) -> None:
-    lstm, features, states, episode_starts = _inputs(4, 8, n_layers, starts)
+@pytest.mark.parametrize("one_step", [False, True])
+def test_sequences_equal_step_by_step(
+    n_layers: int, starts: list[tuple[int, int]], final_states: bool, one_step: bool
+) -> None:
+    """``one_step``: sequences of one step (a rollout's), the starts at their first step kept, the others dropped."""
+    if one_step:
+        starts = [(sequence, step) for sequence, step in starts if step == 0]
+    lstm, features, states, episode_starts = _inputs(4, 1 if one_step else 8, n_layers, starts)
     fast = _outputs_and_gradients(lstm_sequences, lstm, features, states, episode_starts, final_states)
     reference = _outputs_and_gradients(lstm_step_by_step, lstm, features, states, episode_starts, final_states)
     for fast_value, reference_value in zip(fast[:3], reference[:3], strict=True):

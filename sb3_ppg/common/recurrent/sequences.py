@@ -69,6 +69,10 @@ def lstm_sequences(
         sequence's last step (``None`` without ``final_states``)
     """
     n_sequences, n_steps = episode_starts.shape
+    if n_steps == 1:
+        # One step (a rollout's, predict's): the LSTM's input as it is, without looking for starts inside
+        output, last_states = lstm(features.unsqueeze(0), reset_states(states, episode_starts[:, 0]))
+        return output.squeeze(0), last_states
     starts = episode_starts.to(th.bool)
     if not bool(starts[:, 1:].any()):
         # No episode starts inside a sequence: the sequences themselves are the pieces
