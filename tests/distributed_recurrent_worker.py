@@ -134,7 +134,7 @@ def equality(config_name: str) -> dict[str, Any]:
     # its start states in float32 for float32 networks: here in float64, which the LSTMs take
     run_in_float64(model)
     assert model.aux_buffer is not None
-    model.aux_buffer.lstm_start_states = model.aux_buffer.lstm_start_states.astype(np.float64)
+    model.aux_buffer.lstm_start_states = model.aux_buffer.lstm_start_states.to(th.float64)
     initial = parameters(model)
     model.learn(2 * N_STEPS * GLOBAL_ENVS, callback=SyntheticSequences())
     assert model.aux_buffer is not None
@@ -145,7 +145,9 @@ def equality(config_name: str) -> dict[str, Any]:
         n_aux_phases=model.n_aux_phases,
         n_updates=model._n_updates,
         # Each stored rollout's start states (recomputed ones with aux_start_states="recomputed"), by iteration
-        aux_start_states=model.aux_buffer.lstm_start_states.reshape(2, n_envs, *model.aux_buffer.lstm_start_states.shape[1:]),
+        aux_start_states=model.aux_buffer.lstm_start_states.cpu()
+        .numpy()
+        .reshape(2, n_envs, *model.aux_buffer.lstm_start_states.shape[1:]),
     )
 
 
