@@ -150,8 +150,14 @@ class FiniteCheck:
         """At the end of the phase, raise where a step was skipped (the host checks have raised already)."""
 
 
-#: The optimizers whose implementation :func:`configure_foreach_adam` chooses on a CPU
-FOREACH_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
+#: The optimizers whose implementation PPG chooses: multi-tensor on a CPU (:func:`configure_foreach_adam`), torch's
+#: fused kernel on CUDA (``sb3_ppg.common.cuda.fused_adam``)
+ADAM_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
+
+
+def implementation_chosen(optimizer_kwargs: dict) -> bool:
+    """Whether the user's ``optimizer_kwargs`` choose Adam's implementation (PPG then leaves it alone)."""
+    return any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
 
 
 def configure_foreach_adam(optimizers: Iterable[th.optim.Optimizer], optimizer_kwargs: dict, device: th.device) -> None:
@@ -163,11 +169,10 @@ def configure_foreach_adam(optimizers: Iterable[th.optim.Optimizer], optimizer_k
     :param optimizer_kwargs: the policy's optimizer arguments
     :param device: the model's device (elsewhere than on a CPU, nothing changes)
     """
-    chosen = any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
-    if device.type != "cpu" or chosen:
+    if device.type != "cpu" or implementation_chosen(optimizer_kwargs):
         return
     for optimizer in optimizers:
-        if isinstance(optimizer, FOREACH_OPTIMIZERS):
+        if isinstance(optimizer, ADAM_OPTIMIZERS):
             for group in optimizer.param_groups:
                 group["foreach"] = True
 

@@ -10,7 +10,15 @@ from collections.abc import Iterable
 import torch as th
 
 from sb3_ppg.common import distributed
-from sb3_ppg.common.optim import GRADIENT_CAUSES, LOSS_CAUSES, FiniteCheck, clipped_gradient_norm, configure_foreach_adam
+from sb3_ppg.common.optim import (
+    ADAM_OPTIMIZERS,
+    GRADIENT_CAUSES,
+    LOSS_CAUSES,
+    FiniteCheck,
+    clipped_gradient_norm,
+    configure_foreach_adam,
+    implementation_chosen,
+)
 
 #: The torch versions (major.minor) on which the fused Adam's ``found_inf`` contract was checked (tests/test_finite_check.py
 #: on a CPU, and on CUDA devices: docs/throughput.md)
@@ -151,17 +159,14 @@ def finite_check(phase: str, timestep: int, optimizers: Iterable[th.optim.Optimi
     return FiniteCheck(phase, timestep)
 
 
-#: The optimizers whose implementation :func:`configure_adam_implementation` chooses (torch's fused kernels exist)
-FUSABLE_OPTIMIZERS = (th.optim.Adam, th.optim.AdamW)
-
-
 def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.device) -> bool:
     """
     Whether PPG steps the optimizer with torch's fused kernel: an Adam or AdamW on CUDA, unless ``optimizer_kwargs``
     choose an implementation.
     """
-    chosen = any(optimizer_kwargs.get(name) is not None for name in ("fused", "foreach", "capturable", "differentiable"))
-    return device.type == "cuda" and issubclass(optimizer_class, FUSABLE_OPTIMIZERS) and not chosen
+    return (
+        device.type == "cuda" and issubclass(optimizer_class, ADAM_OPTIMIZERS) and not implementation_chosen(optimizer_kwargs)
+    )
 
 
 def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) -> None:
@@ -169,7 +174,7 @@ def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) ->
     Step an Adam (or AdamW) with torch's fused kernel or, ``fused=False``, torch's default (see docs/throughput.md),
     keeping its state; other classes are left alone.
     """
-    if not isinstance(optimizer, FUSABLE_OPTIMIZERS):
+    if not isinstance(optimizer, ADAM_OPTIMIZERS):
         return
     for group in optimizer.param_groups:
         group["fused"] = True if fused else None
