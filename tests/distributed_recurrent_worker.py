@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from distributed_worker import GLOBAL_ENVS, N_STEPS, synthetic_advantages, synthetic_rollout  # the same synthetic data
 from double_precision import run_in_float64  # tests/ is on sys.path: this script's folder, or added by the test
 from helpers import parameters
 from stable_baselines3.common.callbacks import BaseCallback
@@ -22,8 +23,6 @@ from sb3_ppg.common.recurrent.buffers import unstack_states
 
 th.set_num_threads(1)
 
-GLOBAL_ENVS = 4
-N_STEPS = 8
 LSTM = dict(lstm_hidden_size=8, net_arch=[16])
 
 # Equality scenarios: one policy minibatch of whole env sequences per epoch (the rank's envs, the single process's
@@ -95,12 +94,7 @@ class SyntheticSequences(BaseCallback):
         envs = slice(distributed.get_rank() * n_envs, (distributed.get_rank() + 1) * n_envs)
         rng = np.random.default_rng(300 + self.iteration)
         self.iteration += 1
-        observations = rng.normal(size=(N_STEPS, GLOBAL_ENVS, 4)).astype(np.float32)[:, envs]
-        actions = rng.integers(0, 2, size=(N_STEPS, GLOBAL_ENVS, 1)).astype(np.float32)[:, envs]
-        rewards = rng.normal(size=(N_STEPS, GLOBAL_ENVS)).astype(np.float32)[:, envs]
-        starts = (rng.random((N_STEPS, GLOBAL_ENVS)) < 0.2).astype(np.float32)[:, envs]
-        last_values = rng.normal(size=GLOBAL_ENVS).astype(np.float32)[envs]
-        dones = (rng.random(GLOBAL_ENVS) < 0.2)[envs]
+        observations, actions, rewards, starts, last_values, dones = synthetic_rollout(rng, envs)
         state_shape = (4, model.policy.n_lstm_layers, GLOBAL_ENVS, model.policy.lstm_hidden_size)
         start_states = (0.5 * rng.normal(size=state_shape)).astype(np.float32)[:, :, envs]
         buffer.observations[:] = observations
@@ -118,9 +112,7 @@ class SyntheticSequences(BaseCallback):
         buffer.values[:] = values.reshape(n_envs, N_STEPS).T.numpy()
         buffer.log_probs[:] = log_prob.reshape(n_envs, N_STEPS).T.numpy()
         buffer.compute_returns_and_advantage(th.as_tensor(last_values), dones)
-        ones = rng.permutation(np.repeat(np.array([1.0, -1.0], dtype=np.float32), N_STEPS * GLOBAL_ENVS // 2 - 1))
-        advantages = np.concatenate([np.array([7.0, -7.0], dtype=np.float32), ones]).reshape(GLOBAL_ENVS, N_STEPS).T
-        buffer.advantages[:] = advantages[:, envs]
+        buffer.advantages[:] = synthetic_advantages(rng, envs)
 
 
 def equality(config_name: str) -> dict[str, Any]:

@@ -71,6 +71,27 @@ EQUALITY_CONFIGS: dict[str, dict[str, Any]] = {
 DEVICE_CHECK = ("device_check",)
 
 
+def synthetic_rollout(rng: np.random.Generator, envs: slice) -> tuple[np.ndarray, ...]:
+    """
+    A rollout of all ``GLOBAL_ENVS`` envs drawn from ``rng`` (the same on every rank), this rank's ``envs`` of it:
+    observations, actions, rewards, episode starts, the values after it and its dones.
+    """
+    observations = rng.normal(size=(N_STEPS, GLOBAL_ENVS, 4)).astype(np.float32)[:, envs]
+    actions = rng.integers(0, 2, size=(N_STEPS, GLOBAL_ENVS, 1)).astype(np.float32)[:, envs]
+    rewards = rng.normal(size=(N_STEPS, GLOBAL_ENVS)).astype(np.float32)[:, envs]
+    starts = (rng.random((N_STEPS, GLOBAL_ENVS)) < 0.2).astype(np.float32)[:, envs]
+    last_values = rng.normal(size=GLOBAL_ENVS).astype(np.float32)[envs]
+    dones = (rng.random(GLOBAL_ENVS) < 0.2)[envs]
+    return observations, actions, rewards, starts, last_values, dones
+
+
+def synthetic_advantages(rng: np.random.Generator, envs: slice) -> np.ndarray:
+    """Advantages of +-1 and one pair of +-7 over all envs (mean 0), drawn from ``rng``: this rank's ``envs`` of them."""
+    ones = rng.permutation(np.repeat(np.array([1.0, -1.0], dtype=np.float32), N_STEPS * GLOBAL_ENVS // 2 - 1))
+    advantages = np.concatenate([np.array([7.0, -7.0], dtype=np.float32), ones]).reshape(GLOBAL_ENVS, N_STEPS).T
+    return advantages[:, envs]
+
+
 class SyntheticRollout(BaseCallback):
     """
     Replaces each collected rollout by fixed data for ``GLOBAL_ENVS`` envs, of which this rank keeps its share (rank r:
@@ -95,12 +116,7 @@ class SyntheticRollout(BaseCallback):
         envs = slice(distributed.get_rank() * n_envs, (distributed.get_rank() + 1) * n_envs)
         rng = np.random.default_rng(100 + self.iteration)
         self.iteration += 1
-        observations = rng.normal(size=(N_STEPS, GLOBAL_ENVS, 4)).astype(np.float32)[:, envs]
-        actions = rng.integers(0, 2, size=(N_STEPS, GLOBAL_ENVS, 1)).astype(np.float32)[:, envs]
-        rewards = rng.normal(size=(N_STEPS, GLOBAL_ENVS)).astype(np.float32)[:, envs]
-        starts = (rng.random((N_STEPS, GLOBAL_ENVS)) < 0.2).astype(np.float32)[:, envs]
-        last_values = rng.normal(size=GLOBAL_ENVS).astype(np.float32)[envs]
-        dones = (rng.random(GLOBAL_ENVS) < 0.2)[envs]
+        observations, actions, rewards, starts, last_values, dones = synthetic_rollout(rng, envs)
         buffer.observations[:] = observations
         buffer.actions[:] = actions
         buffer.rewards[:] = rewards
@@ -121,9 +137,7 @@ class SyntheticRollout(BaseCallback):
         buffer.values[:] = values.reshape(N_STEPS, n_envs).numpy()
         buffer.log_probs[:] = log_prob.reshape(N_STEPS, n_envs).numpy()
         buffer.compute_returns_and_advantage(th.as_tensor(last_values), dones)
-        ones = rng.permutation(np.repeat(np.array([1.0, -1.0], dtype=np.float32), N_STEPS * GLOBAL_ENVS // 2 - 1))
-        advantages = np.concatenate([np.array([7.0, -7.0], dtype=np.float32), ones]).reshape(GLOBAL_ENVS, N_STEPS).T
-        buffer.advantages[:] = advantages[:, envs]
+        buffer.advantages[:] = synthetic_advantages(rng, envs)
 
 
 def allow_all(env: Any) -> np.ndarray:

@@ -43,8 +43,11 @@ def worker_environment(**extra: str) -> dict[str, str]:
     return dict(environment, OMP_NUM_THREADS="1", PYTHONPATH=str(TESTS.parent), **extra)
 
 
-def start_ranks(scenario: str, out_dir: Path, timeout_s: float = 60) -> list[subprocess.Popen]:
-    """Two worker processes with the variables torchrun would set (PPG initializes the process group itself)."""
+def start_ranks(scenario: str, out_dir: Path, timeout_s: float = 60, worker: str = WORKER) -> list[subprocess.Popen]:
+    """
+    Two processes of the ``worker`` script with the variables torchrun would set (PPG initializes the process group
+    itself).
+    """
     port = str(free_port())
     processes = []
     for rank in range(2):
@@ -58,7 +61,7 @@ def start_ranks(scenario: str, out_dir: Path, timeout_s: float = 60) -> list[sub
         )
         log = open(out_dir / f"log{rank}.txt", "w")
         processes.append(
-            subprocess.Popen([sys.executable, WORKER, scenario, str(out_dir)], env=environment, stdout=log, stderr=log)
+            subprocess.Popen([sys.executable, worker, scenario, str(out_dir)], env=environment, stdout=log, stderr=log)
         )
     return processes
 

@@ -20,30 +20,16 @@ TESTS = Path(__file__).parent
 WORKER = str(TESTS / "distributed_recurrent_worker.py")
 sys.path.insert(0, str(TESTS))
 import distributed_recurrent_worker as worker  # noqa: E402
-from test_distributed import assert_identical, free_port, results, wait_all, worker_environment  # noqa: E402
+from test_distributed import assert_identical, results, wait_all  # noqa: E402
+from test_distributed import start_ranks as start_worker_ranks  # noqa: E402
 from test_distributed_cli import episode_lengths, torchrun_train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-def start_ranks(scenario: str, out_dir: Path, timeout_s: float = 60) -> list[subprocess.Popen]:
-    """Two worker processes with the variables torchrun would set (RecurrentPPG initializes the process group)."""
-    port = str(free_port())
-    processes = []
-    for rank in range(2):
-        environment = worker_environment(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            SB3_PPG_DIST_TIMEOUT=str(timeout_s),
-        )
-        log = open(out_dir / f"log{rank}.txt", "w")
-        processes.append(
-            subprocess.Popen([sys.executable, WORKER, scenario, str(out_dir)], env=environment, stdout=log, stderr=log)
-        )
-    return processes
+def start_ranks(scenario: str, out_dir: Path) -> list[subprocess.Popen]:
+    """Two processes of this file's worker script, as torchrun would start them."""
+    return start_worker_ranks(scenario, out_dir, worker=WORKER)
 
 
 @pytest.fixture(scope="module")
