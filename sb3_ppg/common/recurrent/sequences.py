@@ -70,9 +70,8 @@ def lstm_sequences(
     """
     n_sequences, n_steps = episode_starts.shape
     if n_steps == 1:
-        # One step (a rollout's, predict's): the LSTM's input as it is, without looking for starts inside
-        output, last_states = lstm(features.unsqueeze(0), reset_states(states, episode_starts[:, 0]))
-        return output.squeeze(0), last_states
+        # One step (a rollout's, predict's): no starts inside to look for
+        return lstm_step(lstm, features, states, episode_starts[:, 0])
     starts = episode_starts.to(th.bool)
     if not bool(starts[:, 1:].any()):
         # No episode starts inside a sequence: the sequences themselves are the pieces
