@@ -26,7 +26,7 @@ def trained(monkeypatch: pytest.MonkeyPatch, aux_buffer_device: str, device_gath
         if not device_gather:
             patch.setattr(cuda, "gathers_on_device", lambda rollout_buffer, device: False)
         if checks:
-            unchecked = lambda distribution, device, enabled=True: contextlib.nullcontext()  # noqa: E731
+            unchecked = lambda distribution, enabled=True: contextlib.nullcontext()  # noqa: E731
             patch.setattr(ppg_module, "unchecked_distributions", unchecked)
             patch.setattr(policies_module, "unchecked_distributions", unchecked)
         model = image_model(True, "cuda", aux_buffer_device=aux_buffer_device)

@@ -118,11 +118,11 @@ CHECKED_POLICIES = {
 
 
 @pytest.mark.parametrize("case", list(CHECKED_POLICIES))
-def test_unchecked_distributions_only_on_cuda_and_only_that_distribution(case):
+def test_unchecked_distributions_only_that_distribution(case):
     """
-    On a CUDA device the distributions that the policy's action distribution builds inside the context skip their
-    argument check (it reads the device); on a CPU, after the context (also after an exception) and for another
-    policy they check as before; torch's process-wide default is never touched.
+    The distributions that the policy's action distribution builds inside the context skip their argument check (on
+    CUDA it reads the device); when not enabled, after the context (also after an exception) and for another policy
+    they check as before; torch's process-wide default is never touched.
     """
     policy_class, action_space, use_sde = CHECKED_POLICIES[case]
     policy, other = (
@@ -136,14 +136,11 @@ def test_unchecked_distributions_only_on_cuda_and_only_that_distribution(case):
             model.reset_noise()
         model._get_action_dist_from_latent(nan_latent)
 
-    cuda = th.device("cuda")  # the flag only: nothing runs on the device
     with pytest.raises(ValueError, match="Expected parameter"):
         build(policy)
-    with unchecked_distributions(policy.action_dist, th.device("cpu")), pytest.raises(ValueError, match="Expected"):
+    with unchecked_distributions(policy.action_dist, enabled=False), pytest.raises(ValueError, match="Expected"):
         build(policy)
-    with unchecked_distributions(policy.action_dist, cuda, enabled=False), pytest.raises(ValueError, match="Expected"):
-        build(policy)
-    with pytest.raises(RuntimeError, match="stop"), unchecked_distributions(policy.action_dist, cuda):
+    with pytest.raises(RuntimeError, match="stop"), unchecked_distributions(policy.action_dist):
         build(policy)  # not checked
         assert Distribution._validate_args == default
         with pytest.raises(ValueError, match="Expected parameter"):
@@ -166,17 +163,17 @@ ROLLOUT_CASES = {
 @pytest.mark.parametrize("case", list(ROLLOUT_CASES))
 def test_rollout_samples_in_unchecked_distributions(monkeypatch, case):
     """
-    The rollout builds and samples its action distributions inside ``unchecked_distributions(action_dist, device, enabled)``,
+    The rollout builds and samples its action distributions inside ``unchecked_distributions(action_dist, enabled)``,
     enabled for the categorical action spaces (whose sampling refuses non-finite probabilities itself), not for a
     Gaussian; the callbacks run outside it.
     """
     algorithm, make_env, enabled = ROLLOUT_CASES[case]
-    active: list[tuple[th.device, bool]] = []
+    active: list[bool] = []
 
     @contextmanager
-    def recording(distribution, device: th.device, enabled: bool = True):
+    def recording(distribution, enabled: bool = True):
         assert distribution is model.policy.action_dist
-        active.append((device, enabled))
+        active.append(enabled)
         try:
             yield
         finally:
@@ -201,7 +198,7 @@ def test_rollout_samples_in_unchecked_distributions(monkeypatch, case):
     monkeypatch.setattr(model.policy, "_get_action_dist_from_latent", recorded_get_distribution)
     model.learn(16, callback=RecordingCallback())
     rollout = [contexts for contexts in at_sampling if not isinstance(contexts, tuple) and contexts]
-    assert rollout == [[(model.device, enabled)]] * 16  # each rollout step, inside one context
+    assert rollout == [[enabled]] * 16  # each rollout step, inside one context
     assert [entry for entry in at_sampling if isinstance(entry, tuple)] == [("callback", [])] * 16
     assert active == []
 

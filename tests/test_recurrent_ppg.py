@@ -1,5 +1,6 @@
 """RecurrentPPG: its policies' architectures, its rollout's states, both phases on sequences, predict, save and load."""
 
+import io
 from typing import Any
 
 import gymnasium as gym
@@ -105,6 +106,41 @@ def test_sequences_reproduce_the_rollout(name: str) -> None:
             values, log_prob, _ = model._evaluate_actions(batch)
             th.testing.assert_close(log_prob, batch.old_log_prob, rtol=1e-5, atol=1e-5)
             th.testing.assert_close(values.flatten(), batch.old_values, rtol=1e-5, atol=1e-5)
+
+
+def test_both_lstms_share_one_layout_per_pass(monkeypatch) -> None:
+    """The policy and value LSTMs of a pass over sequences run on one layout of pieces, computed once."""
+    from sb3_ppg.common.recurrent import sequences as sequences_module
+    from sb3_ppg.ppg_recurrent import policies as policies_module
+
+    model = small_model(n_steps=32, batch_size=64)
+    model.learn(128)
+    calls = []
+    layout = policies_module.sequence_layout
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return layout(*args, **kwargs)
+
+    monkeypatch.setattr(policies_module, "sequence_layout", counted)
+    monkeypatch.setattr(sequences_module, "sequence_layout", counted)
+    batch = next(iter(sequence_minibatches(model.rollout_buffer, model.batch_size, model.device)))
+    model._evaluate_actions(batch)
+    assert len(calls) == 1
+
+
+def test_adam_steps_fused_on_a_cpu_unless_the_user_chose() -> None:
+    """RecurrentPPG's Adam runs torch's fused kernel on a CPU too (loaded models as well); a user's choice is kept."""
+    model = small_model(device="cpu")
+    assert all(group["fused"] and not group["foreach"] for opt in model._optimizers() for group in opt.param_groups)
+    model.learn(128)
+    file = io.BytesIO()
+    model.save(file)
+    file.seek(0)
+    loaded = RecurrentPPG.load(file, device="cpu")
+    assert all(group["fused"] for optimizer in loaded._optimizers() for group in optimizer.param_groups)
+    chosen = small_model(device="cpu", policy_kwargs=dict(optimizer_kwargs=dict(foreach=False)))
+    assert all(not group["fused"] and group["foreach"] is False for group in chosen.policy.optimizer.param_groups)
 
 
 def test_aux_buffer_stores_start_states_and_recomputes_them() -> None:

@@ -1,10 +1,24 @@
-"""The LSTM over whole sequences in one call equals the step-by-step LSTM (float64), resets inside the sequences."""
+"""
+The LSTM over whole sequences in one call equals ``nn.LSTM`` stepped one step at a time (float64), resets inside the
+sequences; the one-step path (torch's LSTM cell, the rollout's) equals ``nn.LSTM``'s step.
+"""
 
 import pytest
 import torch as th
 from torch import nn
 
-from sb3_ppg.common.recurrent import lstm_sequences, lstm_step_by_step
+from sb3_ppg.common.recurrent import lstm_sequences, lstm_step, lstm_step_by_step, reset_states, sequence_layout
+
+
+def nn_lstm_step_by_step(lstm, features, states, episode_starts, final_states=True):
+    """The reference: ``nn.LSTM`` called on one step at a time, its states zeroed at each episode start."""
+    n_sequences, n_steps = episode_starts.shape
+    sequences = features.reshape(n_sequences, n_steps, -1)
+    outputs = []
+    for step in range(n_steps):
+        output, states = lstm(sequences[:, step].unsqueeze(0), reset_states(states, episode_starts[:, step]))
+        outputs.append(output.squeeze(0))
+    return th.stack(outputs, dim=1).reshape(n_sequences * n_steps, -1), states
 
 
 def _inputs(n_sequences: int, n_steps: int, n_layers: int, starts: list[tuple[int, int]], seed: int = 0):
@@ -56,7 +70,7 @@ def test_sequences_equal_step_by_step(
         starts = [(sequence, step) for sequence, step in starts if step == 0]
     lstm, features, states, episode_starts = _inputs(4, 1 if one_step else 8, n_layers, starts)
     fast = _outputs_and_gradients(lstm_sequences, lstm, features, states, episode_starts, final_states)
-    reference = _outputs_and_gradients(lstm_step_by_step, lstm, features, states, episode_starts, final_states)
+    reference = _outputs_and_gradients(nn_lstm_step_by_step, lstm, features, states, episode_starts, final_states)
     for fast_value, reference_value in zip(fast[:3], reference[:3], strict=True):
         th.testing.assert_close(fast_value, reference_value, rtol=1e-12, atol=1e-12)
     for fast_gradient, reference_gradient in zip(fast[3], reference[3], strict=True):
@@ -84,3 +98,45 @@ def test_sequence_continues_the_stored_state() -> None:
     th.testing.assert_close(joined, whole, rtol=1e-12, atol=1e-12)
     for end, expected in zip(end_states, whole_states, strict=True):
         th.testing.assert_close(end, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_layers, bias", [(1, True), (2, True), (2, False)])
+def test_lstm_cell_steps_equal_nn_lstm(n_layers: int, bias: bool) -> None:
+    """lstm_step (torch's LSTM cell per layer) and lstm_step_by_step: nn.LSTM's outputs, states and gradients."""
+    lstm, features, states, episode_starts = _inputs(3, 5, n_layers, [(0, 2), (1, 0), (2, 4)])
+    if not bias:
+        lstm = nn.LSTM(5, 7, num_layers=n_layers, bias=False).double()
+    fast = _outputs_and_gradients(lstm_step_by_step, lstm, features, states, episode_starts)
+    reference = _outputs_and_gradients(nn_lstm_step_by_step, lstm, features, states, episode_starts)
+    for fast_value, reference_value in zip([*fast[:3], *fast[3]], [*reference[:3], *reference[3]], strict=True):
+        th.testing.assert_close(fast_value, reference_value, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("lstm_kwargs", [dict(proj_size=3), dict(num_layers=2, dropout=0.5)])
+def test_lstm_step_runs_nn_lstm_where_the_cell_does_not_apply(lstm_kwargs: dict) -> None:
+    """Projections, or dropout between layers in training: nn.LSTM itself (the same dropout draws)."""
+    lstm = nn.LSTM(5, 7, **lstm_kwargs).double().train()
+    n_layers, out_size = lstm.num_layers, lstm.proj_size or 7
+    features = th.randn(4, 5, dtype=th.float64)
+    states = (th.randn(n_layers, 4, out_size, dtype=th.float64), th.randn(n_layers, 4, 7, dtype=th.float64))
+    starts = th.tensor([0.0, 1.0, 0.0, 0.0], dtype=th.float64)
+    th.manual_seed(0)
+    output, (hidden, cell) = lstm_step(lstm, features, states, starts)
+    th.manual_seed(0)
+    expected, (expected_hidden, expected_cell) = lstm(features.unsqueeze(0), reset_states(states, starts))
+    assert output.shape == (4, out_size)
+    assert th.equal(output, expected[0]) and th.equal(hidden, expected_hidden) and th.equal(cell, expected_cell)
+
+
+def test_one_layout_serves_any_lstm_on_the_sequences() -> None:
+    """A layout computed once (as the policy does for its two LSTMs) gives what each call computes alone, bit for bit."""
+    lstm, features, states, episode_starts = _inputs(4, 8, 1, [(0, 3), (2, 0), (2, 6), (3, 7)])
+    layout = sequence_layout(episode_starts, th.float64)
+    for final_states in (True, False):
+        alone = lstm_sequences(lstm, features, states, episode_starts, final_states)
+        shared = lstm_sequences(lstm, features, states, episode_starts, final_states, layout)
+        assert th.equal(alone[0], shared[0])
+        if final_states:
+            assert all(th.equal(a, b) for a, b in zip(alone[1], shared[1], strict=True))
+    # 4 sequences and 3 starts after their first step: 7 pieces, the longest 8 steps (sequence 1 has no start)
+    assert (layout.n_pieces, layout.max_length) == (7, 8)

@@ -147,18 +147,18 @@ def make_distribution(
 
 
 @contextmanager
-def unchecked_distributions(distribution: Distribution, device: th.device, enabled: bool = True) -> Iterator[None]:
+def unchecked_distributions(distribution: Distribution, enabled: bool = True) -> Iterator[None]:
     """
-    On a CUDA device, the torch distributions that ``distribution`` builds inside the context skip the check of their
-    arguments, which reads the device (a host sync); elsewhere, or when not ``enabled``, nothing changes. Only this
-    object changes (its ``validate_args``), not torch's process-wide default.
+    The torch distributions that ``distribution`` builds inside the context skip the check of their arguments (on
+    CUDA it reads the device, a host sync; on a CPU it costs ~3% of RecurrentPPG's training at the zoo's CartPoleNoVel
+    settings); when not ``enabled``, nothing changes. The losses' finite checks stop a non-finite value instead. Only
+    this object changes (its ``validate_args``), not torch's process-wide default.
 
     :param distribution: the policy's action distribution (one of the classes above, or a maskable one)
-    :param device: the device the distributions are on
     :param enabled: whether to skip the checks (e.g. only for action spaces whose sampling refuses non-finite
         parameters itself, see :func:`sampling_checks_parameters`)
     """
-    if device.type != "cuda" or not enabled:
+    if not enabled:
         yield
         return
     previous = distribution.validate_args  # type: ignore[attr-defined]

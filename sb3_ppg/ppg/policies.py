@@ -405,10 +405,10 @@ class PPGPolicy(ActorCriticPolicy):
 
     def _unchecked_sampling(self) -> AbstractContextManager:
         """
-        Where the rollout samples its actions: on a CUDA device without the distributions' argument checks (two host
-        syncs per step), for the action spaces whose sampling refuses non-finite parameters itself.
+        Where the rollout samples its actions: without the distributions' argument checks (two host syncs per step on
+        CUDA), for the action spaces whose sampling refuses non-finite parameters itself.
         """
-        return unchecked_distributions(self.action_dist, self.device, sampling_checks_parameters(self.action_space))
+        return unchecked_distributions(self.action_dist, sampling_checks_parameters(self.action_space))
 
     def rollout_latent_and_values(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         """

@@ -130,6 +130,7 @@ class PPG(RolloutAlgorithm):
         "ProcgenCnnPolicy": ProcgenCnn,
     }
     aux_buffer_class: ClassVar[type[AuxiliaryBuffer]] = AuxiliaryBuffer  # RecurrentPPG's keeps start states too
+    fused_adam_on_cpu: ClassVar[bool] = False  # Adam's fused kernel on a CPU too (RecurrentPPG's; docs/throughput.md)
     policy: PPGPolicy
     rollout_buffer: RolloutBuffer
     max_grad_norm: float | None  # type: ignore[assignment]
@@ -318,7 +319,7 @@ class PPG(RolloutAlgorithm):
         on_device = cuda.gathers_on_device(self.rollout_buffer, self.device)
         self._device_rollout = cuda.rollout_to_device(self.rollout_buffer, self.device) if on_device else None
         try:
-            with unchecked_distributions(self.policy.action_dist, self.device):
+            with unchecked_distributions(self.policy.action_dist):
                 with self._precision("policy"):
                     self._policy_phase()
                 if self.aux_buffer is not None:
@@ -582,8 +583,10 @@ class PPG(RolloutAlgorithm):
     # ------------------------------------------------------------------------------------------------------------
 
     def _configure_optimizers(self) -> None:
-        """Adam's implementation for the device: torch's fused kernel on CUDA, its multi-tensor one on a CPU."""
-        cuda.configure_optimizers(self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device)
+        """Adam's implementation for the device: torch's fused kernel on CUDA, on a CPU multi-tensor (or fused: the flag)."""
+        cuda.configure_optimizers(
+            self._optimizers(), self.policy.optimizer_class, self.policy.optimizer_kwargs, self.device, self.fused_adam_on_cpu
+        )
 
     def set_parameters(self, *args: Any, **kwargs: Any) -> None:
         """SB3's; then the optimizers' implementation for this device (``_configure_optimizers``)."""
@@ -932,14 +935,10 @@ class PPG(RolloutAlgorithm):
         return [*super()._excluded_save_params(), *excluded]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
-        state_dicts = ["policy", "policy.optimizer"]
-        if self.aux_optimizer is not None:
-            state_dicts.append("aux_optimizer")
-        if self.value_optimizer is not None:
-            state_dicts.append("value_optimizer")
-        if self.reward_normalizer is not None:
-            state_dicts.append("reward_normalizer")
-        return state_dicts, []
+        optional = [
+            name for name in ("aux_optimizer", "value_optimizer", "reward_normalizer") if getattr(self, name) is not None
+        ]
+        return ["policy", "policy.optimizer", *optional], []
 
     def _maybe_recommend_cpu(self, mlp_class_name: str = "PPGPolicy") -> None:
         super()._maybe_recommend_cpu(mlp_class_name)

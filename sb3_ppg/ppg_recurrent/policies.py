@@ -11,7 +11,7 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from sb3_ppg.common.preprocessing import check_finite_observations
-from sb3_ppg.common.recurrent import LSTMStates, RNNStates, lstm_sequences
+from sb3_ppg.common.recurrent import LSTMStates, RNNStates, lstm_sequences, sequence_layout
 from sb3_ppg.common.torch_layers import ImpalaCNN
 from sb3_ppg.ppg.policies import ARCHS, PPGPolicy
 
@@ -172,7 +172,9 @@ class RecurrentPPGPolicy(PPGPolicy):
             pi_features = self._features(obs, self.pi_features_extractor)
         else:
             pi_features = self.extract_features(obs)
-        lstm_pi, states_pi = lstm_sequences(self.lstm_actor, pi_features, lstm_states.pi, episode_starts, final_states)
+        # The pieces the sequences are cut into at their episode starts, the same for both LSTMs
+        layout = sequence_layout(episode_starts, lstm_states.pi[0].dtype)
+        lstm_pi, states_pi = lstm_sequences(self.lstm_actor, pi_features, lstm_states.pi, episode_starts, final_states, layout)
         latent_pi = self.mlp_extractor.forward_actor(lstm_pi)
         if not value:
             return latent_pi, None, RNNStates(states_pi, lstm_states.vf) if final_states else None
@@ -181,7 +183,9 @@ class RecurrentPPGPolicy(PPGPolicy):
             return latent_pi, latent_pi.detach() if detach_value else latent_pi, states
         vf_features = self._features(obs, self.vf_features_extractor)
         if self.lstm_critic is not None:
-            lstm_vf, states_vf = lstm_sequences(self.lstm_critic, vf_features, lstm_states.vf, episode_starts, final_states)
+            lstm_vf, states_vf = lstm_sequences(
+                self.lstm_critic, vf_features, lstm_states.vf, episode_starts, final_states, layout
+            )
         else:
             assert self.critic is not None
             lstm_vf, states_vf = self.critic(vf_features), states_pi

@@ -66,6 +66,9 @@ class RecurrentPPG(PPG):
     policy: RecurrentPPGPolicy  # type: ignore[assignment]
     aux_buffer: RecurrentAuxiliaryBuffer | None  # type: ignore[assignment]
     aux_buffer_class = RecurrentAuxiliaryBuffer
+    # Adam's fused kernel on a CPU too: its updates differ from the multi-tensor one's in the last bits, and are faster
+    # (docs/recurrent.md); PPG's stay those of torch's default there (its fixed-seed records)
+    fused_adam_on_cpu = True
 
     def __init__(
         self,

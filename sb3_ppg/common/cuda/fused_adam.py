@@ -159,14 +159,13 @@ def finite_check(phase: str, timestep: int, optimizers: Iterable[th.optim.Optimi
     return FiniteCheck(phase, timestep)
 
 
-def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.device) -> bool:
+def uses_fused_adam(optimizer_class: type, optimizer_kwargs: dict, device: th.device, fused_on_cpu: bool = False) -> bool:
     """
-    Whether PPG steps the optimizer with torch's fused kernel: an Adam or AdamW on CUDA, unless ``optimizer_kwargs``
-    choose an implementation.
+    Whether PPG steps the optimizer with torch's fused kernel: an Adam or AdamW on CUDA (and on a CPU with
+    ``fused_on_cpu``: ``RecurrentPPG``'s), unless ``optimizer_kwargs`` choose an implementation.
     """
-    return (
-        device.type == "cuda" and issubclass(optimizer_class, ADAM_OPTIMIZERS) and not implementation_chosen(optimizer_kwargs)
-    )
+    fused_device = device.type == "cuda" or (fused_on_cpu and device.type == "cpu")
+    return fused_device and issubclass(optimizer_class, ADAM_OPTIMIZERS) and not implementation_chosen(optimizer_kwargs)
 
 
 def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) -> None:
@@ -190,17 +189,22 @@ def configure_adam_implementation(optimizer: th.optim.Optimizer, fused: bool) ->
 
 
 def configure_optimizers(
-    optimizers: Iterable[th.optim.Optimizer], optimizer_class: type, optimizer_kwargs: dict, device: th.device
+    optimizers: Iterable[th.optim.Optimizer],
+    optimizer_class: type,
+    optimizer_kwargs: dict,
+    device: th.device,
+    fused_on_cpu: bool = False,
 ) -> None:
     """
     Step Adam with torch's fused kernel on CUDA (``uses_fused_adam``); on a CPU, with its multi-tensor implementation
-    (:func:`~sb3_ppg.common.optim.configure_foreach_adam`).
+    (:func:`~sb3_ppg.common.optim.configure_foreach_adam`), or its fused kernel with ``fused_on_cpu``.
     """
     optimizers = list(optimizers)
-    fused = uses_fused_adam(optimizer_class, optimizer_kwargs, device)
+    fused = uses_fused_adam(optimizer_class, optimizer_kwargs, device, fused_on_cpu)
     for optimizer in optimizers:
         # A fused optimizer that the user did not ask for (loaded from a CUDA run) steps as torch's default again
         saved_fused = any(group.get("fused") for group in optimizer.param_groups)
         if fused or (saved_fused and not optimizer_kwargs.get("fused")):
             configure_adam_implementation(optimizer, fused)
-    configure_foreach_adam(optimizers, optimizer_kwargs, device)
+    if not fused:
+        configure_foreach_adam(optimizers, optimizer_kwargs, device)

@@ -3,10 +3,21 @@
 from sb3_ppg.common.recurrent.sequences import (
     LSTMStates,
     RNNStates,
+    SequenceLayout,
     lstm_sequences,
     lstm_step,
     lstm_step_by_step,
     reset_states,
+    sequence_layout,
 )
 
-__all__ = ["LSTMStates", "RNNStates", "lstm_sequences", "lstm_step", "lstm_step_by_step", "reset_states"]
+__all__ = [
+    "LSTMStates",
+    "RNNStates",
+    "SequenceLayout",
+    "lstm_sequences",
+    "lstm_step",
+    "lstm_step_by_step",
+    "reset_states",
+    "sequence_layout",
+]
