@@ -335,6 +335,12 @@ def test_unsupported_settings_are_errors() -> None:
         RecurrentPPG("MlpLstmPolicy", env, micro_batch_size=64)
     with pytest.raises(ValueError, match="aux_start_states"):
         RecurrentPPG("MlpLstmPolicy", env, aux_start_states="zeros")
+    # PPG's GPU levers for feed-forward rollouts: off here, an error when asked for
+    model = RecurrentPPG("MlpLstmPolicy", env)
+    assert not model.cuda_graphs and not model.parallel_networks
+    for name in ("cuda_graphs", "parallel_networks"):
+        with pytest.raises(ValueError, match=f"RecurrentPPG does not support {name}=True"):
+            RecurrentPPG("MlpLstmPolicy", env, **{name: True})
 
 
 @pytest.mark.slow

@@ -52,6 +52,8 @@ class RecurrentPPG(PPG):
     :param aux_start_states: Where the auxiliary phase starts each stored rollout: ``"stored"``, from the states at
         rollout time (the paper's code), or ``"recomputed"``, from the states the current networks reach when the pass
         over the buffer before the auxiliary epochs runs through each env's rollouts in order
+    :param cuda_graphs: Must be False: PPG's CUDA graphs do not apply to rollout steps with states
+    :param parallel_networks: Must be False: PPG's two CUDA streams do not apply to the LSTM networks
     :param kwargs: ``PPG``'s arguments (``n_steps``, ``batch_size`` a multiple of ``n_steps``, ``n_policy_iters``...);
         ``policy_minibatches`` is ``"envs"`` and ``micro_batch_size`` ``None``
     """
@@ -77,9 +79,17 @@ class RecurrentPPG(PPG):
         aux_start_states: str = "stored",
         policy_minibatches: str = "envs",
         micro_batch_size: int | str | None = None,
+        cuda_graphs: bool = False,
+        parallel_networks: bool = False,
         _init_setup_model: bool = True,
         **kwargs: Any,
     ):
+        for name, value in (("cuda_graphs", cuda_graphs), ("parallel_networks", parallel_networks)):
+            if value:
+                raise ValueError(
+                    f"RecurrentPPG does not support {name}=True: PPG's CUDA graphs and two-stream networks are built for "
+                    "feed-forward rollout steps, RecurrentPPG's carry LSTM states (docs/recurrent.md). Leave it False."
+                )
         if policy_minibatches != "envs":
             raise ValueError(
                 f"RecurrentPPG trains on whole env sequences: policy_minibatches must be 'envs', got {policy_minibatches!r}."
@@ -99,6 +109,8 @@ class RecurrentPPG(PPG):
             env,
             policy_minibatches=policy_minibatches,
             micro_batch_size=micro_batch_size,
+            cuda_graphs=False,
+            parallel_networks=False,
             _init_setup_model=False,
             **kwargs,
         )
