@@ -3,6 +3,7 @@ Data-parallel RecurrentPPG: two gloo processes on the CPU (tests/distributed_rec
 that holds both ranks' envs; checkpoints under torchrun with each rank's LSTM states; the command line under torchrun.
 """
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,18 +137,29 @@ NOVEL = [
 ]
 
 
-def test_train_cli_under_torchrun(tmp_path):
+@pytest.fixture(scope="module")
+def novel_job(tmp_path_factory) -> Path:
+    """The log folder (-f) of the NOVEL job on two ranks, run once to its end."""
+    folder = tmp_path_factory.mktemp("novel")
+    completed = torchrun_train(*NOVEL, "-f", str(folder))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "--global-n-envs: 2 environments on each of the 2 ranks" in completed.stdout
+    return folder
+
+
+def numbered_checkpoints(run: Path) -> list[Path]:
+    return sorted((run / "checkpoints").glob("*_steps"), key=lambda path: int(path.name.split("_")[-2]))
+
+
+def test_train_cli_under_torchrun(novel_job):
     """
     ``torchrun -m sb3_ppg.train --algo recurrent_ppg``: two ranks share one run folder (rank 1 logs its episodes into
     ``rank_1/`` and writes its part of each checkpoint, the LSTM states of its own envs included); the model loads in
-    one process. (Resuming such a job is PPG's ``--resume`` path: tests/test_distributed_cli.py.)
+    one process.
     """
-    completed = torchrun_train(*NOVEL, "-f", str(tmp_path))
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "--global-n-envs: 2 environments on each of the 2 ranks" in completed.stdout
-    run = tmp_path / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    run = novel_job / "recurrent_ppg" / "CartPoleNoVel-v1_1"
     assert any(episode_lengths(run / "rank_1" / name) for name in ("0.monitor.csv", "1.monitor.csv"))
-    checkpoints = sorted((run / "checkpoints").glob("*_steps"), key=lambda path: int(path.name.split("_")[-2]))
+    checkpoints = numbered_checkpoints(run)
     assert [path.name.split("_")[-2] for path in checkpoints] == ["128", "256"]
     lstm_states = [np.load(checkpoints[0] / f"rank_{rank}" / "run_state.npz")["last_lstm_states"] for rank in range(2)]
     assert lstm_states[0].shape == (4, 1, 2, 64) and not np.array_equal(*lstm_states)
@@ -155,3 +167,28 @@ def test_train_cli_under_torchrun(tmp_path):
         assert evaluations["timesteps"].tolist() == [128, 256]
     model = RecurrentPPG.load(run / "CartPoleNoVel-v1.zip", device="cpu")
     assert model.num_timesteps == 256 and model.n_aux_phases == 2
+
+
+def test_resume_mid_run_under_torchrun(tmp_path, novel_job):
+    """
+    The torchrun job stopped after its first checkpoint and resumed with ``--resume CHECKPOINT`` ends exactly as the
+    uninterrupted one: parameters bit for bit, both ranks' episode logs (each rank's LSTM states resumed), evaluations.
+    """
+    run_a = novel_job / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    shutil.copytree(novel_job, tmp_path / "b")
+    run_b = tmp_path / "b" / "recurrent_ppg" / "CartPoleNoVel-v1_1"
+    first, last = numbered_checkpoints(run_b)
+    shutil.rmtree(last)
+    (run_b / "CartPoleNoVel-v1.zip").unlink()
+    completed = torchrun_train(*NOVEL, "-f", str(tmp_path / "b"), "--resume", str(first))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "continuing" in completed.stdout and first.name in completed.stdout
+    model_a, model_b = (RecurrentPPG.load(run / "CartPoleNoVel-v1.zip", device="cpu") for run in (run_a, run_b))
+    assert model_a.num_timesteps == model_b.num_timesteps == 256
+    for (name, a), b in zip(model_a.policy.state_dict().items(), model_b.policy.state_dict().values(), strict=True):
+        assert th.equal(a, b), name
+    for log in ("0.monitor.csv", "1.monitor.csv", "rank_1/0.monitor.csv", "rank_1/1.monitor.csv"):
+        assert episode_lengths(run_b / log) == episode_lengths(run_a / log), log
+    with np.load(run_a / "evaluations.npz") as eval_a, np.load(run_b / "evaluations.npz") as eval_b:
+        for key in ("timesteps", "results", "ep_lengths"):
+            np.testing.assert_array_equal(eval_a[key], eval_b[key])
