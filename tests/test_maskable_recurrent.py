@@ -77,6 +77,33 @@ def test_no_invalid_action_in_learn_and_predict(space: str) -> None:
         small_model(asserting_vec_env(space)).learn(128, use_masking=False)
 
 
+def test_learns_the_invalid_action_identity_task() -> None:
+    """
+    The identity task with 7 of 10 actions invalid in each state (a random valid action earns about 33 of 100 per
+    episode): 4,096 steps at docs/recurrent.md's example settings reach a deterministic evaluation of at least 90
+    (100.0, 100.0 and 99.8 for seeds 0 to 2 when measured).
+    """
+    env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=10, n_invalid_actions=7), n_envs=8, seed=0)
+    model = MaskableRecurrentPPG(
+        "MlpLstmPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=10,
+        gamma=0.4,
+        learning_rate=1e-3,
+        n_policy_iters=8,
+        aux_batch_rollouts=8,
+        policy_kwargs=dict(lstm_hidden_size=64),
+        seed=0,
+    )
+    model.learn(4096)
+    assert model.n_aux_phases == 2
+    eval_env = make_vec_env(lambda: InvalidActionEnvDiscrete(dim=10, n_invalid_actions=7), n_envs=8, seed=100)
+    mean_return, _ = evaluate_policy(MaskedPlayer(model, eval_env), eval_env, n_eval_episodes=16, deterministic=True)
+    assert mean_return >= 90
+
+
 def test_sequence_pass_reproduces_the_rollouts_masked_log_probs() -> None:
     """
     Before any update, the policy phase's masked pass over whole env sequences (from the stored start states, with
