@@ -161,12 +161,12 @@ def test_aux_buffer_stores_start_states_and_recomputes_them() -> None:
     stored = buffer.lstm_start_states.cpu().clone()
     model.aux_start_states = "stored"
     model._compute_old_distributions()
-    old_stored = np.array(buffer.old_distribution_params.cpu())
+    old_stored = buffer.old_distribution_params.cpu().numpy()
     np.testing.assert_array_equal(buffer.lstm_start_states.cpu(), stored)
     model.aux_start_states = "recomputed"
     model._compute_old_distributions()
     np.testing.assert_allclose(buffer.lstm_start_states.cpu(), stored, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.array(buffer.old_distribution_params.cpu()), old_stored, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(buffer.old_distribution_params.cpu().numpy(), old_stored, rtol=1e-5, atol=1e-6)
 
 
 def test_aux_buffer_memory_check_counts_its_start_states() -> None:
