@@ -44,28 +44,25 @@ def test_packaged_procgen_entries():
     }
 
 
+def memory_mode_args(game: str, tmp_path: Path, *params: str) -> list[str]:
+    """The command line of a 32-step RecurrentPPG run on ``game`` in distribution_mode="memory", 2 envs x 16 steps."""
+    return [
+        *("--algo", "recurrent_ppg", "--env", f"procgen/{game}-v0", "-n", "32", *run_folder_args(tmp_path)),
+        *("--env-kwargs", "distribution_mode:'memory'", "-params", "n_envs:2", "n_steps:16", "batch_size:16", *params),
+    ]
+
+
 def test_train_procgen_memory_mode(tmp_path: Path):
     """--algo recurrent_ppg on a Procgen game in distribution_mode="memory": trains, with its aux phase, and saves."""
     train.main(
-        [
-            "--algo",
-            "recurrent_ppg",
-            "--env",
-            "procgen/maze-v0",
-            "-n",
-            "32",
-            *run_folder_args(tmp_path),
-            "--env-kwargs",
-            "distribution_mode:'memory'",
-            "-params",
-            "n_envs:2",
-            "n_steps:16",
-            "batch_size:16",
+        memory_mode_args(
+            "maze",
+            tmp_path,
             "n_policy_iters:1",
             "n_aux_epochs:1",
             "aux_batch_rollouts:2",
             "policy_kwargs:dict(lstm_hidden_size=16, enable_critic_lstm=True)",
-        ]
+        )
     )
     run_folder = tmp_path / "recurrent_ppg" / "procgen-maze-v0_1"
     model = RecurrentPPG.load(run_folder / "procgen-maze-v0.zip", device="cpu")
@@ -82,23 +79,7 @@ def test_train_procgen_memory_mode(tmp_path: Path):
 def test_train_procgen_memory_mode_needs_a_memory_game(tmp_path: Path):
     """A game without the memory mode is refused with procgen's list of those that have it."""
     with pytest.raises(SystemExit, match="starpilot does not support distribution_mode='memory'"):
-        train.main(
-            [
-                "--algo",
-                "recurrent_ppg",
-                "--env",
-                "procgen/starpilot-v0",
-                "-n",
-                "32",
-                *run_folder_args(tmp_path),
-                "--env-kwargs",
-                "distribution_mode:'memory'",
-                "-params",
-                "n_envs:2",
-                "n_steps:16",
-                "batch_size:16",
-            ]
-        )
+        train.main(memory_mode_args("starpilot", tmp_path))
 
 
 def test_benchmark_scales_the_packaged_settings(tmp_path: Path):

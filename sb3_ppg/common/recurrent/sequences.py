@@ -202,7 +202,7 @@ def lstm_step_by_step(
     lstm: nn.LSTM, features: th.Tensor, states: LSTMStates, episode_starts: th.Tensor, final_states: bool = True
 ) -> tuple[th.Tensor, LSTMStates]:
     """
-    The reference of :func:`lstm_sequences`: one LSTM call per step (slow; for tests and for the rollout's loop).
+    :func:`lstm_sequences` one step at a time through :func:`lstm_step` (slow: a reference; tests compare the two).
 
     :param lstm: the LSTM
     :param features: shape (n_sequences * n_steps, input_size), sequence-major
